@@ -1,0 +1,1 @@
+//! tokio/hyper shell for dart: it moves bytes for the decisions `dart-core` makes.

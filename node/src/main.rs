@@ -1,0 +1,5 @@
+//! The `dart` binary.
+
+fn main() {
+    println!("dart {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,1 @@
+//! Seeded cluster-failure scenarios for dart, built on `dart-sim`.
