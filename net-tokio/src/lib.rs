@@ -1,1 +1,17 @@
 //! tokio/hyper shell for dart: it moves bytes for the decisions `dart-core` makes.
+//!
+//! - [`seam`]: listeners, dialers and the clock, so the same code runs on tokio and turmoil.
+//! - [`origin`]: the origin fetcher (probe, block window, passthrough), coalesced by the core's
+//!   flight table.
+//! - [`client_plane`]: the HTTP client plane driving core reads.
+//! - [`server`]: the accept loop with graceful shutdown.
+//! - [`cache`], [`metrics`], [`body`]: the block cache seam, Prometheus exposition and bodies.
+
+pub mod body;
+pub mod cache;
+pub mod client_plane;
+pub mod metrics;
+pub mod origin;
+pub mod origin_server;
+pub mod seam;
+pub mod server;

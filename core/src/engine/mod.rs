@@ -8,11 +8,15 @@
 pub mod flight;
 pub mod origin;
 mod read;
+pub mod resolve;
 
 #[cfg(test)]
 mod tests;
 
-pub use read::{Action, FetchedBlock, Method, Read, ReadError, ReadFailure, ReadRequest, ResponseHead};
+pub use read::{
+    block_verdict, Action, FetchedBlock, Method, Read, ReadError, ReadFailure, ReadRequest,
+    ResponseHead, Verdict,
+};
 
 use crate::geometry::Geometry;
 use crate::hash::{BlockKey, ChunkKey};

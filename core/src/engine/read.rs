@@ -123,6 +123,12 @@ pub enum Action {
         start: u64,
         /// Last byte (inclusive), already clamped to the object.
         end: u64,
+        /// The block's geometry length (`end - start + 1`).
+        expected_len: u64,
+        /// The object's size as the probe learnt it.
+        object_size: u64,
+        /// Budget the block is charged to if the flight fills the cache (see [`block_verdict`]).
+        class: BlockClass,
     },
     /// Store a validated block (best effort: a refusal never fails the read).
     Store {
@@ -139,6 +145,36 @@ pub enum Action {
     Finish,
     /// The read failed. Terminal.
     Fail(ReadFailure),
+}
+
+/// What may be done with a fetched block (decided identically by a read and by the shell's
+/// flight, which fills the cache before it ends so that later readers find the block).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Exact length, Range honoured: serve and cache.
+    Cache,
+    /// Exact length but sliced from a Range-ignoring 200: serve, never cache.
+    ServeOnly,
+    /// Wrong length or a changed object: serve nothing, cache nothing.
+    Reject(ReadError),
+}
+
+/// Judges a fetched block of an object of `size` bytes whose geometry length is `expected`.
+pub fn block_verdict(size: u64, expected: u64, block: &FetchedBlock) -> Verdict {
+    if let Some(total) = block.body.total {
+        if total != size && !block.body.range_ignored {
+            return Verdict::Reject(ReadError::SizeChanged { known: size, now: total });
+        }
+    }
+    let got = block.data.len() as u64;
+    if got != expected {
+        return Verdict::Reject(ReadError::BlockLength { block: 0, want: expected, got });
+    }
+    if block.body.range_ignored {
+        Verdict::ServeOnly
+    } else {
+        Verdict::Cache
+    }
 }
 
 #[derive(Debug)]
@@ -255,6 +291,9 @@ impl Read {
                     url: self.url.clone(),
                     start,
                     end: start + expected - 1,
+                    expected_len: expected,
+                    object_size: self.size,
+                    class: engine.class_of(&key),
                 });
                 self.state = State::AwaitFetch { seg, key, expected };
             }
@@ -273,23 +312,23 @@ impl Read {
         if !block.coalesced {
             engine.stats.origin_bytes += block.data.len() as u64;
         }
-        if let Some(total) = block.body.total {
-            if total != self.size && !block.body.range_ignored {
-                return self.fail(ReadError::SizeChanged { known: self.size, now: total });
+        match block_verdict(self.size, expected, &block) {
+            Verdict::Cache => {
+                let class = engine.class_of(&key);
+                self.out.push_back(Action::Store { key, data: block.data.clone(), class });
+            }
+            Verdict::ServeOnly => engine.stats.uncacheable += 1,
+            Verdict::Reject(err) => {
+                let err = match err {
+                    ReadError::BlockLength { want, got, .. } => {
+                        ReadError::BlockLength { block: seg.block_index, want, got }
+                    }
+                    other => other,
+                };
+                return self.fail(err);
             }
         }
-        let got = block.data.len() as u64;
-        if got != expected {
-            let err = ReadError::BlockLength { block: seg.block_index, want: expected, got };
-            return self.fail(err);
-        }
         engine.stats.block_source_origin += 1;
-        if block.body.range_ignored {
-            engine.stats.uncacheable += 1;
-        } else {
-            let class = engine.class_of(&key);
-            self.out.push_back(Action::Store { key, data: block.data.clone(), class });
-        }
         self.emit_segment(engine, seg, &block.data);
         self.next_block(engine);
     }

@@ -1,0 +1,126 @@
+//! Prometheus exposition (spec/node.md §7). Counters the core keeps ([`EngineStats`]) and store
+//! occupancy are read at scrape time, so there is one source of truth for each figure.
+
+use crate::cache::BlockCache;
+use dart_core::engine::{Engine, EngineStats};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// Label set `source=...` of the fetch-latency histogram.
+pub type SourceLabel = [(&'static str, &'static str); 1];
+
+/// Buckets of `dart_block_fetch_seconds`.
+pub const FETCH_BUCKETS: [f64; 9] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0];
+
+/// The node's metric registry.
+pub struct Metrics {
+    registry: Registry,
+    fetch_seconds: Family<SourceLabel, Histogram>,
+}
+
+struct Collected {
+    engine: Arc<Mutex<Engine>>,
+    cache: Arc<dyn BlockCache>,
+}
+
+impl fmt::Debug for Collected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Collected")
+    }
+}
+
+fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: &[(&'static str, u64)],
+) -> fmt::Result {
+    let c = ConstCounter::new(0u64);
+    let mut family = enc.encode_descriptor(name, help, None, c.metric_type())?;
+    for (value, n) in values {
+        let labels = [(label, *value)];
+        ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[(&'static str, u64)],
+) -> fmt::Result {
+    let g = ConstGauge::new(0i64);
+    let mut family = enc.encode_descriptor(name, help, None, g.metric_type())?;
+    for (class, n) in values {
+        let labels = [("class", *class)];
+        let v = i64::try_from(*n).unwrap_or(i64::MAX);
+        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl prometheus_client::collector::Collector for Collected {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let s: EngineStats = self.engine.lock().map(|e| e.stats()).unwrap_or_default();
+        let sources = [
+            ("cache", s.block_source_cache),
+            ("peer", s.block_source_peer),
+            ("origin", s.block_source_origin),
+        ];
+        counter(&mut enc, "dart_block_source", "Block reads by source.", "source", &sources)?;
+        let bytes = [("client", s.client_bytes), ("peer_in", 0), ("origin_in", s.origin_bytes)];
+        counter(&mut enc, "dart_bytes", "Wire bytes by direction.", "direction", &bytes)?;
+        let pass = [("range_unsupported", s.passthrough)];
+        counter(&mut enc, "dart_passthrough", "Requests proxied verbatim.", "reason", &pass)?;
+        let c = self.cache.stats();
+        let blocks = [("owned", c.owned_blocks), ("borrowed", c.borrowed_blocks), ("mem", c.mem_blocks)];
+        gauges(&mut enc, "dart_store_blocks", "Blocks held, by budget.", &blocks)?;
+        let slots = [("owned", c.owned_slots), ("borrowed", c.borrowed_slots), ("mem", c.mem_slots)];
+        gauges(&mut enc, "dart_store_slots", "Block slots, by budget.", &slots)?;
+        let rejected = ConstCounter::new(c.admit_rejected);
+        let m = enc.encode_descriptor(
+            "dart_store_admit_rejected",
+            "Borrowed insertions refused by admission.",
+            None,
+            rejected.metric_type(),
+        )?;
+        rejected.encode(m)
+    }
+}
+
+impl Metrics {
+    /// A registry exporting `engine`'s counters and `cache`'s occupancy.
+    pub fn new(engine: Arc<Mutex<Engine>>, cache: Arc<dyn BlockCache>) -> Self {
+        let mut registry = Registry::default();
+        let fetch_seconds =
+            Family::<SourceLabel, Histogram>::new_with_constructor(|| Histogram::new(FETCH_BUCKETS));
+        registry.register(
+            "dart_block_fetch_seconds",
+            "Time to fetch a missing block, by source.",
+            fetch_seconds.clone(),
+        );
+        registry.register_collector(Box::new(Collected { engine, cache }));
+        Metrics { registry, fetch_seconds }
+    }
+
+    /// Records one block fetch from `source` (`peer` or `origin`).
+    pub fn observe_fetch(&self, source: &'static str, seconds: f64) {
+        self.fetch_seconds.get_or_create(&[("source", source)]).observe(seconds);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encoding to a String cannot fail");
+        out
+    }
+}

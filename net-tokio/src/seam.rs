@@ -1,0 +1,178 @@
+//! The seam between the shell and its network: listeners that accept byte streams and dialers
+//! that open them, so the same servers and clients run on real tokio sockets and inside turmoil
+//! (and, later, madsim) simulated networks.
+//!
+//! Timers and tasks use tokio's (`tokio::time`, `tokio::spawn`), which turmoil virtualises; the
+//! core's notion of time comes from [`ShellClock`], which reads tokio's clock, never std's.
+
+use dart_core::time::Instant as CoreInstant;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// A byte stream the shell can serve or speak HTTP over.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// Accepts inbound streams.
+pub trait Listener: Send + 'static {
+    /// The accepted stream type.
+    type Io: Stream;
+    /// Waits for the next connection.
+    fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Io, SocketAddr)>> + Send;
+    /// The bound address.
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+}
+
+/// Opens outbound streams to `host:port`.
+pub trait Dialer: Clone + Send + Sync + 'static {
+    /// The dialed stream type.
+    type Io: Stream;
+    /// Connects; the caller bounds it with the dial timeout.
+    fn dial(&self, host: &str, port: u16) -> impl Future<Output = io::Result<Self::Io>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept(&mut self) -> io::Result<(Self::Io, SocketAddr)> {
+        let (s, a) = tokio::net::TcpListener::accept(self).await?;
+        s.set_nodelay(true)?;
+        Ok((s, a))
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        tokio::net::TcpListener::local_addr(self)
+    }
+}
+
+/// Real TCP via tokio.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokioDialer;
+
+impl Dialer for TokioDialer {
+    type Io = tokio::net::TcpStream;
+
+    async fn dial(&self, host: &str, port: u16) -> io::Result<Self::Io> {
+        let s = tokio::net::TcpStream::connect((host, port)).await?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+}
+
+/// A dialed stream, wrapped so hyper-util's pool can use it (the orphan rule needs a newtype).
+#[derive(Debug)]
+pub struct SeamStream<S>(pub S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for SeamStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for SeamStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl<S> Connection for SeamStream<S> {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+/// Why a dial failed; the peer client classifies `Dial` as a hard failure.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The URI had no host.
+    #[error("uri has no host")]
+    NoHost,
+    /// Connecting failed.
+    #[error("dial failed: {0}")]
+    Io(#[from] io::Error),
+    /// Connecting did not finish within the dial bound.
+    #[error("dial timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// A hyper-util connector over a [`Dialer`], bounding every dial.
+#[derive(Clone, Debug)]
+pub struct SeamConnector<D> {
+    dialer: D,
+    dial_timeout: Duration,
+}
+
+impl<D: Dialer> SeamConnector<D> {
+    /// A connector whose dials give up after `dial_timeout`.
+    pub fn new(dialer: D, dial_timeout: Duration) -> Self {
+        SeamConnector { dialer, dial_timeout }
+    }
+}
+
+impl<D: Dialer> tower_service::Service<http::Uri> for SeamConnector<D> {
+    type Response = TokioIo<SeamStream<D::Io>>;
+    type Error = DialError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, DialError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let dialer = self.dialer.clone();
+        let bound = self.dial_timeout;
+        Box::pin(async move {
+            let host = uri.host().ok_or(DialError::NoHost)?;
+            let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+            let default_port = if uri.scheme_str() == Some("https") { 443 } else { 80 };
+            let port = uri.port_u16().unwrap_or(default_port);
+            match tokio::time::timeout(bound, dialer.dial(&host, port)).await {
+                Ok(Ok(s)) => Ok(TokioIo::new(SeamStream(s))),
+                Ok(Err(e)) => Err(DialError::Io(e)),
+                Err(_) => Err(DialError::Timeout(bound)),
+            }
+        })
+    }
+}
+
+/// Maps tokio's clock (virtual under turmoil) onto the core's [`CoreInstant`].
+#[derive(Clone, Copy, Debug)]
+pub struct ShellClock {
+    origin: tokio::time::Instant,
+}
+
+impl ShellClock {
+    /// A clock whose origin is now. Must be called inside a tokio runtime.
+    pub fn start() -> Self {
+        ShellClock { origin: tokio::time::Instant::now() }
+    }
+
+    /// The current time for the core.
+    pub fn now(&self) -> CoreInstant {
+        let nanos = tokio::time::Instant::now().saturating_duration_since(self.origin).as_nanos();
+        CoreInstant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}

@@ -1,0 +1,102 @@
+//! A bounded HTTP/1.1 accept loop over a [`Listener`], with graceful shutdown.
+
+use crate::body::ResponseBody;
+use crate::seam::Listener;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Most connections one listener serves at once; further accepts wait for a free slot.
+pub const CONNECTIONS_MAX: usize = 4096;
+/// How long a slow client may take to send its request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Server options.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// Stamp a `Date` header (off in simulations: it reads the wall clock).
+    pub date_header: bool,
+    /// How long in-flight connections may take to finish after shutdown is signalled.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions { date_header: true, drain_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// How a server stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drained {
+    /// Every connection finished within the drain timeout.
+    Clean,
+    /// The drain timed out; remaining connections were dropped.
+    TimedOut,
+}
+
+/// Serves `handler` on `listener` until `shutdown` resolves, then drains in-flight connections for
+/// at most `options.drain_timeout`.
+pub async fn serve<L, H, F>(
+    mut listener: L,
+    handler: H,
+    shutdown: impl Future<Output = ()>,
+    options: ServeOptions,
+) -> Drained
+where
+    L: Listener,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+        };
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            a = listener.accept() => a,
+        };
+        let (stream, _remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let handler = handler.clone();
+        let service = service_fn(move |req| {
+            let h = handler.clone();
+            async move { Ok::<_, Infallible>(h(req).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .auto_date_header(options.date_header)
+            .serve_connection(TokioIo::new(stream), service);
+        let watched = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = watched.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    match tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await {
+        Ok(()) => Drained::Clean,
+        Err(_) => Drained::TimedOut,
+    }
+}

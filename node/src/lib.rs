@@ -1,0 +1,221 @@
+//! The `dart` node: wiring of the tokio shell around the core, the admin plane, signals, and the
+//! self-contained demo. `main` parses flags and calls [`run`]; everything here stays thin.
+
+pub mod cli;
+pub mod demo;
+
+use anyhow::Context as _;
+use cli::{Cli, Command, NodeFlags};
+use dart_core::codec::redact::strip_userinfo;
+use dart_core::engine::resolve::UpstreamMode;
+use dart_core::engine::{Engine, EngineConfig};
+use dart_core::geometry::Geometry;
+use dart_core::identity::{IdLayout, Namespace};
+use dart_net_tokio::body::{self, ResponseBody};
+use dart_net_tokio::cache::{open_disk_cache, BlockCache};
+use dart_net_tokio::client_plane::ClientPlane;
+use dart_net_tokio::metrics::Metrics;
+use dart_net_tokio::origin::{OriginConfig, OriginFetcher};
+use dart_net_tokio::seam::TokioDialer;
+use dart_net_tokio::server::{serve, Drained, ServeOptions};
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Runs the command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    init_tracing();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
+        None => rt.block_on(run_node(cli.node)),
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DART_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
+    let node = start(&flags).await?;
+    println!("{}", node.banner);
+    shutdown_signal().await;
+    println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
+    let drained = node.shutdown().await;
+    println!("dart: stopped ({drained:?})");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// A running node.
+pub struct Running {
+    /// Bound client address.
+    pub client_addr: SocketAddr,
+    /// Bound admin address, when enabled.
+    pub admin_addr: Option<SocketAddr>,
+    /// The startup banner line.
+    pub banner: String,
+    /// The client plane (engine, cache, origin, metrics).
+    pub plane: Arc<ClientPlane<TokioDialer>>,
+    stop: watch::Sender<bool>,
+    servers: JoinSet<Drained>,
+}
+
+impl Running {
+    /// Signals every server to stop and waits for their drains (concurrently, each bounded).
+    pub async fn shutdown(mut self) -> Drained {
+        let _ = self.stop.send(true);
+        let mut result = Drained::Clean;
+        while let Some(r) = self.servers.join_next().await {
+            if !matches!(r, Ok(Drained::Clean)) {
+                result = Drained::TimedOut;
+            }
+        }
+        result
+    }
+}
+
+fn stopped(mut rx: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        while !*rx.borrow_and_update() {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Validates flags, opens the cache, binds the listeners and starts serving.
+pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
+    let geometry = Geometry::new(flags.chunk_size, flags.block_size).context("invalid geometry")?;
+    let namespace = Namespace::new(&flags.namespace).context("invalid --namespace")?;
+    if flags.cache_size < flags.block_size {
+        anyhow::bail!(
+            "--cache-size ({}) must be at least --block-size ({})",
+            flags.cache_size,
+            flags.block_size
+        );
+    }
+    if let Some(f) = flags.owned_fraction {
+        if !(f.is_finite() && f > 0.0 && f < 1.0) {
+            anyhow::bail!("--owned-fraction must be strictly between 0 and 1, got {f}");
+        }
+    }
+    let mode = if flags.origin.is_empty() {
+        let prefix = flags.prefix.trim_matches('/');
+        if prefix.is_empty() {
+            anyhow::bail!("--prefix must not be empty");
+        }
+        UpstreamMode::prefix(prefix)
+    } else {
+        if !(flags.origin.starts_with("http://") || flags.origin.starts_with("https://")) {
+            anyhow::bail!("--origin must be an http:// or https:// URL");
+        }
+        UpstreamMode::Static(flags.origin.clone())
+    };
+    let cache: Arc<dyn BlockCache> = open_disk_cache(
+        &flags.cache_dir,
+        flags.cache_size,
+        flags.mem_size,
+        flags.block_size,
+        flags.owned_fraction,
+    )
+    .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
+    let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
+    let engine = Arc::new(Mutex::new(Engine::new(EngineConfig { geometry, namespace, layout })));
+    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone()));
+    let origin = OriginFetcher::new(TokioDialer, OriginConfig::default());
+    let plane = Arc::new(ClientPlane { engine, cache, origin, mode, metrics });
+
+    let client = tokio::net::TcpListener::bind(cli::listen_addr(&flags.listen)?)
+        .await
+        .with_context(|| format!("binding --listen {}", flags.listen))?;
+    let client_addr = client.local_addr()?;
+    let admin = if flags.admin.is_empty() {
+        None
+    } else {
+        let l = tokio::net::TcpListener::bind(cli::listen_addr(&flags.admin)?)
+            .await
+            .with_context(|| format!("binding --admin {}", flags.admin))?;
+        Some(l)
+    };
+    let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
+
+    let (stop, stop_rx) = watch::channel(false);
+    let options = ServeOptions { date_header: true, drain_timeout: Duration::from_secs(flags.drain_secs) };
+    let mut servers = JoinSet::new();
+    let p = plane.clone();
+    let handler = move |req| p.clone().handle(req);
+    servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
+    if let Some(l) = admin {
+        let p = plane.clone();
+        let handler = move |req| admin_handle(p.clone(), req);
+        servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
+    }
+    let mode_text = match &plane.mode {
+        UpstreamMode::Static(u) => format!("origin {}", strip_userinfo(u)),
+        UpstreamMode::Prefix(p) => format!("prefix /{p}/<url>"),
+    };
+    let banner = format!(
+        "dart client={client_addr} | mode: {mode_text} | p2p: off | admin: {} | cache: {} ({} MiB)",
+        admin_addr.map_or("off".to_string(), |a| a.to_string()),
+        flags.cache_dir.display(),
+        flags.cache_size >> 20,
+    );
+    Ok(Running { client_addr, admin_addr, banner, plane, stop, servers })
+}
+
+async fn admin_handle(
+    plane: Arc<ClientPlane<TokioDialer>>,
+    req: Request<Incoming>,
+) -> Response<ResponseBody> {
+    let (status, ctype, text) = match (req.method(), req.uri().path()) {
+        (&http::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        (&http::Method::GET, "/metrics") => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            plane.metrics.encode(),
+        ),
+        (&http::Method::GET, "/admin/stats") => {
+            let s = plane.cache.stats();
+            let n = s.owned_blocks + s.borrowed_blocks;
+            (StatusCode::OK, "application/json", format!("{{\n  \"cached_blocks\": {n}\n}}\n"))
+        }
+        (_, "/healthz" | "/metrics" | "/admin/stats") => {
+            (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".into())
+        }
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    };
+    let mut r = Response::new(body::full(text));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
+}
