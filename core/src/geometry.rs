@@ -83,7 +83,7 @@ impl Geometry {
         if chunk_bytes > i64::MAX as u64 {
             return Err(GeometryError::ChunkTooLarge(chunk_bytes));
         }
-        if chunk_bytes % block_bytes != 0 {
+        if !chunk_bytes.is_multiple_of(block_bytes) {
             return Err(GeometryError::ChunkNotMultipleOfBlock {
                 chunk: chunk_bytes,
                 block: block_bytes,
@@ -184,7 +184,8 @@ impl Iterator for Segments {
         let block_index = g.block_index(self.next);
         let block_last = block_index * g.block_bytes + (g.block_bytes - 1);
         let to = block_last.min(self.end);
-        let seg = Segment { chunk_index: g.chunk_index(self.next), block_index, from: self.next, to };
+        let seg =
+            Segment { chunk_index: g.chunk_index(self.next), block_index, from: self.next, to };
         if to == self.end {
             self.done = true;
         } else {
@@ -306,7 +307,7 @@ mod tests {
             let start = top - back;
             let end = start.saturating_add(len).min(top);
             let n = geo.segments(start, end).count() as u64;
-            prop_assert!(n >= 1 && n <= 4);
+            prop_assert!((1..=4).contains(&n));
         }
     }
 }

@@ -14,7 +14,9 @@ use dart_core::engine::{
     block_verdict, Action, Engine, FetchedBlock, Method, Read, ReadFailure, ReadRequest,
     ResponseHead, Verdict,
 };
-use http::header::{HeaderValue, ACCEPT_RANGES, ALLOW, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
+use http::header::{
+    HeaderValue, ACCEPT_RANGES, ALLOW, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
+};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;

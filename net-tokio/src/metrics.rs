@@ -81,9 +81,11 @@ impl prometheus_client::collector::Collector for Collected {
         let pass = [("range_unsupported", s.passthrough)];
         counter(&mut enc, "dart_passthrough", "Requests proxied verbatim.", "reason", &pass)?;
         let c = self.cache.stats();
-        let blocks = [("owned", c.owned_blocks), ("borrowed", c.borrowed_blocks), ("mem", c.mem_blocks)];
+        let blocks =
+            [("owned", c.owned_blocks), ("borrowed", c.borrowed_blocks), ("mem", c.mem_blocks)];
         gauges(&mut enc, "dart_store_blocks", "Blocks held, by budget.", &blocks)?;
-        let slots = [("owned", c.owned_slots), ("borrowed", c.borrowed_slots), ("mem", c.mem_slots)];
+        let slots =
+            [("owned", c.owned_slots), ("borrowed", c.borrowed_slots), ("mem", c.mem_slots)];
         gauges(&mut enc, "dart_store_slots", "Block slots, by budget.", &slots)?;
         let rejected = ConstCounter::new(c.admit_rejected);
         let m = enc.encode_descriptor(
@@ -100,8 +102,9 @@ impl Metrics {
     /// A registry exporting `engine`'s counters and `cache`'s occupancy.
     pub fn new(engine: Arc<Mutex<Engine>>, cache: Arc<dyn BlockCache>) -> Self {
         let mut registry = Registry::default();
-        let fetch_seconds =
-            Family::<SourceLabel, Histogram>::new_with_constructor(|| Histogram::new(FETCH_BUCKETS));
+        let fetch_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(FETCH_BUCKETS)
+        });
         registry.register(
             "dart_block_fetch_seconds",
             "Time to fetch a missing block, by source.",

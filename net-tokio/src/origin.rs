@@ -135,7 +135,8 @@ impl<D: Dialer> OriginFetcher<D> {
             .pool_idle_timeout(config.idle_timeout)
             .pool_max_idle_per_host(config.idle_per_host)
             .build(connector);
-        let flights = Flights { table: FlightTable::new(config.max_flight), senders: BTreeMap::new() };
+        let flights =
+            Flights { table: FlightTable::new(config.max_flight), senders: BTreeMap::new() };
         OriginFetcher {
             client,
             config,
@@ -151,7 +152,11 @@ impl<D: Dialer> OriginFetcher<D> {
     }
 
     /// Sends `GET url` with extra headers and waits for the response head (bounded).
-    async fn send(&self, url: &str, headers: &HeaderMap) -> Result<Response<Incoming>, OriginError> {
+    async fn send(
+        &self,
+        url: &str,
+        headers: &HeaderMap,
+    ) -> Result<Response<Incoming>, OriginError> {
         let uri: http::Uri = url
             .parse()
             .map_err(|_| OriginError::InvalidRequest("upstream URL is not a valid URI"))?;
@@ -189,7 +194,12 @@ impl<D: Dialer> OriginFetcher<D> {
         // The body is dropped unread: a Range-blind 200 may be the whole object.
     }
 
-    async fn fetch_once(&self, url: &str, start: u64, end: u64) -> Result<FetchedBlock, OriginError> {
+    async fn fetch_once(
+        &self,
+        url: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<FetchedBlock, OriginError> {
         if end < start {
             return Err(OriginError::InvalidRequest("end before start"));
         }
@@ -273,7 +283,9 @@ impl<D: Dialer> OriginFetcher<D> {
 
     async fn run(&self, key: &FlightKey, url: &str) -> Shared {
         match key {
-            FlightKey::Probe(_) => self.bounded(url, self.probe_once(url)).await.map(FlightOutput::Probe),
+            FlightKey::Probe(_) => {
+                self.bounded(url, self.probe_once(url)).await.map(FlightOutput::Probe)
+            }
             FlightKey::Block(_, s, e) => {
                 self.bounded(url, self.fetch_once(url, *s, *e)).await.map(FlightOutput::Block)
             }
@@ -347,7 +359,11 @@ impl<D: Dialer> OriginFetcher<D> {
 
     /// Opens a passthrough request for a Range-blind origin: `GET url` with the client's `Range`
     /// and conditional headers forwarded, the response returned live. Not coalesced.
-    pub async fn open(&self, url: &str, client: &HeaderMap) -> Result<Response<Incoming>, OriginError> {
+    pub async fn open(
+        &self,
+        url: &str,
+        client: &HeaderMap,
+    ) -> Result<Response<Incoming>, OriginError> {
         let mut headers = HeaderMap::new();
         for name in [RANGE, http::header::IF_RANGE, http::header::ACCEPT] {
             if let Some(v) = client.get(&name) {

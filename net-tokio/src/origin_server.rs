@@ -87,7 +87,11 @@ fn parse_single_range(v: &[u8], size: u64) -> Option<(u64, u64)> {
     }
 }
 
-fn respond(obj: &OriginObject, stats: &OriginStats, req: &Request<Incoming>) -> Response<ResponseBody> {
+fn respond(
+    obj: &OriginObject,
+    stats: &OriginStats,
+    req: &Request<Incoming>,
+) -> Response<ResponseBody> {
     stats.requests.fetch_add(1, Ordering::Relaxed);
     if req.method() == http::Method::HEAD {
         stats.heads.fetch_add(1, Ordering::Relaxed);
@@ -109,7 +113,10 @@ fn respond(obj: &OriginObject, stats: &OriginStats, req: &Request<Incoming>) -> 
                 return status_only(StatusCode::FORBIDDEN);
             }
         }
-        Behaviour::Honours | Behaviour::IgnoresRange | Behaviour::HidesTotal | Behaviour::Truncates => {}
+        Behaviour::Honours
+        | Behaviour::IgnoresRange
+        | Behaviour::HidesTotal
+        | Behaviour::Truncates => {}
     }
     let size = obj.size;
     let window = match (obj.behaviour, range) {
@@ -144,7 +151,8 @@ fn respond(obj: &OriginObject, stats: &OriginStats, req: &Request<Incoming>) -> 
     let h = r.headers_mut();
     h.insert(CONTENT_LENGTH, HeaderValue::from(len));
     if status == StatusCode::PARTIAL_CONTENT {
-        let total = if obj.behaviour == Behaviour::HidesTotal { "*".into() } else { size.to_string() };
+        let total =
+            if obj.behaviour == Behaviour::HidesTotal { "*".into() } else { size.to_string() };
         let cr = format!("bytes {start}-{end}/{total}");
         h.insert(CONTENT_RANGE, HeaderValue::try_from(cr).expect("ascii"));
     }

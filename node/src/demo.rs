@@ -25,7 +25,11 @@ struct Phase {
     origin_blocks: u64,
 }
 
-async fn get(client: &DemoClient, url: &str, range: Option<(u64, u64)>) -> anyhow::Result<(u16, Bytes)> {
+async fn get(
+    client: &DemoClient,
+    url: &str,
+    range: Option<(u64, u64)>,
+) -> anyhow::Result<(u16, Bytes)> {
     let mut req = http::Request::get(url);
     if let Some((a, b)) = range {
         req = req.header(http::header::RANGE, format!("bytes={a}-{b}"));
@@ -89,7 +93,10 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
     let reads: Vec<(String, Option<(u64, u64)>)> = vec![
         ("cold full read".into(), None),
         ("warm full read".into(), None),
-        ("1 MiB across a block boundary".into(), Some((flags.block_size - mi / 2, flags.block_size + mi / 2 - 1))),
+        (
+            "1 MiB across a block boundary".into(),
+            Some((flags.block_size - mi / 2, flags.block_size + mi / 2 - 1)),
+        ),
         ("last 100 bytes".into(), Some((size.saturating_sub(100), size - 1))),
     ];
     for (name, range) in reads {
@@ -115,17 +122,33 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
             origin_blocks: after.1.block_source_origin - before.1.block_source_origin,
         });
     }
-    println!("{:<32} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}", "read", "bytes", "ms", "MB/s", "origin", "blocks", "blocks");
-    println!("{:<32} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}", "", "", "", "", "reqs", "cache", "origin");
+    println!(
+        "{:<32} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}",
+        "read", "bytes", "ms", "MB/s", "origin", "blocks", "blocks"
+    );
+    println!(
+        "{:<32} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}",
+        "", "", "", "", "reqs", "cache", "origin"
+    );
     for p in &phases {
         let mbps = p.bytes as f64 / p.seconds / 1e6;
         println!(
             "{:<32} {:>12} {:>10.1} {:>10.1} {:>8} {:>8} {:>8}",
-            p.name, p.bytes, p.seconds * 1e3, mbps, p.origin_requests, p.cache_blocks, p.origin_blocks
+            p.name,
+            p.bytes,
+            p.seconds * 1e3,
+            mbps,
+            p.origin_requests,
+            p.cache_blocks,
+            p.origin_blocks
         );
     }
     println!("\nevery byte verified against the origin's generator");
-    println!("origin served {} requests, {} body bytes for a {size}-byte object", stats.requests(), stats.bytes());
+    println!(
+        "origin served {} requests, {} body bytes for a {size}-byte object",
+        stats.requests(),
+        stats.bytes()
+    );
     println!("\nfrom /metrics:");
     for line in node.plane.metrics.encode().lines() {
         if line.starts_with("dart_block_source") || line.starts_with("dart_bytes") {

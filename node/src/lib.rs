@@ -40,7 +40,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DART_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
@@ -170,7 +171,8 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
 
     let (stop, stop_rx) = watch::channel(false);
-    let options = ServeOptions { date_header: true, drain_timeout: Duration::from_secs(flags.drain_secs) };
+    let options =
+        ServeOptions { date_header: true, drain_timeout: Duration::from_secs(flags.drain_secs) };
     let mut servers = JoinSet::new();
     let p = plane.clone();
     let handler = move |req| p.clone().handle(req);
@@ -199,11 +201,9 @@ async fn admin_handle(
 ) -> Response<ResponseBody> {
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
         (&http::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        (&http::Method::GET, "/metrics") => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            plane.metrics.encode(),
-        ),
+        (&http::Method::GET, "/metrics") => {
+            (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", plane.metrics.encode())
+        }
         (&http::Method::GET, "/admin/stats") => {
             let s = plane.cache.stats();
             let n = s.owned_blocks + s.borrowed_blocks;

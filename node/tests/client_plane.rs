@@ -29,7 +29,15 @@ async fn origin(behaviour: Behaviour, size: u64) -> Origin {
     let stats = Arc::new(OriginStats::default());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let object = OriginObject { seed: SEED, size, behaviour };
-    tokio::spawn(serve_origin(l, object, stats.clone(), async { let _ = rx.await; }, ServeOptions::default()));
+    tokio::spawn(serve_origin(
+        l,
+        object,
+        stats.clone(),
+        async {
+            let _ = rx.await;
+        },
+        ServeOptions::default(),
+    ));
     Origin { addr, stats, _stop: tx }
 }
 
@@ -68,7 +76,8 @@ async fn node(dir: &TempDir) -> dart_node::Running {
 type C = Client<SeamConnector<TokioDialer>, Empty<Bytes>>;
 
 fn client() -> C {
-    Client::builder(TokioExecutor::new()).build(SeamConnector::new(TokioDialer, Duration::from_secs(2)))
+    Client::builder(TokioExecutor::new())
+        .build(SeamConnector::new(TokioDialer, Duration::from_secs(2)))
 }
 
 struct Got {
@@ -128,11 +137,17 @@ async fn ranges_return_206_with_exact_bytes_and_unsatisfiable_ones_416() {
     for (r, a, b) in cases {
         let g = send(&c, http::Method::GET, &u, Some(r)).await;
         assert_eq!(g.status, 206, "{r}");
-        assert_eq!(header(&g, CONTENT_RANGE), Some(format!("bytes {a}-{b}/{size}").as_str()), "{r}");
+        assert_eq!(
+            header(&g, CONTENT_RANGE),
+            Some(format!("bytes {a}-{b}/{size}").as_str()),
+            "{r}"
+        );
         let body = g.body.expect("body");
         assert_eq!(body[..], generate(SEED, a, (b - a + 1) as usize)[..], "{r}");
     }
-    for r in ["bytes=18446744073709551615-", "bytes=0-1,5-6", "items=0-1", &format!("bytes={size}-")] {
+    for r in
+        ["bytes=18446744073709551615-", "bytes=0-1,5-6", "items=0-1", &format!("bytes={size}-")]
+    {
         let g = send(&c, http::Method::GET, &u, Some(r)).await;
         assert_eq!(g.status, 416, "{r}");
         assert_eq!(header(&g, CONTENT_RANGE), Some(format!("bytes */{size}").as_str()), "{r}");
@@ -211,9 +226,11 @@ async fn bad_methods_and_targets_are_refused_clearly() {
     let g = send(&c, http::Method::POST, &url(&n, &o, ""), None).await;
     assert_eq!(g.status, 405);
     assert_eq!(header(&g, http::header::ALLOW), Some("GET, HEAD"));
-    let g = send(&c, http::Method::GET, &format!("http://{}/nope/http://x/y", n.client_addr), None).await;
+    let g = send(&c, http::Method::GET, &format!("http://{}/nope/http://x/y", n.client_addr), None)
+        .await;
     assert_eq!(g.status, 400);
-    let g = send(&c, http::Method::GET, &format!("http://{}/dart/ftp://x/y", n.client_addr), None).await;
+    let g = send(&c, http::Method::GET, &format!("http://{}/dart/ftp://x/y", n.client_addr), None)
+        .await;
     assert_eq!(g.status, 400);
 }
 
@@ -262,5 +279,8 @@ async fn metrics_and_health_are_served_on_the_admin_plane() {
     let text = String::from_utf8(g.body.expect("body").to_vec()).expect("utf8");
     assert!(text.contains("dart_block_source_total{source=\"origin\"} 2"), "{text}");
     assert!(text.contains("dart_block_source_total{source=\"cache\"} 2"), "{text}");
-    assert!(text.contains(&format!("dart_bytes_total{{direction=\"client\"}} {}", 4 * BLOCK)), "{text}");
+    assert!(
+        text.contains(&format!("dart_bytes_total{{direction=\"client\"}} {}", 4 * BLOCK)),
+        "{text}"
+    );
 }

@@ -73,18 +73,13 @@ pub fn parse_content_range(value: &[u8]) -> Result<ContentRange, ContentRangeErr
         return Err(ContentRangeError::Syntax);
     }
     let rest = &value[UNIT.len()..];
-    let slash = rest
-        .iter()
-        .position(|&b| b == b'/')
-        .ok_or(ContentRangeError::Syntax)?;
+    let slash = rest.iter().position(|&b| b == b'/').ok_or(ContentRangeError::Syntax)?;
     let (range_part, total_part) = (&rest[..slash], &rest[slash + 1..]);
     let range = match range_part {
         b"*" => None,
         _ => {
-            let dash = range_part
-                .iter()
-                .position(|&b| b == b'-')
-                .ok_or(ContentRangeError::Syntax)?;
+            let dash =
+                range_part.iter().position(|&b| b == b'-').ok_or(ContentRangeError::Syntax)?;
             let first = number(&range_part[..dash])?;
             let last = number(&range_part[dash + 1..])?;
             Some((first, last))
@@ -122,10 +117,7 @@ fn number(digits: &[u8]) -> Result<u64, ContentRangeError> {
 fn trim_ows(value: &[u8]) -> &[u8] {
     let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
     let start = value.iter().position(|b| !is_ows(b)).unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|b| !is_ows(b))
-        .map_or(start, |i| i + 1);
+    let end = value.iter().rposition(|b| !is_ows(b)).map_or(start, |i| i + 1);
     &value[start..end]
 }
 
@@ -164,10 +156,7 @@ mod tests {
 
     #[test]
     fn rfc_tail_clamp_is_parsed_as_sent() {
-        assert_eq!(
-            parse("bytes 4096-4999/5000"),
-            cr(Some((4096, 4999)), Some(5000))
-        );
+        assert_eq!(parse("bytes 4096-4999/5000"), cr(Some((4096, 4999)), Some(5000)));
     }
 
     #[test]
@@ -177,45 +166,24 @@ mod tests {
 
     #[test]
     fn inverted_range_is_refused() {
-        assert_eq!(
-            parse("bytes 5-4/100"),
-            Err(ContentRangeError::Inverted { first: 5, last: 4 })
-        );
-        assert_eq!(
-            parse("bytes 5-4/*"),
-            Err(ContentRangeError::Inverted { first: 5, last: 4 })
-        );
+        assert_eq!(parse("bytes 5-4/100"), Err(ContentRangeError::Inverted { first: 5, last: 4 }));
+        assert_eq!(parse("bytes 5-4/*"), Err(ContentRangeError::Inverted { first: 5, last: 4 }));
     }
 
     #[test]
     fn range_ending_at_or_past_the_total_is_refused() {
         assert_eq!(
             parse("bytes 0-100/100"),
-            Err(ContentRangeError::PastTotal {
-                last: 100,
-                total: 100
-            })
+            Err(ContentRangeError::PastTotal { last: 100, total: 100 })
         );
-        assert_eq!(
-            parse("bytes 0-0/0"),
-            Err(ContentRangeError::PastTotal { last: 0, total: 0 })
-        );
+        assert_eq!(parse("bytes 0-0/0"), Err(ContentRangeError::PastTotal { last: 0, total: 0 }));
     }
 
     #[test]
     fn overflowing_numbers_are_refused() {
-        assert_eq!(
-            parse("bytes 0-0/18446744073709551616"),
-            Err(ContentRangeError::Overflow)
-        );
-        assert_eq!(
-            parse("bytes 18446744073709551616-1/*"),
-            Err(ContentRangeError::Overflow)
-        );
-        assert_eq!(
-            parse("bytes */99999999999999999999999"),
-            Err(ContentRangeError::Overflow)
-        );
+        assert_eq!(parse("bytes 0-0/18446744073709551616"), Err(ContentRangeError::Overflow));
+        assert_eq!(parse("bytes 18446744073709551616-1/*"), Err(ContentRangeError::Overflow));
+        assert_eq!(parse("bytes */99999999999999999999999"), Err(ContentRangeError::Overflow));
     }
 
     #[test]
@@ -224,10 +192,7 @@ mod tests {
             parse("bytes 0-18446744073709551614/18446744073709551615"),
             cr(Some((0, u64::MAX - 1)), Some(u64::MAX))
         );
-        assert_eq!(
-            parse("bytes 0-18446744073709551615/*"),
-            cr(Some((0, u64::MAX)), None)
-        );
+        assert_eq!(parse("bytes 0-18446744073709551615/*"), cr(Some((0, u64::MAX)), None));
     }
 
     #[test]
@@ -259,10 +224,7 @@ mod tests {
         ] {
             assert_eq!(parse(s), Err(ContentRangeError::Syntax), "{s:?}");
         }
-        assert_eq!(
-            parse_content_range(b"bytes 0-1/\xff"),
-            Err(ContentRangeError::Syntax)
-        );
+        assert_eq!(parse_content_range(b"bytes 0-1/\xff"), Err(ContentRangeError::Syntax));
     }
 
     #[test]
@@ -273,42 +235,18 @@ mod tests {
     #[test]
     fn leading_zeros_are_accepted_and_printed_canonically() {
         let parsed = parse("bytes 000-009/0100").expect("valid");
-        assert_eq!(
-            parsed,
-            ContentRange {
-                range: Some((0, 9)),
-                total: Some(100)
-            }
-        );
+        assert_eq!(parsed, ContentRange { range: Some((0, 9)), total: Some(100) });
         assert_eq!(parsed.to_string(), "bytes 0-9/100");
     }
 
     #[test]
     fn display_prints_every_form() {
         assert_eq!(
-            ContentRange {
-                range: Some((0, 9)),
-                total: Some(100)
-            }
-            .to_string(),
+            ContentRange { range: Some((0, 9)), total: Some(100) }.to_string(),
             "bytes 0-9/100"
         );
-        assert_eq!(
-            ContentRange {
-                range: Some((0, 9)),
-                total: None
-            }
-            .to_string(),
-            "bytes 0-9/*"
-        );
-        assert_eq!(
-            ContentRange {
-                range: None,
-                total: Some(100)
-            }
-            .to_string(),
-            "bytes */100"
-        );
+        assert_eq!(ContentRange { range: Some((0, 9)), total: None }.to_string(), "bytes 0-9/*");
+        assert_eq!(ContentRange { range: None, total: Some(100) }.to_string(), "bytes */100");
     }
 
     fn valid_content_range() -> impl Strategy<Value = ContentRange> {
@@ -325,10 +263,7 @@ mod tests {
                 }
             },
         );
-        let unsatisfied = any::<u64>().prop_map(|t| ContentRange {
-            range: None,
-            total: Some(t),
-        });
+        let unsatisfied = any::<u64>().prop_map(|t| ContentRange { range: None, total: Some(t) });
         prop_oneof![ranged, unsatisfied]
     }
 

@@ -35,9 +35,7 @@ fn parse_radix(digits: &[u8], radix: u32) -> Result<u64, DigitsError> {
     // Validate every byte before reporting overflow, so junk is never mistaken for a big number.
     let mut value: Option<u64> = Some(0);
     for &byte in digits {
-        let digit = char::from(byte)
-            .to_digit(radix)
-            .ok_or(DigitsError::NotDigit)?;
+        let digit = char::from(byte).to_digit(radix).ok_or(DigitsError::NotDigit)?;
         value = value
             .and_then(|v| v.checked_mul(u64::from(radix)))
             .and_then(|v| v.checked_add(u64::from(digit)));
@@ -54,10 +52,7 @@ pub(crate) fn cmp_decimal(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 }
 
 fn trim_leading_zeros(digits: &[u8]) -> &[u8] {
-    let first_nonzero = digits
-        .iter()
-        .position(|&d| d != b'0')
-        .unwrap_or(digits.len());
+    let first_nonzero = digits.iter().position(|&d| d != b'0').unwrap_or(digits.len());
     &digits[first_nonzero..]
 }
 
@@ -70,10 +65,7 @@ mod tests {
     #[test]
     fn decimal_accepts_u64_max_and_refuses_one_more() {
         assert_eq!(parse_decimal(b"18446744073709551615"), Ok(u64::MAX));
-        assert_eq!(
-            parse_decimal(b"18446744073709551616"),
-            Err(DigitsError::Overflow)
-        );
+        assert_eq!(parse_decimal(b"18446744073709551616"), Err(DigitsError::Overflow));
     }
 
     #[test]
@@ -85,20 +77,13 @@ mod tests {
 
     #[test]
     fn junk_after_an_overflow_is_reported_as_junk() {
-        assert_eq!(
-            parse_decimal(b"99999999999999999999x"),
-            Err(DigitsError::NotDigit)
-        );
+        assert_eq!(parse_decimal(b"99999999999999999999x"), Err(DigitsError::NotDigit));
     }
 
     #[test]
     fn signs_prefixes_and_separators_are_not_digits() {
         for s in ["+1", "-1", "0x1", "1_000", " 1", "1 ", "1.5"] {
-            assert_eq!(
-                parse_decimal(s.as_bytes()),
-                Err(DigitsError::NotDigit),
-                "{s}"
-            );
+            assert_eq!(parse_decimal(s.as_bytes()), Err(DigitsError::NotDigit), "{s}");
         }
         assert_eq!(parse_hex(b"0xff"), Err(DigitsError::NotDigit));
         assert_eq!(parse_hex(b""), Err(DigitsError::Empty));
@@ -115,10 +100,7 @@ mod tests {
     fn decimal_comparison_ignores_leading_zeros() {
         assert_eq!(cmp_decimal(b"0010", b"9"), Ordering::Greater);
         assert_eq!(cmp_decimal(b"000", b"0"), Ordering::Equal);
-        assert_eq!(
-            cmp_decimal(b"99999999999999999999", b"100000000000000000000"),
-            Ordering::Less
-        );
+        assert_eq!(cmp_decimal(b"99999999999999999999", b"100000000000000000000"), Ordering::Less);
     }
 
     proptest! {

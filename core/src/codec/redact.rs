@@ -64,14 +64,8 @@ mod tests {
 
     #[test]
     fn userinfo_is_dropped() {
-        assert_eq!(
-            redact_url("https://user:pass@example.com/blob"),
-            "https://example.com/blob"
-        );
-        assert_eq!(
-            redact_url("http://user@example.com:8080/x"),
-            "http://example.com:8080/x"
-        );
+        assert_eq!(redact_url("https://user:pass@example.com/blob"), "https://example.com/blob");
+        assert_eq!(redact_url("http://user@example.com:8080/x"), "http://example.com:8080/x");
     }
 
     #[test]
@@ -114,10 +108,7 @@ mod tests {
 
     #[test]
     fn password_with_raw_at_sign_is_removed_entirely() {
-        assert_eq!(
-            redact_url("https://user:p@ss@example.com/x"),
-            "https://example.com/x"
-        );
+        assert_eq!(redact_url("https://user:p@ss@example.com/x"), "https://example.com/x");
     }
 
     #[test]
@@ -126,18 +117,12 @@ mod tests {
             redact_url("https://user:pa?ss@example.com/x?q=1"),
             "https://example.com/x?<redacted>"
         );
-        assert_eq!(
-            redact_url("https://user:pa#ss@example.com/x"),
-            "https://example.com/x"
-        );
+        assert_eq!(redact_url("https://user:pa#ss@example.com/x"), "https://example.com/x");
     }
 
     #[test]
     fn at_sign_in_the_path_is_not_userinfo() {
-        assert_eq!(
-            redact_url("https://h/team@example/blob"),
-            "https://h/team@example/blob"
-        );
+        assert_eq!(redact_url("https://h/team@example/blob"), "https://h/team@example/blob");
     }
 
     #[test]
@@ -152,10 +137,7 @@ mod tests {
             strip_userinfo("https://u:p@registry-1.docker.io/v2?x=1"),
             "https://registry-1.docker.io/v2?x=1"
         );
-        assert_eq!(
-            strip_userinfo("https://registry-1.docker.io"),
-            "https://registry-1.docker.io"
-        );
+        assert_eq!(strip_userinfo("https://registry-1.docker.io"), "https://registry-1.docker.io");
     }
 
     #[test]
@@ -167,17 +149,9 @@ mod tests {
 
     #[test]
     fn garbage_never_panics() {
-        for s in [
-            "@",
-            "@@@",
-            "://@",
-            "?",
-            "??@",
-            "://",
-            "/@",
-            "\u{1F600}@\u{e9}?\u{0}",
-            "a://b://c@d",
-        ] {
+        for s in
+            ["@", "@@@", "://@", "?", "??@", "://", "/@", "\u{1F600}@\u{e9}?\u{0}", "a://b://c@d"]
+        {
             let _ = redact_url(s);
             let _ = strip_userinfo(s);
         }

@@ -142,10 +142,7 @@ fn unit_multiplier(unit: &[u8]) -> Result<u64, SizeError> {
 
 /// `(whole + 0.fraction) * multiplier`, truncated, refusing results above `i64::MAX`.
 fn scale(whole: u64, fraction: &[u8], multiplier: u64) -> Result<u64, SizeError> {
-    let significant = &fraction[..fraction
-        .iter()
-        .rposition(|&d| d != b'0')
-        .map_or(0, |i| i + 1)];
+    let significant = &fraction[..fraction.iter().rposition(|&d| d != b'0').map_or(0, |i| i + 1)];
     if significant.len() > FRACTION_DIGITS_MAX {
         return Err(SizeError::TooPrecise);
     }
@@ -158,10 +155,7 @@ fn scale(whole: u64, fraction: &[u8], multiplier: u64) -> Result<u64, SizeError>
     let fraction_bytes = numerator * u128::from(multiplier) / denominator;
     debug_assert!(fraction_bytes < u128::from(multiplier.max(1)));
     let total = u128::from(whole) * u128::from(multiplier) + fraction_bytes;
-    u64::try_from(total)
-        .ok()
-        .filter(|&bytes| bytes <= i64::MAX as u64)
-        .ok_or(SizeError::TooLarge)
+    u64::try_from(total).ok().filter(|&bytes| bytes <= i64::MAX as u64).ok_or(SizeError::TooLarge)
 }
 
 #[cfg(test)]
@@ -184,18 +178,9 @@ mod tests {
     #[test]
     fn i64_max_is_accepted_and_one_more_is_too_large() {
         assert_eq!(parse_byte_size("9223372036854775807"), Ok(i64::MAX as u64));
-        assert_eq!(
-            parse_byte_size("9223372036854775808"),
-            Err(SizeError::TooLarge)
-        );
-        assert_eq!(
-            parse_byte_size("18446744073709551615"),
-            Err(SizeError::TooLarge)
-        );
-        assert_eq!(
-            parse_byte_size("18446744073709551616"),
-            Err(SizeError::TooLarge)
-        );
+        assert_eq!(parse_byte_size("9223372036854775808"), Err(SizeError::TooLarge));
+        assert_eq!(parse_byte_size("18446744073709551615"), Err(SizeError::TooLarge));
+        assert_eq!(parse_byte_size("18446744073709551616"), Err(SizeError::TooLarge));
     }
 
     #[test]
@@ -257,10 +242,7 @@ mod tests {
         let long = format!("1.5{}GiB", "0".repeat(100));
         assert_eq!(parse_byte_size(&long), Ok(1610612736));
         assert_eq!(parse_byte_size("1.000000000000000001Ti"), Ok(1 << 40));
-        assert_eq!(
-            parse_byte_size("1.0000000000000000001Ti"),
-            Err(SizeError::TooPrecise)
-        );
+        assert_eq!(parse_byte_size("1.0000000000000000001Ti"), Err(SizeError::TooPrecise));
     }
 
     #[test]
@@ -274,14 +256,8 @@ mod tests {
     fn unit_results_above_i64_max_are_too_large() {
         assert_eq!(parse_byte_size("8388607TiB"), Ok(8388607 << 40));
         assert_eq!(parse_byte_size("8388608TiB"), Err(SizeError::TooLarge));
-        assert_eq!(
-            parse_byte_size("99999999999999999999K"),
-            Err(SizeError::TooLarge)
-        );
-        assert_eq!(
-            parse_byte_size("18446744073709551615Ti"),
-            Err(SizeError::TooLarge)
-        );
+        assert_eq!(parse_byte_size("99999999999999999999K"), Err(SizeError::TooLarge));
+        assert_eq!(parse_byte_size("18446744073709551615Ti"), Err(SizeError::TooLarge));
     }
 
     #[test]
@@ -298,22 +274,9 @@ mod tests {
 
     #[test]
     fn unknown_units_are_refused() {
-        for s in [
-            "1B",
-            "1b",
-            "1P",
-            "1PiB",
-            "1KiBB",
-            "1iB",
-            "1kilobyte",
-            "1X",
-            "1Kb2",
-        ] {
+        for s in ["1B", "1b", "1P", "1PiB", "1KiBB", "1iB", "1kilobyte", "1X", "1Kb2"] {
             assert!(
-                matches!(
-                    parse_byte_size(s),
-                    Err(SizeError::UnknownUnit | SizeError::Malformed)
-                ),
+                matches!(parse_byte_size(s), Err(SizeError::UnknownUnit | SizeError::Malformed)),
                 "{s}"
             );
         }

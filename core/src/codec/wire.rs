@@ -74,19 +74,14 @@ pub fn block_path(key: BlockKey) -> String {
 
 /// Parses a peer block request path (path component only) into its block key.
 pub fn parse_block_path(path: &str) -> Result<BlockKey, WireError> {
-    let tail = path
-        .strip_prefix(BLOCK_PATH_PREFIX)
-        .ok_or(WireError::NotBlockPath)?;
+    let tail = path.strip_prefix(BLOCK_PATH_PREFIX).ok_or(WireError::NotBlockPath)?;
     let (chunk, block) = tail.split_once('/').ok_or(WireError::Segments)?;
     if block.contains('/') {
         return Err(WireError::Segments);
     }
     let chunk = parse_hex(chunk.as_bytes()).map_err(|_| WireError::Chunk)?;
     let block = parse_decimal(block.as_bytes()).map_err(|_| WireError::Block)?;
-    Ok(BlockKey {
-        chunk: ChunkKey(chunk),
-        block,
-    })
+    Ok(BlockKey { chunk: ChunkKey(chunk), block })
 }
 
 /// Decodes `X-DART-Hop` (`None` when absent, which means depth 0) with Go `strconv.Atoi`
@@ -124,10 +119,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn key(chunk: u64, block: u64) -> BlockKey {
-        BlockKey {
-            chunk: ChunkKey(chunk),
-            block,
-        }
+        BlockKey { chunk: ChunkKey(chunk), block }
     }
 
     fn hop(s: &str) -> Result<u64, HopError> {
@@ -136,10 +128,7 @@ mod tests {
 
     #[test]
     fn block_path_matches_the_golden_wire_form() {
-        assert_eq!(
-            block_path(key(284481562108898346, 0)),
-            "/peer/v1/block/3f2ae7936a62c2a/0"
-        );
+        assert_eq!(block_path(key(284481562108898346, 0)), "/peer/v1/block/3f2ae7936a62c2a/0");
         assert_eq!(block_path(key(0, 7)), "/peer/v1/block/0/7");
         assert_eq!(
             block_path(key(u64::MAX, u64::MAX)),
@@ -161,42 +150,24 @@ mod tests {
             parse_block_path("/peer/v1/block/3F2AE7936A62C2A/0"),
             Ok(key(284481562108898346, 0))
         );
-        assert_eq!(
-            parse_block_path("/peer/v1/block/aBcD/1"),
-            Ok(key(0xabcd, 1))
-        );
+        assert_eq!(parse_block_path("/peer/v1/block/aBcD/1"), Ok(key(0xabcd, 1)));
     }
 
     #[test]
     fn leading_zeros_are_accepted_like_go_parse_uint() {
-        assert_eq!(
-            parse_block_path("/peer/v1/block/000ff/007"),
-            Ok(key(0xff, 7))
-        );
-        assert_eq!(
-            parse_block_path("/peer/v1/block/00000000000000000001/1"),
-            Ok(key(1, 1))
-        );
+        assert_eq!(parse_block_path("/peer/v1/block/000ff/007"), Ok(key(0xff, 7)));
+        assert_eq!(parse_block_path("/peer/v1/block/00000000000000000001/1"), Ok(key(1, 1)));
     }
 
     #[test]
     fn chunk_key_above_64_bits_is_refused() {
-        assert_eq!(
-            parse_block_path("/peer/v1/block/ffffffffffffffff/0"),
-            Ok(key(u64::MAX, 0))
-        );
-        assert_eq!(
-            parse_block_path("/peer/v1/block/10000000000000000/0"),
-            Err(WireError::Chunk)
-        );
+        assert_eq!(parse_block_path("/peer/v1/block/ffffffffffffffff/0"), Ok(key(u64::MAX, 0)));
+        assert_eq!(parse_block_path("/peer/v1/block/10000000000000000/0"), Err(WireError::Chunk));
     }
 
     #[test]
     fn block_index_u64_max_is_accepted_and_one_more_is_refused() {
-        assert_eq!(
-            parse_block_path("/peer/v1/block/1/18446744073709551615"),
-            Ok(key(1, u64::MAX))
-        );
+        assert_eq!(parse_block_path("/peer/v1/block/1/18446744073709551615"), Ok(key(1, u64::MAX)));
         assert_eq!(
             parse_block_path("/peer/v1/block/1/18446744073709551616"),
             Err(WireError::Block)
@@ -206,18 +177,13 @@ mod tests {
     #[test]
     fn malformed_relay_indices_from_issue_52_still_parse_for_the_source_to_decline() {
         for index in [1u64 << 63, u64::MAX, 576460752303423488] {
-            assert_eq!(
-                parse_block_path(&format!("/peer/v1/block/1/{index}")),
-                Ok(key(1, index))
-            );
+            assert_eq!(parse_block_path(&format!("/peer/v1/block/1/{index}")), Ok(key(1, index)));
         }
     }
 
     #[test]
     fn chunk_prefix_and_sign_are_refused() {
-        for chunk in [
-            "0xff", "0Xff", "+ff", "-ff", "", " ff", "ff ", "f_f", "fg", "%66",
-        ] {
+        for chunk in ["0xff", "0Xff", "+ff", "-ff", "", " ff", "ff ", "f_f", "fg", "%66"] {
             let path = format!("/peer/v1/block/{chunk}/0");
             assert_eq!(parse_block_path(&path), Err(WireError::Chunk), "{path:?}");
         }
@@ -225,9 +191,7 @@ mod tests {
 
     #[test]
     fn block_prefix_sign_and_junk_are_refused() {
-        for block in [
-            "+1", "-1", "-0", "", "0x1", "1_000", "1.5", " 1", "1 ", "a", "1?x=y",
-        ] {
+        for block in ["+1", "-1", "-0", "", "0x1", "1_000", "1.5", " 1", "1 ", "a", "1?x=y"] {
             let path = format!("/peer/v1/block/ff/{block}");
             assert_eq!(parse_block_path(&path), Err(WireError::Block), "{path:?}");
         }
@@ -246,21 +210,12 @@ mod tests {
         ] {
             let result = parse_block_path(path);
             assert!(
-                matches!(
-                    result,
-                    Err(WireError::Segments | WireError::Chunk | WireError::Block)
-                ),
+                matches!(result, Err(WireError::Segments | WireError::Chunk | WireError::Block)),
                 "{path:?} -> {result:?}"
             );
         }
-        assert_eq!(
-            parse_block_path("/peer/v1/block/ff/0/"),
-            Err(WireError::Segments)
-        );
-        assert_eq!(
-            parse_block_path("/peer/v1/block/ff"),
-            Err(WireError::Segments)
-        );
+        assert_eq!(parse_block_path("/peer/v1/block/ff/0/"), Err(WireError::Segments));
+        assert_eq!(parse_block_path("/peer/v1/block/ff"), Err(WireError::Segments));
     }
 
     #[test]
@@ -275,11 +230,7 @@ mod tests {
             "//peer/v1/block/ff/0",
             "/PEER/v1/block/ff/0",
         ] {
-            assert_eq!(
-                parse_block_path(path),
-                Err(WireError::NotBlockPath),
-                "{path:?}"
-            );
+            assert_eq!(parse_block_path(path), Err(WireError::NotBlockPath), "{path:?}");
         }
     }
 
@@ -331,9 +282,9 @@ mod tests {
 
     #[test]
     fn non_decimal_hops_are_refused() {
-        for s in [
-            "1.5", " 1", "1 ", "1_000", "0x1", "+", "-", "+-1", "--1", "++1", "1e3", "one", "١",
-        ] {
+        for s in
+            ["1.5", " 1", "1 ", "1_000", "0x1", "+", "-", "+-1", "--1", "++1", "1e3", "one", "١"]
+        {
             assert_eq!(hop(s), Err(HopError::Malformed), "{s:?}");
         }
         assert_eq!(parse_hop(Some(b"\xff")), Err(HopError::Malformed));

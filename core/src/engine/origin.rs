@@ -240,7 +240,10 @@ mod tests {
 
     #[test]
     fn probe_206_hiding_the_total_is_a_failure_not_a_size() {
-        assert_eq!(classify_probe(206, Some(b"bytes 0-0/*"), Some(1)), Err(OriginError::HiddenTotal));
+        assert_eq!(
+            classify_probe(206, Some(b"bytes 0-0/*"), Some(1)),
+            Err(OriginError::HiddenTotal)
+        );
         assert_eq!(classify_probe(206, None, Some(1)), Err(OriginError::BadContentRange));
     }
 

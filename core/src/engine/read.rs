@@ -301,7 +301,11 @@ impl Read {
     }
 
     /// The answer to [`Action::FetchOrigin`].
-    pub fn handle_fetch(&mut self, engine: &mut Engine, fetched: Result<FetchedBlock, OriginError>) {
+    pub fn handle_fetch(
+        &mut self,
+        engine: &mut Engine,
+        fetched: Result<FetchedBlock, OriginError>,
+    ) {
         let State::AwaitFetch { seg, key, expected } = self.state else {
             panic!("fetch answer out of turn: {:?}", self.state);
         };
@@ -381,7 +385,10 @@ impl Read {
             }
             None => {
                 if self.method == Method::Get {
-                    assert_eq!(self.emitted, self.content_length, "emitted bytes != Content-Length");
+                    assert_eq!(
+                        self.emitted, self.content_length,
+                        "emitted bytes != Content-Length"
+                    );
                 }
                 self.out.push_back(Action::Finish);
                 self.state = State::Done;
@@ -408,9 +415,9 @@ impl Read {
     fn fail(&mut self, error: ReadError) {
         let status = match &error {
             ReadError::Origin(e) if e.status() == Some(404) => 404,
-            ReadError::Origin(_) | ReadError::BlockLength { .. } | ReadError::SizeChanged { .. } => {
-                502
-            }
+            ReadError::Origin(_)
+            | ReadError::BlockLength { .. }
+            | ReadError::SizeChanged { .. } => 502,
         };
         let failure = ReadFailure { committed: self.head_sent, status, error };
         self.out.push_back(Action::Fail(failure));

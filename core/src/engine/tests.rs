@@ -75,7 +75,8 @@ impl FakeOrigin {
                 if self.mode == Mode::Truncates {
                     body.pop();
                 }
-                let total = if self.mode == Mode::HidesTotal { "*".into() } else { size.to_string() };
+                let total =
+                    if self.mode == Mode::HidesTotal { "*".into() } else { size.to_string() };
                 (206, Some(format!("bytes {start}-{last}/{total}")), body)
             }
         };
@@ -184,7 +185,10 @@ fn full_read_returns_every_byte_with_200() {
     let mut w = World::small(50, Mode::Honours);
     let out = w.read(Method::Get, None);
     assert_eq!(out.end, End::Finish);
-    assert_eq!(out.head, Some(ResponseHead { status: 200, content_length: 50, content_range: None }));
+    assert_eq!(
+        out.head,
+        Some(ResponseHead { status: 200, content_length: 50, content_range: None })
+    );
     assert_eq!(out.body, w.expected(0, 49));
 }
 
@@ -212,7 +216,10 @@ fn a_range_across_block_and_chunk_boundaries_is_assembled_in_order() {
 fn the_end_is_clamped_to_the_last_byte_and_a_start_past_the_end_is_416() {
     let mut w = World::small(10, Mode::Honours);
     let out = w.read(Method::Get, Some("bytes=8-1000"));
-    assert_eq!(out.head.as_ref().map(|h| h.content_range.clone()), Some(Some("bytes 8-9/10".into())));
+    assert_eq!(
+        out.head.as_ref().map(|h| h.content_range.clone()),
+        Some(Some("bytes 8-9/10".into()))
+    );
     assert_eq!(out.body, w.expected(8, 9));
     let out = w.read(Method::Get, Some("bytes=10-20"));
     let head = out.head.expect("head");
@@ -235,7 +242,10 @@ fn the_size_comes_from_exactly_one_ranged_probe() {
     w.read(Method::Get, Some("bytes=0-0"));
     w.read(Method::Get, None);
     assert_eq!(w.origin.probes, 1);
-    assert_eq!(w.engine.object(&w.engine.identify("https://origin.example/obj")), Some(ObjectInfo::Sized(33)));
+    assert_eq!(
+        w.engine.object(&w.engine.identify("https://origin.example/obj")),
+        Some(ObjectInfo::Sized(33))
+    );
 }
 
 #[test]
@@ -323,11 +333,18 @@ fn a_short_origin_block_fails_the_read_and_is_never_cached() {
 fn an_empty_object_is_a_200_with_no_body_and_every_range_is_416() {
     let mut w = World::small(0, Mode::Honours);
     let out = w.read(Method::Get, None);
-    assert_eq!(out.head, Some(ResponseHead { status: 200, content_length: 0, content_range: None }));
+    assert_eq!(
+        out.head,
+        Some(ResponseHead { status: 200, content_length: 0, content_range: None })
+    );
     for r in ["bytes=0-0", "bytes=0-", "bytes=-1"] {
         for m in [Method::Get, Method::Head] {
             let head = w.read(m, Some(r)).head.expect("head");
-            assert_eq!((head.status, head.content_range.as_deref()), (416, Some("bytes */0")), "{r}");
+            assert_eq!(
+                (head.status, head.content_range.as_deref()),
+                (416, Some("bytes */0")),
+                "{r}"
+            );
         }
     }
 }
