@@ -16,6 +16,7 @@ pub mod geometry;
 pub mod hash;
 pub mod hrw;
 pub mod identity;
+pub mod membership;
 pub mod rng;
 pub mod time;
 pub mod tree;

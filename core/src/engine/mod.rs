@@ -9,6 +9,7 @@ pub mod flight;
 pub mod origin;
 mod read;
 pub mod resolve;
+pub mod route;
 
 #[cfg(test)]
 mod tests;

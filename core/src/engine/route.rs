@@ -1,0 +1,233 @@
+//! Placement and routing decisions over a membership view (spec/geometry.md §4–§5, seeds/engine.md
+//! §3.3, §3.5, §3.7): who owns a chunk, which ancestors a node pulls a missed block from, and
+//! whether a peer's relay request is declined before any work is done.
+
+use super::{BlockClass, Engine, ObjectInfo};
+use crate::codec::wire::MAX_HOP;
+use crate::hash::{BlockKey, ChunkKey};
+use crate::hrw;
+use crate::membership::View;
+use crate::tree::Tree;
+use thiserror::Error;
+
+/// Default distribution-tree fanout.
+pub const DEFAULT_FANOUT: usize = 2;
+/// Default number of HRW owners of a chunk.
+pub const DEFAULT_REPLICAS: usize = 1;
+/// Most upstream candidates a read considers for one block (primary and backup).
+pub const UPSTREAMS_MAX: usize = 2;
+
+/// A peer to ask.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PeerRef {
+    /// Member id.
+    pub id: String,
+    /// Peer-plane address.
+    pub addr: String,
+}
+
+/// This node's place in a cluster: the view, its own id, and the tree parameters.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    view: View,
+    self_id: String,
+    fanout: usize,
+    replicas: usize,
+}
+
+impl Placement {
+    /// A placement for `self_id` over `view`; fanout < 1 becomes 2, replicas < 1 becomes 1.
+    pub fn new(view: View, self_id: &str, fanout: usize, replicas: usize) -> Self {
+        let fanout = if fanout < 1 { DEFAULT_FANOUT } else { fanout };
+        Placement { view, self_id: self_id.to_owned(), fanout, replicas: replicas.max(1) }
+    }
+
+    /// The view.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// This node's id.
+    pub fn self_id(&self) -> &str {
+        &self.self_id
+    }
+
+    /// Ready members ranked for `chunk`, best first (ids).
+    pub fn ranked(&self, chunk: ChunkKey) -> Vec<&str> {
+        let ready: Vec<(&str, f64)> = self.view.ready().map(|m| (m.id.as_str(), m.weight)).collect();
+        hrw::rank(chunk.0, &ready).into_iter().map(|i| ready[i].0).collect()
+    }
+
+    /// Owned iff this node is among the first `replicas` of the ranking over all Ready members.
+    pub fn class_of(&self, chunk: ChunkKey) -> BlockClass {
+        let ranked = self.ranked(chunk);
+        if ranked.iter().take(self.replicas).any(|id| *id == self.self_id) {
+            BlockClass::Owned
+        } else {
+            BlockClass::Borrowed
+        }
+    }
+
+    /// The ancestors to pull a missed block of `chunk` from, nearest first, keeping at most
+    /// [`UPSTREAMS_MAX`] that are usable (known, with an address, and `usable(addr)`, i.e. circuit
+    /// not open). Empty: this node is the root, or no ancestor is usable — fetch the origin.
+    /// A node outside the ranked set may only ask rank 0.
+    pub fn upstreams(&self, chunk: ChunkKey, usable: impl Fn(&str) -> bool) -> Vec<PeerRef> {
+        let ranked = self.ranked(chunk);
+        let as_peer = |id: &str| {
+            let m = self.view.get(id)?;
+            (!m.addr.is_empty() && m.id != self.self_id && usable(&m.addr))
+                .then(|| PeerRef { id: m.id.clone(), addr: m.addr.clone() })
+        };
+        let Some(me) = ranked.iter().position(|id| *id == self.self_id) else {
+            return ranked.first().and_then(|id| as_peer(id)).into_iter().collect();
+        };
+        let tree = Tree::new(ranked.len(), self.fanout);
+        let out: Vec<PeerRef> = tree
+            .ancestors(me)
+            .filter_map(|i| as_peer(ranked[i]))
+            .take(UPSTREAMS_MAX)
+            .collect();
+        debug_assert!(out.len() <= UPSTREAMS_MAX);
+        out
+    }
+}
+
+/// Why a relay request is declined: a 404 to the requester, never charged to this relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum RelayDecline {
+    /// The block index cannot be represented in signed range arithmetic (issue #52).
+    #[error("block index above the geometry maximum")]
+    IndexOverflow,
+    /// The wire chunk key disagrees with the origin URL's identity, namespace and chunk.
+    #[error("chunk key does not match the origin URL")]
+    ChunkMismatch,
+    /// The relay chain reached the hop bound.
+    #[error("hop bound reached")]
+    HopLimit,
+    /// The object's origin ignores Range: the requester proxies it itself.
+    #[error("object is Range-blind")]
+    RangeBlind,
+}
+
+/// What a relay may do for a peer's block request that passed the checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayPlan {
+    /// Serve only what the local store holds (no `X-DART-Origin`).
+    CacheOnly,
+    /// Serve from the store, else fetch on the requester's behalf with this hop.
+    FetchOnBehalf {
+        /// Hop to send upstream (`hop + 1`).
+        next_hop: u64,
+    },
+}
+
+/// Checks a peer's relay request before any cache lookup, probe or upstream access, in the order
+/// that keeps overflowing indices away from all arithmetic.
+pub fn relay_check(
+    engine: &Engine,
+    key: BlockKey,
+    origin_url: Option<&str>,
+    hop: u64,
+) -> Result<RelayPlan, RelayDecline> {
+    let geometry = engine.config().geometry;
+    if key.block > geometry.max_block_index() {
+        return Err(RelayDecline::IndexOverflow);
+    }
+    let Some(url) = origin_url else {
+        return Ok(RelayPlan::CacheOnly);
+    };
+    let id = engine.identify(url);
+    if engine.block_key(&id, key.block) != key {
+        return Err(RelayDecline::ChunkMismatch);
+    }
+    if hop >= MAX_HOP {
+        return Err(RelayDecline::HopLimit);
+    }
+    if engine.object(&id) == Some(ObjectInfo::RangeBlind) {
+        return Err(RelayDecline::RangeBlind);
+    }
+    Ok(RelayPlan::FetchOnBehalf { next_hop: hop + 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::membership::Member;
+
+    fn view(n: usize) -> View {
+        View::new((0..n).map(|i| Member::ready(&format!("node-{i:02}"), &format!("h{i}:9000"))).collect())
+    }
+
+    #[test]
+    fn the_root_has_no_upstream_and_others_walk_their_ancestors() {
+        let v = view(7);
+        let chunk = ChunkKey(0xDEAD_BEEF);
+        let ranked: Vec<String> =
+            Placement::new(v.clone(), "node-00", 2, 1).ranked(chunk).iter().map(|s| s.to_string()).collect();
+        let root = Placement::new(v.clone(), &ranked[0], 2, 1);
+        assert!(root.upstreams(chunk, |_| true).is_empty());
+        // Position 2's ancestors in the n=7,k=2 golden tree are 1 then 0.
+        let p = Placement::new(v.clone(), &ranked[2], 2, 1);
+        let ups: Vec<_> = p.upstreams(chunk, |_| true).into_iter().map(|r| r.id).collect();
+        assert_eq!(ups, vec![ranked[1].clone(), ranked[0].clone()]);
+    }
+
+    #[test]
+    fn an_open_parent_is_skipped_and_the_grandparent_promoted() {
+        let v = view(7);
+        let chunk = ChunkKey(42);
+        let ranked: Vec<String> =
+            Placement::new(v.clone(), "x", 2, 1).ranked(chunk).iter().map(|s| s.to_string()).collect();
+        let p = Placement::new(v.clone(), &ranked[2], 2, 1);
+        let parent_addr = v.get(&ranked[1]).map(|m| m.addr.clone()).expect("member");
+        let ups: Vec<_> = p.upstreams(chunk, |a| a != parent_addr).into_iter().map(|r| r.id).collect();
+        assert_eq!(ups, vec![ranked[0].clone()]);
+        assert!(p.upstreams(chunk, |_| false).is_empty(), "all open: origin with zero dials");
+    }
+
+    #[test]
+    fn a_non_member_asks_only_the_owner() {
+        let v = view(5);
+        let chunk = ChunkKey(7);
+        let p = Placement::new(v.clone(), "outsider", 2, 1);
+        let ups = p.upstreams(chunk, |_| true);
+        assert_eq!(ups.len(), 1);
+        assert_eq!(ups[0].id, p.ranked(chunk)[0]);
+    }
+
+    #[test]
+    fn owned_iff_in_the_top_replicas() {
+        let v = view(5);
+        let chunk = ChunkKey(99);
+        let ranked: Vec<String> =
+            Placement::new(v.clone(), "x", 2, 1).ranked(chunk).iter().map(|s| s.to_string()).collect();
+        assert_eq!(Placement::new(v.clone(), &ranked[0], 2, 1).class_of(chunk), BlockClass::Owned);
+        assert_eq!(Placement::new(v.clone(), &ranked[1], 2, 1).class_of(chunk), BlockClass::Borrowed);
+        assert_eq!(Placement::new(v.clone(), &ranked[2], 2, 3).class_of(chunk), BlockClass::Owned);
+        for id in &ranked {
+            assert_eq!(Placement::new(v.clone(), id, 2, 5).class_of(chunk), BlockClass::Owned);
+        }
+    }
+
+    #[test]
+    fn relay_declines_overflowing_indices_mismatched_keys_hop_bound_and_range_blind() {
+        let engine = Engine::new(EngineConfig::default());
+        let url = "http://o/x";
+        let id = engine.identify(url);
+        let good = engine.block_key(&id, 3);
+        assert_eq!(relay_check(&engine, good, Some(url), 0), Ok(RelayPlan::FetchOnBehalf { next_hop: 1 }));
+        assert_eq!(relay_check(&engine, good, Some(url), MAX_HOP - 1), Ok(RelayPlan::FetchOnBehalf { next_hop: MAX_HOP }));
+        assert_eq!(relay_check(&engine, good, Some(url), MAX_HOP), Err(RelayDecline::HopLimit));
+        assert_eq!(relay_check(&engine, good, None, 0), Ok(RelayPlan::CacheOnly));
+        let max = engine.config().geometry.max_block_index();
+        for bad in [max + 1, 1 << 63, u64::MAX] {
+            let key = BlockKey { chunk: good.chunk, block: bad };
+            assert_eq!(relay_check(&engine, key, Some(url), 0), Err(RelayDecline::IndexOverflow));
+            assert_eq!(relay_check(&engine, key, None, 0), Err(RelayDecline::IndexOverflow));
+        }
+        let other = BlockKey { chunk: ChunkKey(good.chunk.0 ^ 1), block: 3 };
+        assert_eq!(relay_check(&engine, other, Some(url), 0), Err(RelayDecline::ChunkMismatch));
+    }
+}
