@@ -263,7 +263,10 @@ mod tests {
         assert!((share - 1.0 / 11.0).abs() < 0.015, "moved share {share}");
     }
 
-    fn members() -> impl Strategy<Value = Vec<(String, f64)>> {
+    /// Owned `(id, weight)` members with unique ids.
+    type Members = Vec<(String, f64)>;
+
+    fn members() -> impl Strategy<Value = Members> {
         let weight = prop_oneof![
             4 => 0.01f64..100.0,
             1 => Just(0.0),
@@ -273,6 +276,10 @@ mod tests {
         ];
         proptest::collection::btree_map("[a-z0-9-]{1,8}", weight, 0..24)
             .prop_map(|m| m.into_iter().collect())
+    }
+
+    fn members_and_a_shuffle() -> impl Strategy<Value = (Members, Members)> {
+        members().prop_flat_map(|m| (Just(m.clone()), Just(m).prop_shuffle()))
     }
 
     fn borrowed(members: &[(String, f64)]) -> Vec<(&str, f64)> {
@@ -291,7 +298,7 @@ mod tests {
         #[test]
         fn rank_does_not_depend_on_input_order(
             key in any::<u64>(),
-            (owned, shuffled) in members().prop_flat_map(|m| (Just(m.clone()), Just(m).prop_shuffle())),
+            (owned, shuffled) in members_and_a_shuffle(),
         ) {
             let (a, b) = (borrowed(&owned), borrowed(&shuffled));
             prop_assert_eq!(ids_in_order(key, &a), ids_in_order(key, &b));
@@ -299,7 +306,8 @@ mod tests {
 
         #[test]
         fn equal_weights_rank_by_descending_rounded_hash(key in any::<u64>(), owned in members()) {
-            let members: Vec<(&str, f64)> = owned.iter().map(|(id, _)| (id.as_str(), 1.0)).collect();
+            let members: Vec<(&str, f64)> =
+                owned.iter().map(|(id, _)| (id.as_str(), 1.0)).collect();
             let order = rank(key, &members);
             for w in order.windows(2) {
                 let (a, b) = (members[w[0]].0, members[w[1]].0);

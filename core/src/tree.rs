@@ -513,7 +513,7 @@ mod tests {
                     moved_outside_subtree |= !kept && !inside_subtree;
                     continue;
                 }
-                prop_assert!(kept, "member {} outside window {:?} was re-parented", x, (first, last));
+                prop_assert!(kept, "member {} outside window {}..={} moved", x, first, last);
                 prop_assert_eq!(new.depth(to_new(x)), old.depth(x));
             }
             if subtree_only {
