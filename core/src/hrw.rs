@@ -44,10 +44,7 @@ fn unit_interval(hash: u64) -> f64 {
 fn score_of_hash(hash: u64, weight: f64) -> f64 {
     let weight = effective_weight(weight);
     let score = weight / -unit_interval(hash).ln();
-    debug_assert!(
-        !score.is_nan(),
-        "score of hash {hash} weight {weight} is NaN"
-    );
+    debug_assert!(!score.is_nan(), "score of hash {hash} weight {weight} is NaN");
     debug_assert!(score > 0.0 || score == f64::NEG_INFINITY || weight < f64::MIN_POSITIVE);
     score
 }
@@ -64,17 +61,14 @@ pub fn score(key: u64, id: &str, weight: f64) -> f64 {
 fn better_first(a: (f64, &str), b: (f64, &str)) -> Ordering {
     // Scores are never NaN; total_cmp agrees with `<` on everything else that can occur
     // (scores are never -0.0: the numerator is positive).
-    b.0.total_cmp(&a.0)
-        .then_with(|| a.1.as_bytes().cmp(b.1.as_bytes()))
+    b.0.total_cmp(&a.0).then_with(|| a.1.as_bytes().cmp(b.1.as_bytes()))
 }
 
 /// Ranks pre-scored members: indices best first. Entries equal in score and id keep input order.
 fn rank_scored(scored: &[(f64, &str)]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scored.len()).collect();
     order.sort_by(|&a, &b| better_first(scored[a], scored[b]).then(a.cmp(&b)));
-    debug_assert!(order
-        .windows(2)
-        .all(|w| better_first(scored[w[0]], scored[w[1]]).is_le()));
+    debug_assert!(order.windows(2).all(|w| better_first(scored[w[0]], scored[w[1]]).is_le()));
     debug_assert!({
         let mut sorted = order.clone();
         sorted.sort_unstable();
@@ -87,10 +81,8 @@ fn rank_scored(scored: &[(f64, &str)]) -> Vec<usize> {
 /// first. Ties in score go to the bytewise smaller id; the order of the ids is independent of
 /// the order of `members`. Ids are expected to be unique; exact duplicates keep input order.
 pub fn rank(key: u64, members: &[(&str, f64)]) -> Vec<usize> {
-    let scored: Vec<(f64, &str)> = members
-        .iter()
-        .map(|&(id, weight)| (score(key, id, weight), id))
-        .collect();
+    let scored: Vec<(f64, &str)> =
+        members.iter().map(|&(id, weight)| (score(key, id, weight), id)).collect();
     let order = rank_scored(&scored);
     debug_assert_eq!(order.len(), members.len());
     order
@@ -110,10 +102,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn ids_in_order(key: u64, members: &[(&str, f64)]) -> Vec<String> {
-        rank(key, members)
-            .into_iter()
-            .map(|i| members[i].0.to_string())
-            .collect()
+        rank(key, members).into_iter().map(|i| members[i].0.to_string()).collect()
     }
 
     fn ten_nodes() -> Vec<String> {
@@ -153,11 +142,7 @@ mod tests {
     fn non_positive_and_nan_weights_score_like_weight_one() {
         let one = score(42, "node-a", 1.0);
         for weight in [0.0, -0.0, -3.5, f64::NEG_INFINITY, f64::NAN] {
-            assert_eq!(
-                score(42, "node-a", weight).to_bits(),
-                one.to_bits(),
-                "weight {weight}"
-            );
+            assert_eq!(score(42, "node-a", weight).to_bits(), one.to_bits(), "weight {weight}");
         }
     }
 
@@ -179,10 +164,7 @@ mod tests {
         assert_eq!(score_of_hash(u64::MAX, 1.0), f64::NEG_INFINITY);
         assert_eq!(score_of_hash(u64::MAX, f64::INFINITY), f64::NEG_INFINITY);
         assert!(score_of_hash(first_at_one - 1, 1.0) > 0.0);
-        assert!(
-            unit_interval(0) > 0.0,
-            "u is never zero, so ln never diverges"
-        );
+        assert!(unit_interval(0) > 0.0, "u is never zero, so ln never diverges");
     }
 
     #[test]
@@ -231,11 +213,7 @@ mod tests {
         let shares = owner_shares(&members, 20_000);
         for (member, share) in members.iter().zip(shares) {
             let want = member.1 / total;
-            assert!(
-                (share - want).abs() < 0.02,
-                "{}: share {share} want {want}",
-                member.0
-            );
+            assert!((share - want).abs() < 0.02, "{}: share {share} want {want}", member.0);
         }
         let ids = ten_nodes();
         let equal: Vec<(&str, f64)> = ids.iter().map(|id| (id.as_str(), 1.0)).collect();

@@ -76,21 +76,12 @@ impl ObjectId {
     fn digest(segment: &[u8]) -> Self {
         debug_assert!(is_digest_bytes(segment));
         let id = String::from_utf8_lossy(segment).to_ascii_lowercase();
-        ObjectId {
-            id,
-            content_addressed: true,
-        }
+        ObjectId { id, content_addressed: true }
     }
 
     fn located(text: &str) -> Self {
-        let id: String = text
-            .chars()
-            .filter(|&c| c != char::from(FIELD_SEP))
-            .collect();
-        ObjectId {
-            id,
-            content_addressed: false,
-        }
+        let id: String = text.chars().filter(|&c| c != char::from(FIELD_SEP)).collect();
+        ObjectId { id, content_addressed: false }
     }
 }
 
@@ -164,9 +155,7 @@ fn is_digest_bytes(s: &[u8]) -> bool {
     };
     let (algo, hex) = (&s[..colon], &s[colon + 1..]);
     !algo.is_empty()
-        && algo
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && algo.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && hex.len() >= DIGEST_HEX_MIN
         && hex.iter().all(u8::is_ascii_hexdigit)
 }
@@ -181,11 +170,7 @@ pub fn object_id(url: &str, layout: IdLayout) -> ObjectId {
         Some(parsed) => from_parsed(&parsed, layout).unwrap_or_else(|| fallback(base)),
         None => fallback(base),
     };
-    debug_assert!(
-        !object.id.as_bytes().contains(&FIELD_SEP),
-        "0x1F in {:?}",
-        object.id
-    );
+    debug_assert!(!object.id.as_bytes().contains(&FIELD_SEP), "0x1F in {:?}", object.id);
     debug_assert!(!object.content_addressed || is_digest(&object.id));
     debug_assert!(!object.content_addressed || object.id == object.id.to_ascii_lowercase());
     object
@@ -220,10 +205,7 @@ fn fallback(base: &str) -> ObjectId {
         Some(digest) => ObjectId::digest(digest.as_bytes()),
         None => ObjectId::located(base),
     };
-    debug_assert!(
-        !object.id.contains(['?', '#']),
-        "the query never reaches the identity"
-    );
+    debug_assert!(!object.id.contains(['?', '#']), "the query never reaches the identity");
     object
 }
 
@@ -357,10 +339,7 @@ fn split_scheme(s: &str) -> Option<(&str, &str)> {
         Some(None) | None => ("", s),
     };
     debug_assert!(scheme.is_empty() || scheme.as_bytes()[0].is_ascii_alphabetic());
-    debug_assert_eq!(
-        scheme.len() + usize::from(!scheme.is_empty()) + rest.len(),
-        s.len()
-    );
+    debug_assert_eq!(scheme.len() + usize::from(!scheme.is_empty()) + rest.len(), s.len());
     Some((scheme, rest))
 }
 
@@ -471,17 +450,11 @@ mod tests {
     }
 
     fn digest(id: &str) -> ObjectId {
-        ObjectId {
-            id: id.to_owned(),
-            content_addressed: true,
-        }
+        ObjectId { id: id.to_owned(), content_addressed: true }
     }
 
     fn located(id: &str) -> ObjectId {
-        ObjectId {
-            id: id.to_owned(),
-            content_addressed: false,
-        }
+        ObjectId { id: id.to_owned(), content_addressed: false }
     }
 
     /// B from spec §2: a Distribution object-store path for H.
@@ -494,10 +467,7 @@ mod tests {
         assert!(is_digest(&format!("sha256:{}", "a".repeat(64))));
         assert!(is_digest(&format!("sha512:{}", "f".repeat(128))));
         assert!(is_digest(&format!("md5x:{}", "0".repeat(32))));
-        assert!(
-            is_digest(&format!("sha256:{}", "AB".repeat(32))),
-            "upper-case hex is accepted"
-        );
+        assert!(is_digest(&format!("sha256:{}", "AB".repeat(32))), "upper-case hex is accepted");
     }
 
     #[test]
@@ -520,39 +490,21 @@ mod tests {
     fn spec_table_vectors_give_the_listed_identity() {
         let d = d();
         let cases = [
-            (
-                format!("https://reg.example.com/v2/lib/nginx/blobs/{d}"),
-                digest(&d),
-            ),
-            (
-                format!(
-                    "https://reg.example.com/v2/x/blobs/sha256:{}",
-                    "AB".repeat(32)
-                ),
-                digest(&d),
-            ),
+            (format!("https://reg.example.com/v2/lib/nginx/blobs/{d}"), digest(&d)),
+            (format!("https://reg.example.com/v2/x/blobs/sha256:{}", "AB".repeat(32)), digest(&d)),
             (
                 "https://reg.example.com/v2/x/manifests/latest?token=abc".to_owned(),
                 located("https://reg.example.com/v2/x/manifests/latest"),
             ),
-            (
-                "HTTPS://Reg.Example.COM/v2/x".to_owned(),
-                located("https://reg.example.com/v2/x"),
-            ),
+            ("HTTPS://Reg.Example.COM/v2/x".to_owned(), located("https://reg.example.com/v2/x")),
             (
                 "http://localhost:5000/v2/x/blobs/latest".to_owned(),
                 located("http://localhost:5000/v2/x/blobs/latest"),
             ),
-            (
-                "/v2/x/manifests/latest".to_owned(),
-                located("/v2/x/manifests/latest"),
-            ),
+            ("/v2/x/manifests/latest".to_owned(), located("/v2/x/manifests/latest")),
             (":nope".to_owned(), located(":nope")),
             (format!(":x/blobs/{d}"), digest(&d)),
-            (
-                "/v2/x/blobs/latest?token=abc#frag".to_owned(),
-                located("/v2/x/blobs/latest"),
-            ),
+            ("/v2/x/blobs/latest?token=abc#frag".to_owned(), located("/v2/x/blobs/latest")),
         ];
         for (url, want) in cases {
             assert_eq!(id(&url), want, "{url}");
@@ -561,38 +513,20 @@ mod tests {
 
     #[test]
     fn percent_encoded_separators_never_reach_the_identity() {
-        for url in [
-            "http://example.com/rel%1F1",
-            "/rel%1F1",
-            "http://example.com/a%1Fb/c?x=%1F",
-        ] {
+        for url in ["http://example.com/rel%1F1", "/rel%1F1", "http://example.com/a%1Fb/c?x=%1F"] {
             let got = id(url);
             assert!(!got.id.contains('\u{1f}'), "{url} gave {:?}", got.id);
             assert!(!got.content_addressed);
         }
-        assert_eq!(
-            id("http://example.com/a%1Fb/c?x=%1F"),
-            located("http://example.com/ab/c")
-        );
-        assert_eq!(
-            id("http://example.com/rel%1F1"),
-            located("http://example.com/rel1")
-        );
-        assert_eq!(
-            id("/rel%1F1"),
-            located("/rel%1F1"),
-            "scheme-less: the raw text is the id"
-        );
+        assert_eq!(id("http://example.com/a%1Fb/c?x=%1F"), located("http://example.com/ab/c"));
+        assert_eq!(id("http://example.com/rel%1F1"), located("http://example.com/rel1"));
+        assert_eq!(id("/rel%1F1"), located("/rel%1F1"), "scheme-less: the raw text is the id");
     }
 
     #[test]
     fn raw_separators_are_stripped_on_the_fallback() {
         assert_eq!(id("/a\u{1f}b?q"), located("/ab"));
-        assert_eq!(
-            id("HTTP://H/\u{1f}x"),
-            located("HTTP://H/x"),
-            "a control byte fails the parse"
-        );
+        assert_eq!(id("HTTP://H/\u{1f}x"), located("HTTP://H/x"), "a control byte fails the parse");
     }
 
     #[test]
@@ -633,11 +567,7 @@ mod tests {
         assert_eq!(object_id(&url, IdLayout::OciOnly), want);
         let oci = format!("https://registry.example.com/v2/lib/nginx/blobs/sha256:{H}");
         for layout in [IdLayout::Distribution, IdLayout::OciOnly] {
-            assert_eq!(
-                object_id(&oci, layout),
-                digest(&format!("sha256:{H}")),
-                "{layout:?}"
-            );
+            assert_eq!(object_id(&oci, layout), digest(&format!("sha256:{H}")), "{layout:?}");
         }
         assert_eq!(IdLayout::default(), IdLayout::Distribution);
     }
@@ -667,46 +597,27 @@ mod tests {
     #[test]
     fn a_later_blobs_segment_can_still_match_the_layout() {
         let url = format!("https://h/blobs/x/blobs/sha256/ab/{H}");
-        assert_eq!(
-            id(&url),
-            digest(&format!("sha256:{H}")),
-            "three segments suffice"
-        );
+        assert_eq!(id(&url), digest(&format!("sha256:{H}")), "three segments suffice");
     }
 
     #[test]
     fn scheme_less_layout_paths_are_recognised_when_they_parse() {
         assert_eq!(id(&layout_path()), digest(&format!("sha256:{H}")));
         let raw = format!(":x{}", layout_path());
-        assert_eq!(
-            id(&raw),
-            located(&raw),
-            "the fallback does not try the layout"
-        );
+        assert_eq!(id(&raw), located(&raw), "the fallback does not try the layout");
     }
 
     #[test]
     fn userinfo_is_dropped_and_the_port_kept() {
-        assert_eq!(
-            id("http://user:pa%20ss@Host:8080/p"),
-            located("http://host:8080/p")
-        );
-        assert_eq!(
-            id("http://a@b@Host/p"),
-            located("http://host/p"),
-            "split at the last @"
-        );
+        assert_eq!(id("http://user:pa%20ss@Host:8080/p"), located("http://host:8080/p"));
+        assert_eq!(id("http://a@b@Host/p"), located("http://host/p"), "split at the last @");
     }
 
     #[test]
     fn the_path_is_decoded_but_never_lower_cased() {
         assert_eq!(id("http://H/A%20B/%41"), located("http://h/A B/A"));
         assert_eq!(id("http://H/a%2Fb"), located("http://h/a/b"));
-        assert_eq!(
-            id("http://H/a+b"),
-            located("http://h/a+b"),
-            "+ is not a space in a path"
-        );
+        assert_eq!(id("http://H/a+b"), located("http://h/a+b"), "+ is not a space in a path");
     }
 
     #[test]
@@ -729,36 +640,18 @@ mod tests {
     #[test]
     fn hosts_follow_go_validation() {
         assert_eq!(id("http://[::1]:80/p"), located("http://[::1]:80/p"));
-        assert_eq!(
-            id("http://[FE80::1%25EN0]/p"),
-            located("http://[fe80::1%en0]/p")
-        );
-        assert_eq!(
-            id("http://h:/p"),
-            located("http://h:/p"),
-            "an empty port is allowed"
-        );
-        assert_eq!(
-            id("http://%C3%89T%C3%89.example/p"),
-            located("http://été.example/p")
-        );
+        assert_eq!(id("http://[FE80::1%25EN0]/p"), located("http://[fe80::1%en0]/p"));
+        assert_eq!(id("http://h:/p"), located("http://h:/p"), "an empty port is allowed");
+        assert_eq!(id("http://%C3%89T%C3%89.example/p"), located("http://été.example/p"));
         assert_eq!(id("http://ÉTÉ.example/p"), located("http://été.example/p"));
-        assert_eq!(
-            id("http://h/p%FFq"),
-            located("http://h/p%FFq"),
-            "non-UTF-8 byte re-escaped"
-        );
+        assert_eq!(id("http://h/p%FFq"), located("http://h/p%FFq"), "non-UTF-8 byte re-escaped");
         assert_eq!(id("http://h%FF/p"), located("http://h%FF/p"));
     }
 
     #[test]
     fn go_lower_cases_hosts_with_the_simple_mapping() {
         assert_eq!(id("http://İ.example/p"), located("http://i.example/p"));
-        assert_eq!(
-            id("http://ΣΑΣ/p"),
-            located("http://σασ/p"),
-            "no final-sigma rule"
-        );
+        assert_eq!(id("http://ΣΑΣ/p"), located("http://σασ/p"), "no final-sigma rule");
     }
 
     #[test]
@@ -766,16 +659,8 @@ mod tests {
         let d = d();
         assert_eq!(id(&d), digest(&d), "a bare digest is its own identity");
         assert_eq!(id("urn:a"), located("urn:a"));
-        assert_eq!(
-            id("urn:b"),
-            located("urn:b"),
-            "opaque URLs do not collapse to urn://"
-        );
-        assert_eq!(
-            id("//Host/p"),
-            located("://host/p"),
-            "scheme-less authority"
-        );
+        assert_eq!(id("urn:b"), located("urn:b"), "opaque URLs do not collapse to urn://");
+        assert_eq!(id("//Host/p"), located("://host/p"), "scheme-less authority");
         assert_eq!(id("///p"), located("///p"));
         assert_eq!(id("http:/p"), located("http:///p"));
         assert_eq!(id(""), located(""));
@@ -787,14 +672,8 @@ mod tests {
         assert_eq!(Namespace::new(""), Err(NamespaceError::Empty));
         let err = Namespace::new("a\u{1f}b").expect_err("0x1F refused");
         assert_eq!(err, NamespaceError::ContainsSeparator(1));
-        assert!(
-            err.to_string().contains("0x1F"),
-            "message names the separator: {err}"
-        );
-        assert_eq!(
-            Namespace::new("ns2").map(|n| n.as_str().to_owned()),
-            Ok("ns2".to_owned())
-        );
+        assert!(err.to_string().contains("0x1F"), "message names the separator: {err}");
+        assert_eq!(Namespace::new("ns2").map(|n| n.as_str().to_owned()), Ok("ns2".to_owned()));
         assert_eq!(Namespace::default().as_str(), "dart");
         assert_eq!("ns2".parse::<Namespace>(), Namespace::new("ns2"));
         assert_eq!(Namespace::default().to_string(), DEFAULT_NAMESPACE);

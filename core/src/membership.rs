@@ -111,7 +111,8 @@ impl View {
                 .then(a.weight.total_cmp(&b.weight))
         });
         members.dedup_by(|later, first| later.id == first.id);
-        let ready = (0..members.len()).filter(|&i| members[i].state == MemberState::Ready).collect();
+        let ready =
+            (0..members.len()).filter(|&i| members[i].state == MemberState::Ready).collect();
         let epoch = epoch(members.iter().map(|m| (m.id.as_str(), m.weight)));
         let view = View { members, ready, epoch };
         view.check_invariants();
@@ -235,7 +236,13 @@ mod tests {
 
     #[test]
     fn member_ids_must_be_visible_ascii() {
-        for good in ["node-a", "worker-0.default.svc", "10.0.0.1", "a", "550e8400-e29b-41d4-a716-446655440000"] {
+        for good in [
+            "node-a",
+            "worker-0.default.svc",
+            "10.0.0.1",
+            "a",
+            "550e8400-e29b-41d4-a716-446655440000",
+        ] {
             assert_eq!(validate_member_id(good), Ok(()), "{good}");
         }
         for bad in ["", "a\u{1f}b", "a\u{1e}b", "a\nb", "a b", "\t", "node\0", "nödé"] {

@@ -56,10 +56,7 @@ struct Located {
 /// The child segment `[start, end]` of the subtree `[lo, hi]` that contains `i`, by the
 /// arithmetic segment-locate of spec §5 (no allocation, no loop over segments).
 fn child_segment(lo: usize, hi: usize, k: usize, i: usize) -> (usize, usize) {
-    debug_assert!(
-        k >= 1 && lo < i && i <= hi,
-        "child_segment({lo}, {hi}, {k}, {i})"
-    );
+    debug_assert!(k >= 1 && lo < i && i <= hi, "child_segment({lo}, {hi}, {k}, {i})");
     let r = hi - lo;
     let base = r / k;
     let extra = r % k;
@@ -110,30 +107,15 @@ impl Tree {
         }
         if self.k == 1 {
             // A chain: the general descent would take i steps to say the same thing.
-            return Some(Located {
-                parent: i.checked_sub(1),
-                depth: i,
-                hi: self.n - 1,
-            });
+            return Some(Located { parent: i.checked_sub(1), depth: i, hi: self.n - 1 });
         }
         let (mut lo, mut hi) = (0, self.n - 1);
-        let mut located = Located {
-            parent: None,
-            depth: 0,
-            hi,
-        };
+        let mut located = Located { parent: None, depth: 0, hi };
         while lo != i {
             let (start, end) = child_segment(lo, hi, self.k, i);
-            located = Located {
-                parent: Some(lo),
-                depth: located.depth + 1,
-                hi: end,
-            };
+            located = Located { parent: Some(lo), depth: located.depth + 1, hi: end };
             (lo, hi) = (start, end);
-            debug_assert!(
-                located.depth <= self.max_depth(),
-                "descent deeper than the bound"
-            );
+            debug_assert!(located.depth <= self.max_depth(), "descent deeper than the bound");
         }
         debug_assert!(located.parent.is_none_or(|p| p < i) && located.hi < self.n);
         Some(located)
@@ -154,9 +136,7 @@ impl Tree {
         let r = located.hi - i;
         let (base, extra) = (r / self.k, r % self.k);
         let count = r.min(self.k);
-        let children: Vec<usize> = (0..count)
-            .map(|c| i + 1 + c * base + c.min(extra))
-            .collect();
+        let children: Vec<usize> = (0..count).map(|c| i + 1 + c * base + c.min(extra)).collect();
         debug_assert!(children.len() <= self.k);
         debug_assert!(children.windows(2).all(|w| w[0] < w[1]));
         debug_assert!(children.last().is_none_or(|&c| c <= located.hi));
@@ -173,10 +153,7 @@ impl Tree {
     /// The ancestors of position `i`, parent first and root last; empty for the root and for
     /// `i >= len()`. Each step re-descends from the root, so it never allocates.
     pub fn ancestors(&self, i: usize) -> Ancestors {
-        Ancestors {
-            tree: *self,
-            next: self.parent(i),
-        }
+        Ancestors { tree: *self, next: self.parent(i) }
     }
 
     /// The largest depth of any position: the smallest `d` with `n <= (k^(d+1) - 1) / (k - 1)`
@@ -196,10 +173,7 @@ impl Tree {
             capacity = capacity.saturating_add(level);
             depth += 1;
         }
-        debug_assert!(
-            depth < usize::BITS as usize,
-            "k >= 2 keeps the height logarithmic"
-        );
+        debug_assert!(depth < usize::BITS as usize, "k >= 2 keeps the height logarithmic");
         depth
     }
 }
@@ -218,10 +192,7 @@ impl Iterator for Ancestors {
     fn next(&mut self) -> Option<usize> {
         let current = self.next?;
         self.next = self.tree.parent(current);
-        debug_assert!(
-            self.next.is_none_or(|p| p < current),
-            "ancestors strictly decrease"
-        );
+        debug_assert!(self.next.is_none_or(|p| p < current), "ancestors strictly decrease");
         Some(current)
     }
 }
@@ -235,9 +206,7 @@ mod tests {
 
     /// Parents as the spec's golden arrays write them: -1 for none.
     fn parents(tree: &Tree) -> Vec<i64> {
-        (0..tree.len())
-            .map(|i| tree.parent(i).map_or(-1, |p| p as i64))
-            .collect()
+        (0..tree.len()).map(|i| tree.parent(i).map_or(-1, |p| p as i64)).collect()
     }
 
     /// Reference model: builds the parent array by explicit recursion over the segment starts
@@ -278,18 +247,13 @@ mod tests {
             };
             let shrinking = if extra > 0 { extra - 1 } else { k - 1 };
             let (start, end) = child_segment(lo, hi, k, m);
-            let holder = (0..k)
-                .find(|&c| segment(c).0 == start)
-                .expect("segment of m");
+            let holder = (0..k).find(|&c| segment(c).0 == start).expect("segment of m");
             debug_assert_eq!(segment(holder).1, end);
             if holder == shrinking {
                 (lo, hi) = (start, end);
                 continue;
             }
-            return (
-                segment(holder.min(shrinking)).0,
-                segment(holder.max(shrinking)).1,
-            );
+            return (segment(holder.min(shrinking)).0, segment(holder.max(shrinking)).1);
         }
     }
 
@@ -323,10 +287,7 @@ mod tests {
     fn derived_parent_arrays_match() {
         assert_eq!(parents(&Tree::new(10, 2)), [-1, 0, 1, 2, 1, 4, 0, 6, 7, 6]);
         assert_eq!(parents(&Tree::new(10, 3)), [-1, 0, 1, 1, 0, 4, 4, 0, 7, 7]);
-        assert_eq!(
-            parents(&Tree::new(16, 4)),
-            [-1, 0, 1, 1, 1, 0, 5, 5, 5, 0, 9, 9, 9, 0, 13, 13]
-        );
+        assert_eq!(parents(&Tree::new(16, 4)), [-1, 0, 1, 1, 1, 0, 5, 5, 5, 0, 9, 9, 9, 0, 13, 13]);
         assert_eq!(parents(&Tree::new(6, 8)), [-1, 0, 0, 0, 0, 0]);
     }
 
@@ -346,10 +307,7 @@ mod tests {
         assert_eq!(tree.ancestors(usize::MAX).count(), 0);
         let empty = Tree::new(0, 3);
         assert!(empty.is_empty());
-        assert_eq!(
-            (empty.parent(0), empty.depth(0), empty.max_depth()),
-            (None, None, 0)
-        );
+        assert_eq!((empty.parent(0), empty.depth(0), empty.max_depth()), (None, None, 0));
         assert!(empty.children(0).is_empty());
     }
 
@@ -378,18 +336,11 @@ mod tests {
         // become 2..=5 in a tree whose parents are [-1,0,1,1,0,4].
         let (old, new) = (Tree::new(7, 2), Tree::new(6, 2));
         let to_old = |x: usize| if x < 2 { x } else { x + 1 };
-        assert!(
-            old.children(2).is_empty(),
-            "rank 2's subtree is just itself"
-        );
+        assert!(old.children(2).is_empty(), "rank 2's subtree is just itself");
         assert_eq!(old.parent(6), Some(4));
         // Old rank 6 is new rank 5; its new parent is new rank 4, which is old rank 5.
         let new_parent_of_6 = new.parent(5).map(to_old);
-        assert_eq!(
-            new_parent_of_6,
-            Some(5),
-            "member 6 moved from member 4 to member 5"
-        );
+        assert_eq!(new_parent_of_6, Some(5), "member 6 moved from member 4 to member 5");
         // The window rule predicts exactly this: 2 sits in segment 0 of the root, but the root
         // split's shrinking segment is 1, so both root segments are disturbed.
         assert_eq!(removal_window(7, 2, 2), (1, 6));

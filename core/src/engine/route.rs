@@ -54,7 +54,8 @@ impl Placement {
 
     /// Ready members ranked for `chunk`, best first (ids).
     pub fn ranked(&self, chunk: ChunkKey) -> Vec<&str> {
-        let ready: Vec<(&str, f64)> = self.view.ready().map(|m| (m.id.as_str(), m.weight)).collect();
+        let ready: Vec<(&str, f64)> =
+            self.view.ready().map(|m| (m.id.as_str(), m.weight)).collect();
         hrw::rank(chunk.0, &ready).into_iter().map(|i| ready[i].0).collect()
     }
 
@@ -83,11 +84,8 @@ impl Placement {
             return ranked.first().and_then(|id| as_peer(id)).into_iter().collect();
         };
         let tree = Tree::new(ranked.len(), self.fanout);
-        let out: Vec<PeerRef> = tree
-            .ancestors(me)
-            .filter_map(|i| as_peer(ranked[i]))
-            .take(UPSTREAMS_MAX)
-            .collect();
+        let out: Vec<PeerRef> =
+            tree.ancestors(me).filter_map(|i| as_peer(ranked[i])).take(UPSTREAMS_MAX).collect();
         debug_assert!(out.len() <= UPSTREAMS_MAX);
         out
     }
@@ -157,15 +155,20 @@ mod tests {
     use crate::membership::Member;
 
     fn view(n: usize) -> View {
-        View::new((0..n).map(|i| Member::ready(&format!("node-{i:02}"), &format!("h{i}:9000"))).collect())
+        View::new(
+            (0..n).map(|i| Member::ready(&format!("node-{i:02}"), &format!("h{i}:9000"))).collect(),
+        )
     }
 
     #[test]
     fn the_root_has_no_upstream_and_others_walk_their_ancestors() {
         let v = view(7);
         let chunk = ChunkKey(0xDEAD_BEEF);
-        let ranked: Vec<String> =
-            Placement::new(v.clone(), "node-00", 2, 1).ranked(chunk).iter().map(|s| s.to_string()).collect();
+        let ranked: Vec<String> = Placement::new(v.clone(), "node-00", 2, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let root = Placement::new(v.clone(), &ranked[0], 2, 1);
         assert!(root.upstreams(chunk, |_| true).is_empty());
         // Position 2's ancestors in the n=7,k=2 golden tree are 1 then 0.
@@ -178,11 +181,15 @@ mod tests {
     fn an_open_parent_is_skipped_and_the_grandparent_promoted() {
         let v = view(7);
         let chunk = ChunkKey(42);
-        let ranked: Vec<String> =
-            Placement::new(v.clone(), "x", 2, 1).ranked(chunk).iter().map(|s| s.to_string()).collect();
+        let ranked: Vec<String> = Placement::new(v.clone(), "x", 2, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let p = Placement::new(v.clone(), &ranked[2], 2, 1);
         let parent_addr = v.get(&ranked[1]).map(|m| m.addr.clone()).expect("member");
-        let ups: Vec<_> = p.upstreams(chunk, |a| a != parent_addr).into_iter().map(|r| r.id).collect();
+        let ups: Vec<_> =
+            p.upstreams(chunk, |a| a != parent_addr).into_iter().map(|r| r.id).collect();
         assert_eq!(ups, vec![ranked[0].clone()]);
         assert!(p.upstreams(chunk, |_| false).is_empty(), "all open: origin with zero dials");
     }
@@ -201,10 +208,16 @@ mod tests {
     fn owned_iff_in_the_top_replicas() {
         let v = view(5);
         let chunk = ChunkKey(99);
-        let ranked: Vec<String> =
-            Placement::new(v.clone(), "x", 2, 1).ranked(chunk).iter().map(|s| s.to_string()).collect();
+        let ranked: Vec<String> = Placement::new(v.clone(), "x", 2, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(Placement::new(v.clone(), &ranked[0], 2, 1).class_of(chunk), BlockClass::Owned);
-        assert_eq!(Placement::new(v.clone(), &ranked[1], 2, 1).class_of(chunk), BlockClass::Borrowed);
+        assert_eq!(
+            Placement::new(v.clone(), &ranked[1], 2, 1).class_of(chunk),
+            BlockClass::Borrowed
+        );
         assert_eq!(Placement::new(v.clone(), &ranked[2], 2, 3).class_of(chunk), BlockClass::Owned);
         for id in &ranked {
             assert_eq!(Placement::new(v.clone(), id, 2, 5).class_of(chunk), BlockClass::Owned);
@@ -217,8 +230,14 @@ mod tests {
         let url = "http://o/x";
         let id = engine.identify(url);
         let good = engine.block_key(&id, 3);
-        assert_eq!(relay_check(&engine, good, Some(url), 0), Ok(RelayPlan::FetchOnBehalf { next_hop: 1 }));
-        assert_eq!(relay_check(&engine, good, Some(url), MAX_HOP - 1), Ok(RelayPlan::FetchOnBehalf { next_hop: MAX_HOP }));
+        assert_eq!(
+            relay_check(&engine, good, Some(url), 0),
+            Ok(RelayPlan::FetchOnBehalf { next_hop: 1 })
+        );
+        assert_eq!(
+            relay_check(&engine, good, Some(url), MAX_HOP - 1),
+            Ok(RelayPlan::FetchOnBehalf { next_hop: MAX_HOP })
+        );
         assert_eq!(relay_check(&engine, good, Some(url), MAX_HOP), Err(RelayDecline::HopLimit));
         assert_eq!(relay_check(&engine, good, None, 0), Ok(RelayPlan::CacheOnly));
         let max = engine.config().geometry.max_block_index();
