@@ -58,6 +58,8 @@ mod sketch;
 mod tiered;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fs::File;

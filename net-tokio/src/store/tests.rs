@@ -783,3 +783,25 @@ fn a_verify_open_keeps_a_block_in_one_budget_only() {
     assert_holds(&store, 1);
     store.check_invariants();
 }
+
+#[test]
+fn ram_block_count_is_exact_across_put_refresh_evict_delete_and_close() {
+    let dir = TestDir::new("mem-count");
+    let store = open(&dir, 4, 4, 2);
+    let mem_blocks = |store: &BlockStore| store.stats().mem_blocks;
+    put(&store, 1, BlockClass::Owned);
+    assert_eq!(mem_blocks(&store), 1);
+    put(&store, 1, BlockClass::Owned);
+    assert_eq!(mem_blocks(&store), 1, "refresh");
+    put(&store, 2, BlockClass::Borrowed);
+    put(&store, 3, BlockClass::Borrowed);
+    assert_eq!(mem_blocks(&store), 2, "evict");
+    store.get(&key(1));
+    assert_eq!(mem_blocks(&store), 2, "promotion evicts");
+    store.delete(&key(1));
+    assert_eq!(mem_blocks(&store), 1, "delete");
+    store.close();
+    assert_eq!(mem_blocks(&store), 0, "close");
+    store.close();
+    assert_eq!(mem_blocks(&store), 0);
+}
