@@ -164,7 +164,9 @@ impl Tiered {
 
     /// Whether either arena holds `key`; touches nothing.
     pub(crate) fn contains(&self, key: &BlockKey) -> bool {
-        lock(&self.owned).contains(key) || lock(&self.borrowed).arena.contains(key)
+        // Two statements: `a || b` would keep the owned guard alive while taking the borrowed one.
+        let owned = lock(&self.owned).contains(key);
+        owned || lock(&self.borrowed).arena.contains(key)
     }
 
     /// Puts `data` (with `data_sum` iff headers are kept) into the budget of `class`.
