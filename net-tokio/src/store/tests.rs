@@ -805,3 +805,26 @@ fn ram_block_count_is_exact_across_put_refresh_evict_delete_and_close() {
     store.close();
     assert_eq!(mem_blocks(&store), 0);
 }
+
+#[test]
+fn racing_owned_and_borrowed_puts_of_one_key_leave_it_in_one_budget() {
+    let dir = TestDir::new("race-classes");
+    let store = Arc::new(open(&dir, 4, 4, 0));
+    for round in 0..200 {
+        let i = round % 8;
+        let racers: Vec<_> = [BlockClass::Owned, BlockClass::Borrowed]
+            .into_iter()
+            .map(|class| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || put(&store, i, class))
+            })
+            .collect();
+        for racer in racers {
+            assert!(racer.join().unwrap());
+        }
+        store.check_invariants();
+        assert_eq!(store.disk.class_of(&key(i)), Some(BlockClass::Owned));
+        assert_holds(&store, i);
+        store.delete(&key(i));
+    }
+}
