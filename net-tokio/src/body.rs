@@ -32,7 +32,10 @@ pub struct ChannelBody {
 
 impl ChannelBody {
     /// A channel body of exactly `len` bytes (what `Content-Length` announces) and its sender.
-    pub fn new(len: u64, depth: usize) -> (mpsc::Sender<Result<Bytes, BodyError>>, ResponseBody) {
+    pub fn channel(
+        len: u64,
+        depth: usize,
+    ) -> (mpsc::Sender<Result<Bytes, BodyError>>, ResponseBody) {
         let (tx, rx) = mpsc::channel(depth);
         (tx, ChannelBody { rx, remaining: len }.boxed())
     }

@@ -68,3 +68,42 @@ impl BlockCache for MemCache {
         CacheStats { owned_blocks: n, ..CacheStats::default() }
     }
 }
+
+impl BlockCache for crate::store::BlockStore {
+    fn get(&self, key: &BlockKey) -> Option<Bytes> {
+        crate::store::BlockStore::get(self, key)
+    }
+
+    fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass) {
+        if let Err(e) = crate::store::BlockStore::put(self, key, data, class) {
+            // Best effort: the read already has its bytes.
+            tracing::warn!(error = %e, block = %key, "cache insert failed");
+        }
+    }
+
+    fn stats(&self) -> CacheStats {
+        let s = crate::store::BlockStore::stats(self);
+        CacheStats {
+            owned_blocks: s.owned_blocks,
+            owned_slots: s.owned_slots,
+            borrowed_blocks: s.borrowed_blocks,
+            borrowed_slots: s.borrowed_slots,
+            mem_blocks: s.mem_blocks,
+            mem_slots: s.mem_slots,
+            admit_rejected: s.admit_rejected,
+        }
+    }
+}
+
+/// Opens the disk-backed store for a node (cold start: see [`crate::store`]).
+pub fn open_disk_cache(
+    dir: &std::path::Path,
+    cache_bytes: u64,
+    mem_bytes: u64,
+    block_bytes: u64,
+    owned_fraction: Option<f64>,
+) -> Result<std::sync::Arc<crate::store::BlockStore>, crate::store::StoreError> {
+    let mut config = crate::store::StoreConfig::new(dir, cache_bytes, mem_bytes, block_bytes);
+    config.owned_fraction = owned_fraction;
+    crate::store::BlockStore::open(config).map(std::sync::Arc::new)
+}

@@ -118,7 +118,7 @@ impl<D: Dialer> ClientPlane<D> {
                     if method == Method::Head || head.content_length == 0 {
                         return head_response(&head, body::empty());
                     }
-                    let (tx, body) = ChannelBody::new(head.content_length, BODY_CHANNEL_DEPTH);
+                    let (tx, body) = ChannelBody::channel(head.content_length, BODY_CHANNEL_DEPTH);
                     let this = self.clone();
                     tokio::spawn(async move { this.stream(read, tx).await });
                     return head_response(&head, body);

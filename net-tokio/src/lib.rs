@@ -5,7 +5,9 @@
 //!   flight table.
 //! - [`client_plane`]: the HTTP client plane driving core reads.
 //! - [`server`]: the accept loop with graceful shutdown.
+//! - [`store`]: the block store (RAM hot set, owned/borrowed disk arenas, TinyLFU admission).
 //! - [`cache`], [`metrics`], [`body`]: the block cache seam, Prometheus exposition and bodies.
+//! - [`origin_server`]: a generated-object origin for the demo and tests.
 
 pub mod body;
 pub mod cache;
@@ -15,3 +17,4 @@ pub mod origin;
 pub mod origin_server;
 pub mod seam;
 pub mod server;
+pub mod store;

@@ -117,7 +117,7 @@ fn transport(url: &str, what: &str, e: impl std::fmt::Display) -> OriginError {
     OriginError::Transport(format!("{what} {}: {e}", redact_url(url)))
 }
 
-fn header_bytes<'a>(headers: &'a HeaderMap, name: http::header::HeaderName) -> Option<&'a [u8]> {
+fn header_bytes(headers: &HeaderMap, name: http::header::HeaderName) -> Option<&[u8]> {
     headers.get(name).map(HeaderValue::as_bytes)
 }
 

@@ -1,0 +1,546 @@
+//! A disk arena: one preallocated file split into equal slots, with an in-memory index, an LRU list
+//! and a free list, so put, get, has and delete are O(1) and nothing fragments (store.md §2).
+//!
+//! File layout: a 64-byte superblock (magic, format, class, geometry, checksum), a table of one
+//! 64-byte header per slot, then the slots themselves from the next 4 KiB boundary. The headers
+//! are written only under [`WarmStart::Verify`]; under [`WarmStart::Cold`] the file is truncated on
+//! open and the table stays zero.
+//!
+//! Publication order: a slot is taken off the index and the LRU list before its bytes are
+//! overwritten, and its new key enters the index only after the data and header writes succeeded,
+//! so within a process a reused slot is never readable under its old key and a half-written slot is
+//! never readable at all. Across a crash, a Verify open keeps only slots whose header (with its own
+//! checksum) names a key and whose data match the header's FNV-1a 64 checksum. The header is zeroed
+//! before a slot is rewritten, so even with the OS reordering the writes the old key's header can
+//! only survive next to new bytes that then fail the checksum.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
+
+use super::lru::SlotList;
+use super::{StoreError, WarmStart};
+
+/// Superblock magic: "DARTARN1".
+const SUPER_MAGIC: u64 = u64::from_le_bytes(*b"DARTARN1");
+/// Slot header magic: "DARTSLT1".
+const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"DARTSLT1");
+/// On-disk format version, part of the superblock.
+const FORMAT_VERSION: u64 = 1;
+/// Bytes reserved for the superblock at offset 0.
+pub(crate) const SUPERBLOCK_BYTES: u64 = 64;
+/// Bytes of one slot header in the table after the superblock.
+pub(crate) const HEADER_BYTES: u64 = 64;
+/// Slot data start on this boundary.
+const DATA_ALIGN: u64 = 4096;
+/// A header as it is before any write and after an invalidation.
+const ZERO_HEADER: [u8; HEADER_BYTES as usize] = [0; HEADER_BYTES as usize];
+
+/// The byte layout of an arena file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Slot size.
+    pub(crate) block_bytes: u64,
+    /// Slot count.
+    pub(crate) slots: u32,
+    /// Offset of slot 0's data.
+    pub(crate) data_start: u64,
+    /// Exact file length.
+    pub(crate) file_len: u64,
+}
+
+impl Layout {
+    pub(crate) fn new(block_bytes: u64, slots: u32) -> Self {
+        let table_end = SUPERBLOCK_BYTES + u64::from(slots) * HEADER_BYTES;
+        let data_start = table_end.div_ceil(DATA_ALIGN) * DATA_ALIGN;
+        let file_len = data_start + u64::from(slots) * block_bytes;
+        Layout { block_bytes, slots, data_start, file_len }
+    }
+
+    /// File offset of `slot`'s header.
+    pub(crate) fn header_offset(&self, slot: u32) -> u64 {
+        SUPERBLOCK_BYTES + u64::from(slot) * HEADER_BYTES
+    }
+
+    /// File offset of `slot`'s data.
+    pub(crate) fn data_offset(&self, slot: u32) -> u64 {
+        self.data_start + u64::from(slot) * self.block_bytes
+    }
+}
+
+/// The checksum a slot header carries: FNV-1a 64 over the key, the length and the bytes.
+pub(crate) fn slot_checksum(key: &BlockKey, data: &[u8]) -> u64 {
+    let mut h = Fnv1a::default();
+    h.write(&key.chunk.0.to_le_bytes());
+    h.write(&key.block.to_le_bytes());
+    h.write(&(data.len() as u64).to_le_bytes());
+    h.write(data);
+    h.finish()
+}
+
+/// Encodes `words` little-endian followed by FNV-1a 64 of them, zero-padded to 64 bytes.
+fn encode_words(words: [u64; 6]) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    for (i, w) in words.iter().enumerate() {
+        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    let sum = fnv1a64(&out[..48]);
+    out[48..56].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Decodes what [`encode_words`] wrote; `None` if the checksum or the padding is off.
+fn decode_words(buf: &[u8]) -> Option<[u64; 6]> {
+    assert_eq!(buf.len(), 64);
+    let word = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let intact = word(6) == fnv1a64(&buf[..48]) && word(7) == 0;
+    intact.then(|| [word(0), word(1), word(2), word(3), word(4), word(5)])
+}
+
+/// A slot header: which key the slot holds, how long it is, when it was written, and its checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SlotHeader {
+    key: BlockKey,
+    len: u64,
+    /// Write sequence number: restores the recency order on a warm start.
+    seq: u64,
+    data_sum: u64,
+}
+
+impl SlotHeader {
+    fn encode(&self) -> [u8; 64] {
+        let k = self.key;
+        encode_words([SLOT_MAGIC, k.chunk.0, k.block, self.len, self.seq, self.data_sum])
+    }
+
+    /// `Ok(None)` for a never-written or invalidated header, `Err(())` for a torn or foreign one.
+    fn decode(buf: &[u8]) -> Result<Option<SlotHeader>, ()> {
+        if buf.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        match decode_words(buf) {
+            Some([SLOT_MAGIC, chunk, block, len, seq, data_sum]) => {
+                let key = BlockKey { chunk: ChunkKey(chunk), block };
+                Ok(Some(SlotHeader { key, len, seq, data_sum }))
+            }
+            _ => Err(()),
+        }
+    }
+}
+
+/// How a warm open went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LoadReport {
+    /// Slots whose header and checksum verified.
+    pub(crate) kept: u32,
+    /// Slots with a torn header, bad checksum or duplicate key, now free.
+    pub(crate) dropped: u32,
+    /// Whether the file was truncated (cold start, missing or foreign file, geometry change).
+    pub(crate) rebuilt: bool,
+}
+
+/// Bookkeeping of one slot.
+#[derive(Clone, Copy, Debug, Default)]
+struct Slot {
+    /// The key and length the slot serves, once published.
+    live: Option<(BlockKey, u64)>,
+    /// Whether the header on disk may be non-zero (must be zeroed before the slot is rewritten).
+    header_on_disk: bool,
+}
+
+/// One budget's arena file and index.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    path: PathBuf,
+    /// `None` once closed.
+    file: Option<File>,
+    layout: Layout,
+    /// Superblock tag that keeps the owned and borrowed files from being swapped.
+    class_tag: u64,
+    /// Whether slot headers are kept (warm start `Verify`).
+    verify: bool,
+    index: HashMap<BlockKey, u32>,
+    slots: Vec<Slot>,
+    lru: SlotList,
+    /// Free slots; popped from the end, so the lowest slot is used first.
+    free: Vec<u32>,
+    next_seq: u64,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io { path: path.to_owned(), source }
+}
+
+impl Arena {
+    /// Opens or creates the arena file at `path`, sized exactly for `slots` slots of
+    /// `block_bytes`, cold (truncated, empty) or warm (verified slots kept).
+    pub(crate) fn open(
+        path: PathBuf,
+        class_tag: u64,
+        block_bytes: u64,
+        slots: u32,
+        warm: WarmStart,
+    ) -> Result<(Arena, LoadReport), StoreError> {
+        assert!(block_bytes >= 1 && slots >= 1);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_error(&path))?;
+        let mut arena = Arena {
+            path,
+            file: Some(file),
+            layout: Layout::new(block_bytes, slots),
+            class_tag,
+            verify: warm == WarmStart::Verify,
+            index: HashMap::with_capacity(slots as usize),
+            slots: vec![Slot::default(); slots as usize],
+            lru: SlotList::new(slots),
+            free: (0..slots).rev().collect(),
+            next_seq: 1,
+        };
+        let report = match warm {
+            WarmStart::Cold => {
+                arena.reset()?;
+                LoadReport { rebuilt: true, ..LoadReport::default() }
+            }
+            WarmStart::Verify => arena.load()?,
+        };
+        arena.check_invariants();
+        Ok((arena, report))
+    }
+
+    fn superblock(&self) -> [u8; 64] {
+        let l = &self.layout;
+        let geometry = [l.block_bytes, u64::from(l.slots), l.data_start];
+        encode_words([
+            SUPER_MAGIC,
+            FORMAT_VERSION,
+            self.class_tag,
+            geometry[0],
+            geometry[1],
+            geometry[2],
+        ])
+    }
+
+    /// Truncates the file to exactly the layout's length (sparse, all zero) and writes the superblock.
+    fn reset(&mut self) -> Result<(), StoreError> {
+        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
+        let fail = io_error(&self.path);
+        let result = file
+            .set_len(0)
+            .and_then(|()| file.set_len(self.layout.file_len))
+            .and_then(|()| file.write_all_at(&self.superblock(), 0));
+        result.map_err(fail)
+    }
+
+    /// Warm open: keeps the slots that verify, drops the rest; rebuilds empty on any geometry doubt.
+    fn load(&mut self) -> Result<LoadReport, StoreError> {
+        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
+        let len = file.metadata().map_err(io_error(&self.path))?.len();
+        let mut superblock = [0u8; SUPERBLOCK_BYTES as usize];
+        let same_geometry = len == self.layout.file_len
+            && file.read_exact_at(&mut superblock, 0).is_ok()
+            && superblock == self.superblock();
+        if !same_geometry {
+            self.reset()?;
+            return Ok(LoadReport { rebuilt: true, ..LoadReport::default() });
+        }
+        let mut table = vec![0u8; (u64::from(self.layout.slots) * HEADER_BYTES) as usize];
+        file.read_exact_at(&mut table, SUPERBLOCK_BYTES).map_err(io_error(&self.path))?;
+        let mut report = LoadReport::default();
+        let mut verified = Vec::new();
+        let mut buf = Vec::new();
+        for (slot, raw) in (0..self.layout.slots).zip(table.chunks_exact(HEADER_BYTES as usize)) {
+            match SlotHeader::decode(raw) {
+                Ok(None) => {}
+                Ok(Some(header)) if self.verify_slot(slot, &header, &mut buf) => {
+                    verified.push((header.seq, slot, header));
+                }
+                Ok(Some(_)) | Err(()) => report.dropped += 1,
+            }
+            self.slots[slot as usize].header_on_disk = raw.iter().any(|&b| b != 0);
+        }
+        // Oldest write first, so the newest ends up most recently used; a duplicate key (a crash
+        // between a rewrite and an invalidation) keeps its newest copy.
+        verified.sort_unstable_by_key(|&(seq, slot, _)| (seq, slot));
+        for &(seq, slot, header) in &verified {
+            if let Some(&older) = self.index.get(&header.key) {
+                self.unlink(older);
+                report.dropped += 1;
+                report.kept -= 1;
+            }
+            self.slots[slot as usize].live = Some((header.key, header.len));
+            self.index.insert(header.key, slot);
+            self.lru.push_front(slot);
+            self.next_seq = self.next_seq.max(seq + 1);
+            report.kept += 1;
+        }
+        self.free = (0..self.layout.slots)
+            .rev()
+            .filter(|&s| self.slots[s as usize].live.is_none())
+            .collect();
+        Ok(report)
+    }
+
+    /// Whether `slot`'s data match `header`.
+    fn verify_slot(&self, slot: u32, header: &SlotHeader, buf: &mut Vec<u8>) -> bool {
+        if header.len == 0 || header.len > self.layout.block_bytes {
+            return false;
+        }
+        let Some(file) = self.file.as_ref() else {
+            return false;
+        };
+        buf.resize(header.len as usize, 0);
+        match file.read_exact_at(buf, self.layout.data_offset(slot)) {
+            Ok(()) => slot_checksum(&header.key, buf) == header.data_sum,
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), slot, error = %e, "dropping unreadable slot");
+                false
+            }
+        }
+    }
+
+    /// Number of published blocks.
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Slot count.
+    pub(crate) fn slots(&self) -> u32 {
+        self.layout.slots
+    }
+
+    /// Whether every slot is published (an insert would evict).
+    pub(crate) fn is_full(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    /// Whether `key` is published, without touching recency.
+    pub(crate) fn contains(&self, key: &BlockKey) -> bool {
+        self.index.contains_key(key)
+    }
+
+    /// Refreshes `key`'s recency; returns whether it is published.
+    pub(crate) fn touch(&mut self, key: &BlockKey) -> bool {
+        match self.index.get(key) {
+            Some(&slot) => {
+                self.lru.touch(slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The least recently used key: the next eviction victim.
+    pub(crate) fn lru_key(&self) -> Option<BlockKey> {
+        let slot = self.lru.back()?;
+        Some(self.slots[slot as usize].live.expect("linked slot is live").0)
+    }
+
+    /// A copy of `key`'s bytes read from disk, refreshing recency if `touch`.
+    pub(crate) fn read(
+        &mut self,
+        key: &BlockKey,
+        touch: bool,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let Some(&slot) = self.index.get(key) else {
+            return Ok(None);
+        };
+        let (_, len) = self.slots[slot as usize].live.expect("indexed slot is live");
+        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, self.layout.data_offset(slot))
+            .map_err(io_error(&self.path))?;
+        if touch {
+            self.lru.touch(slot);
+        }
+        Ok(Some(Bytes::from(buf)))
+    }
+
+    /// Writes `data` under an absent `key`, evicting the LRU block if full. `data_sum` is
+    /// [`slot_checksum`] of the bytes, required exactly when headers are kept. On error the slot
+    /// goes back to the free list and `key` stays absent.
+    pub(crate) fn insert(
+        &mut self,
+        key: BlockKey,
+        data: &[u8],
+        data_sum: Option<u64>,
+    ) -> Result<(), StoreError> {
+        assert!(!self.index.contains_key(&key), "insert of a present key {key}");
+        assert!(!data.is_empty() && data.len() as u64 <= self.layout.block_bytes);
+        assert_eq!(data_sum.is_some(), self.verify, "checksum given iff headers are kept");
+        if self.file.is_none() {
+            return Err(StoreError::Closed);
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let victim = self.lru.back().expect("a full arena has an LRU slot");
+                self.unlink(victim);
+                victim
+            }
+        };
+        if let Err(e) = self.write_slot(slot, key, data, data_sum) {
+            self.free.push(slot);
+            return Err(e);
+        }
+        self.slots[slot as usize].live = Some((key, data.len() as u64));
+        self.index.insert(key, slot);
+        self.lru.push_front(slot);
+        Ok(())
+    }
+
+    /// Invalidates `slot`'s header if needed, writes the data, then the new header.
+    fn write_slot(
+        &mut self,
+        slot: u32,
+        key: BlockKey,
+        data: &[u8],
+        data_sum: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
+        let fail = io_error(&self.path);
+        let header_offset = self.layout.header_offset(slot);
+        let state = &mut self.slots[slot as usize];
+        debug_assert!(state.live.is_none());
+        if state.header_on_disk {
+            file.write_all_at(&ZERO_HEADER, header_offset).map_err(fail)?;
+            state.header_on_disk = false;
+        }
+        let fail = io_error(&self.path);
+        file.write_all_at(data, self.layout.data_offset(slot)).map_err(fail)?;
+        if let Some(data_sum) = data_sum {
+            let header = SlotHeader { key, len: data.len() as u64, seq: self.next_seq, data_sum };
+            self.next_seq += 1;
+            state.header_on_disk = true;
+            let fail = io_error(&self.path);
+            file.write_all_at(&header.encode(), header_offset).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// Drops `key` (and invalidates its header on disk); returns whether it was published.
+    pub(crate) fn remove(&mut self, key: &BlockKey) -> bool {
+        let Some(&slot) = self.index.get(key) else {
+            return false;
+        };
+        self.unlink(slot);
+        let state = &mut self.slots[slot as usize];
+        if let (true, Some(file)) = (state.header_on_disk, self.file.as_ref()) {
+            match file.write_all_at(&ZERO_HEADER, self.layout.header_offset(slot)) {
+                Ok(()) => state.header_on_disk = false,
+                // The slot still verifies as `key` with its true bytes, so the only cost is that a
+                // warm restart may bring the deleted block back.
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), %key, error = %e, "header invalidation failed")
+                }
+            }
+        }
+        self.free.push(slot);
+        true
+    }
+
+    /// Published keys in slot order.
+    pub(crate) fn keys(&self) -> Vec<BlockKey> {
+        self.slots.iter().filter_map(|s| s.live.map(|(k, _)| k)).collect()
+    }
+
+    /// Releases the file and forgets the index; later operations see an empty, closed arena.
+    pub(crate) fn close(&mut self) {
+        self.file = None;
+        self.index.clear();
+        self.lru.clear();
+        self.slots.iter_mut().for_each(|s| s.live = None);
+        self.free = (0..self.layout.slots).rev().collect();
+    }
+
+    /// Takes a published slot off the index and the LRU list (it is on no list afterwards).
+    fn unlink(&mut self, slot: u32) {
+        let (key, _) = self.slots[slot as usize].live.take().expect("unlink of a live slot");
+        self.index.remove(&key);
+        self.lru.unlink(slot);
+    }
+
+    /// The file layout.
+    #[cfg(test)]
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The slot `key` is published in.
+    #[cfg(test)]
+    pub(crate) fn slot_of(&self, key: &BlockKey) -> Option<u32> {
+        self.index.get(key).copied()
+    }
+
+    /// Asserts that index, slots, LRU list and free list partition the slots exactly.
+    pub(crate) fn check_invariants(&self) {
+        self.lru.check_invariants();
+        assert_eq!(self.slots.len(), self.layout.slots as usize);
+        assert_eq!(self.index.len(), self.lru.len());
+        assert_eq!(self.index.len() + self.free.len(), self.slots.len());
+        for (key, &slot) in &self.index {
+            let (live, len) = self.slots[slot as usize].live.expect("indexed slot is live");
+            assert_eq!(live, *key);
+            assert!(len >= 1 && len <= self.layout.block_bytes);
+            assert!(self.lru.contains(slot));
+        }
+        let mut free = self.free.clone();
+        free.sort_unstable();
+        free.dedup();
+        assert_eq!(free.len(), self.free.len(), "a slot is on the free list twice");
+        assert!(free
+            .iter()
+            .all(|&s| self.slots[s as usize].live.is_none() && !self.lru.contains(s)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_header_round_trips_and_a_torn_header_is_detected() {
+        let key = BlockKey { chunk: ChunkKey(0xabc), block: 7 };
+        let header = SlotHeader { key, len: 42, seq: 9, data_sum: 0x1234 };
+        let raw = header.encode();
+        assert_eq!(SlotHeader::decode(&raw), Ok(Some(header)));
+        assert_eq!(SlotHeader::decode(&ZERO_HEADER), Ok(None));
+        for i in 0..64 {
+            let mut torn = raw;
+            torn[i] ^= 0x01;
+            assert_eq!(SlotHeader::decode(&torn), Err(()), "bit flip in byte {i}");
+        }
+        let mut half = raw;
+        half[32..].fill(0);
+        assert_eq!(SlotHeader::decode(&half), Err(()));
+    }
+
+    #[test]
+    fn layout_aligns_slot_data_after_the_header_table() {
+        let l = Layout::new(4 << 20, 52);
+        assert_eq!(l.data_start, 4096);
+        assert_eq!(l.file_len, 4096 + 52 * (4 << 20));
+        assert_eq!(l.header_offset(1), 128);
+        let l = Layout::new(16, 100);
+        assert_eq!(l.data_start, 8192);
+        assert_eq!(l.data_offset(2), 8192 + 32);
+    }
+
+    #[test]
+    fn slot_checksum_binds_key_length_and_bytes() {
+        let a = BlockKey { chunk: ChunkKey(1), block: 2 };
+        let b = BlockKey { chunk: ChunkKey(1), block: 3 };
+        assert_ne!(slot_checksum(&a, b"xyz"), slot_checksum(&b, b"xyz"));
+        assert_ne!(slot_checksum(&a, b"xyz"), slot_checksum(&a, b"xyz\0"));
+        assert_eq!(slot_checksum(&a, b"xyz"), slot_checksum(&a, b"xyz"));
+    }
+}

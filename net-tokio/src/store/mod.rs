@@ -1,0 +1,305 @@
+//! Block store: a RAM hot set in front of two disk arenas (owned and borrowed budgets) holding
+//! fixed-size blocks of immutable objects (spec/store.md).
+//!
+//! # Shape
+//!
+//! - Two physically separate arena files, `<cache-dir>/blocks.owned` and
+//!   `<cache-dir>/blocks.borrowed`, each a preallocated file of equal slots with an in-memory index,
+//!   LRU list and free list (see `arena.rs`). Borrowed churn can never evict an owned block.
+//! - The owned budget always admits; the borrowed budget admits by TinyLFU once full (`sketch.rs`):
+//!   a candidate enters only if its estimated popularity is at least the LRU victim's. The compare,
+//!   the eviction and the insert are one critical section on the borrowed arena's lock.
+//! - A RAM tier of recycled slabs with plain LRU, write-through: a put goes to disk first and is
+//!   then mirrored into RAM; a get prefers RAM and promotes a disk hit into RAM. It is off when
+//!   the RAM budget is below one block.
+//! - Write-once per key across all tiers: re-putting a key keeps the first bytes and refreshes
+//!   recency. Blocks are immutable content, so two *concurrent* first puts of one key with
+//!   different bytes are a caller bug; sequentially the first bytes always win.
+//!
+//! # Crash safety: both options, chosen by [`WarmStart`]
+//!
+//! A torn or partial write is never served. Within a process, a slot's key is published in the
+//! index only after its write completed, and a slot is unpublished before it is rewritten, so a
+//! recycled slot is never readable under its old key; [`BlockStore::get`] returns a copy.
+//! Across a restart:
+//!
+//! - [`WarmStart::Cold`] (default, like DART): both arenas are truncated on open and the store
+//!   starts empty; no slot headers are written and no checksum is computed.
+//! - [`WarmStart::Verify`]: every slot carries a header (key, length, write sequence, FNV-1a 64 of
+//!   key + length + bytes, and a checksum of the header itself), zeroed before the slot is reused.
+//!   An open keeps the slots that verify, in their write order, and drops the rest; a changed
+//!   geometry or a foreign file rebuilds the arena empty. Costs: one checksum pass per put (outside
+//!   the locks) and a full read of the arenas at start-up. Note that verified blocks, including
+//!   bytes fetched with credentials, survive a restart.
+//!
+//! # Concurrency
+//!
+//! [`BlockStore`] is `Sync` and meant to be shared as `Arc<BlockStore>`. Each tier has its own
+//! `std::sync::Mutex` and no operation holds two at once. Disk reads and writes of a block happen
+//! inside the arena's critical section (simple, and no slot can be recycled mid-copy); that
+//! serialises disk I/O per arena, which is acceptable for now and the first thing to revisit with a
+//! slot-pinning scheme if profiles show lock waits. The store never blocks on anything but its own
+//! locks and the file system; it does not depend on tokio.
+//!
+//! One process per cache directory: [`BlockStore::open`] takes an exclusive lock on
+//! `<cache-dir>/.dart.lock` before touching either arena. Foreign files in the directory are
+//! neither read nor removed.
+
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod arena;
+mod config;
+mod dirlock;
+mod error;
+mod lru;
+mod mem;
+mod sketch;
+mod tiered;
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use dart_core::hash::BlockKey;
+
+pub use config::{StoreConfig, WarmStart, DEFAULT_OWNED_FRACTION, MAX_BLOCK_BYTES, MAX_SLOTS};
+pub use error::StoreError;
+
+use arena::slot_checksum;
+use config::Budgets;
+use mem::MemTier;
+use tiered::{lock, PutOutcome, Tiered};
+
+/// Which disk budget a block is put into; the core decides (`Engine::class_of`).
+pub use dart_core::engine::BlockClass;
+
+/// Occupancy and admission counters, cheap to sample at scrape time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Blocks in the owned arena.
+    pub owned_blocks: u64,
+    /// Slots of the owned arena.
+    pub owned_slots: u64,
+    /// Blocks in the borrowed arena.
+    pub borrowed_blocks: u64,
+    /// Slots of the borrowed arena.
+    pub borrowed_slots: u64,
+    /// Blocks in the RAM tier.
+    pub mem_blocks: u64,
+    /// Slots of the RAM tier (0 when it is off).
+    pub mem_slots: u64,
+    /// Borrowed puts refused by TinyLFU admission since open.
+    pub admit_rejected: u64,
+}
+
+/// The block store: RAM hot set, owned arena and borrowed arena behind one `&self` API.
+#[derive(Debug)]
+pub struct BlockStore {
+    dir: PathBuf,
+    block_bytes: u64,
+    /// Whether puts compute checksums for slot headers ([`WarmStart::Verify`]).
+    verify: bool,
+    disk: Tiered,
+    /// `None` when the RAM budget is below one block.
+    mem: Option<Mutex<MemTier>>,
+    mem_slots: u32,
+    admit_rejected: AtomicU64,
+    closed: AtomicBool,
+    /// The held directory lock; dropped by [`BlockStore::close`].
+    dir_lock: Mutex<Option<File>>,
+}
+
+impl BlockStore {
+    /// Validates `config`, creates and locks the cache directory, then opens both arenas.
+    ///
+    /// Every configuration error is reported before any file is touched, and the directory lock is
+    /// taken before either arena is opened (a cold open truncates them).
+    pub fn open(config: StoreConfig) -> Result<BlockStore, StoreError> {
+        let budgets = Budgets::from_config(&config)?;
+        let dir_lock = dirlock::acquire(&config.dir)?;
+        let (disk, [owned, borrowed]) = Tiered::open(&config.dir, &budgets, config.warm_start)?;
+        let block_bytes = usize::try_from(budgets.block_bytes).expect("block size fits in memory");
+        let mem = (budgets.mem_slots >= 1)
+            .then(|| Mutex::new(MemTier::new(budgets.mem_slots, block_bytes)));
+        tracing::info!(
+            dir = %config.dir.display(),
+            block_bytes = budgets.block_bytes,
+            owned_slots = budgets.owned_slots,
+            borrowed_slots = budgets.borrowed_slots,
+            mem_slots = budgets.mem_slots,
+            warm_start = ?config.warm_start,
+            kept = owned.kept + borrowed.kept,
+            dropped = owned.dropped + borrowed.dropped,
+            rebuilt = owned.rebuilt || borrowed.rebuilt,
+            "block store open",
+        );
+        Ok(BlockStore {
+            dir: config.dir,
+            block_bytes: budgets.block_bytes,
+            verify: config.warm_start == WarmStart::Verify,
+            disk,
+            mem,
+            mem_slots: budgets.mem_slots,
+            admit_rejected: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            dir_lock: Mutex::new(Some(dir_lock)),
+        })
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The block (slot) size in bytes.
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
+    /// A copy of `key`'s bytes, or `None` if absent (or closed). Prefers RAM; a disk hit is
+    /// promoted into RAM. The copy is the caller's: no later eviction can change it.
+    pub fn get(&self, key: &BlockKey) -> Option<Bytes> {
+        if self.is_closed() {
+            return None;
+        }
+        if let Some(mem) = &self.mem {
+            let hit = lock(mem).get(key);
+            if let Some(bytes) = hit {
+                self.disk.touch(key);
+                return Some(bytes);
+            }
+        }
+        let bytes = self.disk.get(key)?;
+        if let Some(mem) = &self.mem {
+            lock(mem).put(*key, &bytes);
+        }
+        Some(bytes)
+    }
+
+    /// Stores `data` under `key` in the budget of `class`, and mirrors it into RAM.
+    ///
+    /// Returns whether the block is now cached (`false` only when TinyLFU refused a borrowed block
+    /// and the RAM tier is off). A present key keeps its bytes and only has its recency refreshed.
+    /// Errors: an empty block, a block larger than a slot, a closed store, or disk I/O.
+    pub fn put(&self, key: BlockKey, data: &[u8], class: BlockClass) -> Result<bool, StoreError> {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        if data.is_empty() {
+            return Err(StoreError::EmptyBlock);
+        }
+        let len = data.len() as u64;
+        if len > self.block_bytes {
+            return Err(StoreError::BlockTooLarge { len, slot_bytes: self.block_bytes });
+        }
+        // Write-once across tiers: a RAM-only copy's bytes are the ones the disk gets.
+        let in_ram = self.mem.as_ref().and_then(|mem| lock(mem).get(&key));
+        let data = in_ram.as_deref().unwrap_or(data);
+        let data_sum = self.verify.then(|| slot_checksum(&key, data));
+        let outcome = self.disk.put(key, data, data_sum, class)?;
+        if outcome == PutOutcome::Refused {
+            self.admit_rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        let in_ram_now = match outcome {
+            PutOutcome::Inserted | PutOutcome::Refused => {
+                self.mem.as_ref().is_some_and(|mem| lock(mem).put(key, data))
+            }
+            PutOutcome::Refreshed | PutOutcome::Promoted => false,
+        };
+        Ok(outcome != PutOutcome::Refused || in_ram_now)
+    }
+
+    /// Whether `key` is cached in any tier; touches neither recency nor the estimator.
+    pub fn has(&self, key: &BlockKey) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        self.mem.as_ref().is_some_and(|mem| lock(mem).contains(key)) || self.disk.contains(key)
+    }
+
+    /// Drops `key` from every tier; returns whether any tier held it.
+    pub fn delete(&self, key: &BlockKey) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let in_mem = self.mem.as_ref().is_some_and(|mem| lock(mem).remove(key));
+        let on_disk = self.disk.remove(key);
+        in_mem || on_disk
+    }
+
+    /// Distinct cached keys: disk blocks plus RAM-only blocks (diagnostic; O(RAM slots)).
+    pub fn len(&self) -> usize {
+        if self.is_closed() {
+            return 0;
+        }
+        let (owned, _, borrowed, _) = self.disk.counts();
+        let ram_keys = self.mem.as_ref().map(|mem| lock(mem).keys()).unwrap_or_default();
+        owned + borrowed + self.disk.count_absent(&ram_keys)
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Blocks and slots per tier, and the admission refusals.
+    pub fn stats(&self) -> StoreStats {
+        let (owned_blocks, owned_slots, borrowed_blocks, borrowed_slots) = self.disk.counts();
+        let mem_blocks = self.mem.as_ref().map_or(0, |mem| lock(mem).len());
+        StoreStats {
+            owned_blocks: owned_blocks as u64,
+            owned_slots: u64::from(owned_slots),
+            borrowed_blocks: borrowed_blocks as u64,
+            borrowed_slots: u64::from(borrowed_slots),
+            mem_blocks: mem_blocks as u64,
+            mem_slots: u64::from(self.mem_slots),
+            admit_rejected: self.admit_rejected.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Empties every tier, closes the arena files and releases the directory lock; idempotent.
+    /// Afterwards gets miss and puts fail with [`StoreError::Closed`].
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.disk.close();
+        if let Some(mem) = &self.mem {
+            lock(mem).close();
+        }
+        drop(lock(&self.dir_lock).take());
+        tracing::info!(dir = %self.dir.display(), "block store closed");
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether the RAM tier holds `key`.
+    #[cfg(test)]
+    pub(crate) fn in_ram(&self, key: &BlockKey) -> bool {
+        self.mem.as_ref().is_some_and(|mem| lock(mem).contains(key))
+    }
+
+    /// Asserts every tier's internal invariants; panics on a violation. For tests and debugging:
+    /// call it while no other thread is using the store (transient cross-budget states are legal
+    /// mid-operation).
+    pub fn check_invariants(&self) {
+        self.disk.check_invariants();
+        if let Some(mem) = &self.mem {
+            lock(mem).check_invariants();
+        }
+        let stats = self.stats();
+        assert!(stats.owned_blocks <= stats.owned_slots);
+        assert!(stats.borrowed_blocks <= stats.borrowed_slots);
+        assert!(stats.mem_blocks <= stats.mem_slots);
+    }
+}

@@ -1,0 +1,743 @@
+//! Behaviour of the whole store: budgets, admission, RAM tier, locking and restarts.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dart_core::hash::{BlockKey, ChunkKey};
+
+use super::tiered::{BORROWED_FILE, OWNED_FILE};
+use super::*;
+
+/// Slot size of the test stores.
+pub(super) const BLOCK: u64 = 16;
+
+/// A unique directory under the system temp dir, removed on drop.
+pub(super) struct TestDir(PathBuf);
+
+impl TestDir {
+    pub(super) fn new(name: &str) -> TestDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("dart-store-{name}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        TestDir(path)
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+pub(super) fn key(i: u64) -> BlockKey {
+    BlockKey { chunk: ChunkKey(0x00c0_ffee ^ (i / 4)), block: i }
+}
+
+/// `len` bytes that differ per `(i, salt)`.
+pub(super) fn bytes(i: u64, salt: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as u8).wrapping_mul(31) ^ salt ^ (j as u8)).collect()
+}
+
+/// A config with exactly `owned` + `borrowed` disk slots and `mem` RAM slots of [`BLOCK`] bytes.
+pub(super) fn config(dir: &Path, owned: u64, borrowed: u64, mem: u64) -> StoreConfig {
+    let slots = owned + borrowed;
+    let mut config = StoreConfig::new(dir, slots * BLOCK, mem * BLOCK, BLOCK);
+    config.owned_fraction = Some((owned as f64 + 0.5) / slots as f64);
+    config
+}
+
+fn open(dir: &TestDir, owned: u64, borrowed: u64, mem: u64) -> BlockStore {
+    let store = BlockStore::open(config(dir.path(), owned, borrowed, mem)).unwrap();
+    let stats = store.stats();
+    assert_eq!((stats.owned_slots, stats.borrowed_slots, stats.mem_slots), (owned, borrowed, mem));
+    store
+}
+
+fn open_verify(dir: &TestDir, owned: u64, borrowed: u64) -> BlockStore {
+    let mut config = config(dir.path(), owned, borrowed, 0);
+    config.warm_start = WarmStart::Verify;
+    BlockStore::open(config).unwrap()
+}
+
+fn put(store: &BlockStore, i: u64, class: BlockClass) -> bool {
+    store.put(key(i), &bytes(i, 0, BLOCK as usize), class).unwrap()
+}
+
+fn assert_holds(store: &BlockStore, i: u64) {
+    assert_eq!(store.get(&key(i)).as_deref(), Some(&bytes(i, 0, BLOCK as usize)[..]), "block {i}");
+}
+
+/// Overwrites `len` bytes at `offset` of `path`.
+fn scribble(path: &Path, offset: u64, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(&vec![0xa5; len], offset).unwrap();
+}
+
+#[test]
+fn get_returns_exactly_the_bytes_put_and_a_miss_is_none() {
+    let dir = TestDir::new("roundtrip");
+    for mem in [0, 4] {
+        let store = open(&dir, 4, 2, mem);
+        assert_eq!(store.get(&key(1)), None);
+        assert!(put(&store, 1, BlockClass::Owned));
+        assert!(put(&store, 2, BlockClass::Borrowed));
+        assert_holds(&store, 1);
+        assert_holds(&store, 2);
+        assert_eq!(store.get(&key(3)), None);
+        store.check_invariants();
+        store.close();
+    }
+}
+
+#[test]
+fn put_is_write_once_and_a_re_put_refreshes_recency() {
+    let dir = TestDir::new("write-once");
+    let store = open(&dir, 2, 1, 0);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    assert!(store.put(key(1), b"other bytes", BlockClass::Owned).unwrap());
+    put(&store, 3, BlockClass::Owned);
+    assert_holds(&store, 1);
+    assert!(!store.has(&key(2)), "2 became the LRU when 1 was re-put");
+    store.check_invariants();
+}
+
+#[test]
+fn write_once_holds_across_ram_and_both_budgets() {
+    let dir = TestDir::new("write-once-tiers");
+    let store = open(&dir, 2, 2, 2);
+    put(&store, 1, BlockClass::Borrowed);
+    assert!(store.put(key(1), b"other bytes, 16B", BlockClass::Owned).unwrap());
+    store.put(key(1), b"short", BlockClass::Owned).unwrap();
+    store.put(key(1), b"short", BlockClass::Borrowed).unwrap();
+    assert_holds(&store, 1);
+    // A RAM-only copy (disk copy deleted underneath) lends its bytes to the disk put.
+    assert!(store.disk.remove(&key(1)));
+    store.put(key(1), b"new", BlockClass::Owned).unwrap();
+    let from_disk = store.disk.get(&key(1)).unwrap();
+    assert_eq!(&from_disk[..], &bytes(1, 0, BLOCK as usize)[..]);
+}
+
+#[test]
+fn empty_and_oversized_blocks_are_rejected() {
+    let dir = TestDir::new("reject-size");
+    let store = open(&dir, 2, 2, 2);
+    assert!(matches!(store.put(key(1), b"", BlockClass::Owned), Err(StoreError::EmptyBlock)));
+    let big = vec![1u8; BLOCK as usize + 1];
+    let err = store.put(key(1), &big, BlockClass::Borrowed).unwrap_err();
+    assert!(matches!(err, StoreError::BlockTooLarge { len: 17, slot_bytes: 16 }), "{err}");
+    assert!(!store.has(&key(1)));
+    assert!(store.put(key(1), &big[..BLOCK as usize], BlockClass::Owned).unwrap());
+}
+
+#[test]
+fn a_tail_block_shorter_than_a_slot_is_returned_at_its_exact_length() {
+    let dir = TestDir::new("tail");
+    for mem in [0, 1] {
+        let store = open(&dir, 1, 1, mem);
+        put(&store, 1, BlockClass::Owned);
+        // The tail reuses the full block's slot, whose old bytes are still on disk past 5.
+        put(&store, 2, BlockClass::Owned);
+        store.put(key(3), b"tail!", BlockClass::Owned).unwrap();
+        assert_eq!(store.get(&key(3)).as_deref(), Some(&b"tail!"[..]));
+        put(&store, 4, BlockClass::Borrowed);
+        let from_disk = store.disk.get(&key(3)).unwrap();
+        assert_eq!(&from_disk[..], b"tail!");
+        store.close();
+    }
+}
+
+#[test]
+fn has_does_not_touch_recency() {
+    let dir = TestDir::new("has");
+    let store = open(&dir, 2, 1, 0);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    assert!(store.has(&key(1)));
+    put(&store, 3, BlockClass::Owned);
+    assert!(!store.has(&key(1)), "has must not have refreshed 1");
+    assert!(store.has(&key(2)) && store.has(&key(3)));
+}
+
+#[test]
+fn get_refreshes_recency_so_the_least_recently_used_block_is_evicted() {
+    let dir = TestDir::new("lru");
+    let store = open(&dir, 2, 1, 0);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    assert_holds(&store, 1);
+    put(&store, 3, BlockClass::Owned);
+    assert!(store.has(&key(1)) && !store.has(&key(2)));
+}
+
+#[test]
+fn delete_removes_the_block_from_every_tier() {
+    let dir = TestDir::new("delete");
+    let store = open(&dir, 2, 2, 2);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Borrowed);
+    assert!(store.in_ram(&key(1)));
+    assert!(store.delete(&key(1)) && store.delete(&key(2)));
+    assert!(!store.delete(&key(1)));
+    assert!(!store.has(&key(1)) && store.get(&key(2)).is_none());
+    assert_eq!(
+        store.stats().owned_blocks + store.stats().borrowed_blocks + store.stats().mem_blocks,
+        0
+    );
+    assert_eq!(store.len(), 0);
+    store.check_invariants();
+}
+
+#[test]
+fn close_is_idempotent_and_a_closed_store_is_empty_and_refuses_puts() {
+    let dir = TestDir::new("close");
+    let store = open(&dir, 2, 2, 2);
+    put(&store, 1, BlockClass::Owned);
+    store.close();
+    store.close();
+    assert!(store.get(&key(1)).is_none() && !store.has(&key(1)) && !store.delete(&key(1)));
+    assert!(matches!(store.put(key(2), b"x", BlockClass::Owned), Err(StoreError::Closed)));
+    assert_eq!(store.len(), 0);
+    let stats = store.stats();
+    assert_eq!((stats.owned_blocks, stats.borrowed_blocks, stats.mem_blocks), (0, 0, 0));
+    store.check_invariants();
+}
+
+#[test]
+fn owned_blocks_survive_any_amount_of_borrowed_churn() {
+    let dir = TestDir::new("isolation-owned");
+    let store = open(&dir, 4, 2, 0);
+    for i in 0..4 {
+        put(&store, i, BlockClass::Owned);
+    }
+    for i in 100..1100 {
+        put(&store, i, BlockClass::Borrowed);
+        store.get(&key(i));
+        store.get(&key(i - 1));
+        assert!(store.stats().borrowed_blocks <= 2);
+    }
+    for i in 0..4 {
+        assert_holds(&store, i);
+    }
+    assert_eq!(store.stats().owned_blocks, 4);
+    store.check_invariants();
+}
+
+#[test]
+fn borrowed_blocks_survive_owned_churn() {
+    let dir = TestDir::new("isolation-borrowed");
+    let store = open(&dir, 2, 2, 0);
+    put(&store, 1, BlockClass::Borrowed);
+    put(&store, 2, BlockClass::Borrowed);
+    for i in 100..200 {
+        put(&store, i, BlockClass::Owned);
+    }
+    assert_holds(&store, 1);
+    assert_holds(&store, 2);
+    assert_eq!(store.stats().owned_blocks, 2);
+}
+
+#[test]
+fn put_as_owned_drops_the_borrowed_copy() {
+    let dir = TestDir::new("promote");
+    let store = open(&dir, 2, 2, 0);
+    put(&store, 1, BlockClass::Borrowed);
+    assert_eq!(store.disk.class_of(&key(1)), Some(BlockClass::Borrowed));
+    assert!(store.put(key(1), b"different bytes", BlockClass::Owned).unwrap());
+    assert_eq!(store.disk.class_of(&key(1)), Some(BlockClass::Owned));
+    let stats = store.stats();
+    assert_eq!((stats.owned_blocks, stats.borrowed_blocks), (1, 0));
+    assert_holds(&store, 1);
+    store.check_invariants();
+}
+
+#[test]
+fn borrowed_put_of_an_owned_key_keeps_it_owned_and_refreshes_its_recency() {
+    let dir = TestDir::new("owned-refresh");
+    let store = open(&dir, 2, 2, 0);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    assert!(put(&store, 1, BlockClass::Borrowed));
+    assert_eq!(store.stats().borrowed_blocks, 0);
+    put(&store, 3, BlockClass::Owned);
+    assert!(store.has(&key(1)) && !store.has(&key(2)), "1 was refreshed, 2 was the LRU");
+    assert_eq!(store.disk.class_of(&key(1)), Some(BlockClass::Owned));
+    assert_eq!(store.disk.estimate(&key(1)), 0, "owned keys never reach the estimator");
+}
+
+#[test]
+fn a_full_borrowed_arena_refuses_a_colder_candidate_and_counts_the_refusal() {
+    let dir = TestDir::new("admission");
+    let store = open(&dir, 1, 2, 0);
+    put(&store, 1, BlockClass::Borrowed);
+    put(&store, 2, BlockClass::Borrowed);
+    for _ in 0..3 {
+        store.get(&key(1));
+        store.get(&key(2));
+    }
+    assert!(!put(&store, 3, BlockClass::Borrowed), "an unseen key is colder than the victim");
+    assert!(!store.has(&key(3)));
+    assert_eq!(store.stats().admit_rejected, 1);
+    assert!(store.has(&key(1)) && store.has(&key(2)));
+    // Repeated demand makes the candidate as popular as the victim: it gets in.
+    // The victims stand at 4 (doorkeeper + 3 counted reads); each put of 3 counts as an access.
+    assert_eq!(store.disk.estimate(&key(1)), 4);
+    assert!(!put(&store, 3, BlockClass::Borrowed));
+    assert!(!put(&store, 3, BlockClass::Borrowed));
+    assert!(put(&store, 3, BlockClass::Borrowed));
+    assert_eq!(store.stats().admit_rejected, 3);
+    assert!(!store.has(&key(1)), "1 was the LRU victim");
+    assert_eq!(store.stats().borrowed_blocks, 2);
+}
+
+#[test]
+fn an_unseen_candidate_is_admitted_over_a_victim_that_was_never_read() {
+    let dir = TestDir::new("admission-cold");
+    let store = open(&dir, 1, 2, 0);
+    put(&store, 1, BlockClass::Borrowed);
+    put(&store, 2, BlockClass::Borrowed);
+    assert!(put(&store, 3, BlockClass::Borrowed));
+    assert!(!store.has(&key(1)) && store.has(&key(2)) && store.has(&key(3)));
+    assert_eq!(store.stats().admit_rejected, 0);
+}
+
+#[test]
+fn a_borrowed_put_feeds_the_estimator() {
+    let dir = TestDir::new("insert-feeds");
+    let store = open(&dir, 1, 2, 0);
+    assert_eq!(store.disk.estimate(&key(1)), 0);
+    put(&store, 1, BlockClass::Borrowed);
+    assert_eq!(store.disk.estimate(&key(1)), 1);
+    put(&store, 1, BlockClass::Borrowed);
+    assert_eq!(store.disk.estimate(&key(1)), 2);
+    // Borrowed misses count too.
+    store.get(&key(7));
+    assert_eq!(store.disk.estimate(&key(7)), 1);
+}
+
+#[test]
+fn owned_traffic_does_not_decay_borrowed_estimates() {
+    let dir = TestDir::new("owned-no-decay");
+    let store = open(&dir, 4, 2, 0);
+    put(&store, 1, BlockClass::Borrowed);
+    for _ in 0..5 {
+        store.get(&key(1));
+    }
+    let warm = store.disk.estimate(&key(1));
+    assert_eq!(warm, 6);
+    for i in 0..4 {
+        put(&store, 100 + i, BlockClass::Owned);
+    }
+    // Far more owned hits than the 2560 increments that would halve the sketch.
+    for n in 0..10_000u64 {
+        store.get(&key(100 + n % 4));
+    }
+    assert_eq!(store.disk.estimate(&key(1)), warm);
+}
+
+#[test]
+fn ram_hits_feed_the_borrowed_estimator_but_skip_owned_keys() {
+    let dir = TestDir::new("touch");
+    let store = open(&dir, 2, 2, 4);
+    put(&store, 1, BlockClass::Borrowed);
+    put(&store, 2, BlockClass::Owned);
+    assert!(store.in_ram(&key(1)) && store.in_ram(&key(2)));
+    for _ in 0..3 {
+        store.get(&key(1));
+        store.get(&key(2));
+    }
+    assert_eq!(store.disk.estimate(&key(1)), 4, "one insert and three RAM hits");
+    assert_eq!(store.disk.estimate(&key(2)), 0);
+}
+
+#[test]
+fn ram_hits_refresh_the_disk_recency() {
+    let dir = TestDir::new("touch-recency");
+    let store = open(&dir, 2, 1, 4);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    assert!(store.get(&key(1)).is_some() && store.in_ram(&key(1)));
+    put(&store, 3, BlockClass::Owned);
+    assert_eq!(store.disk.class_of(&key(1)), Some(BlockClass::Owned));
+    assert_eq!(store.disk.class_of(&key(2)), None);
+}
+
+#[test]
+fn reads_prefer_ram_and_promote_a_disk_hit_into_ram() {
+    let dir = TestDir::new("promote-ram");
+    let store = open(&dir, 4, 2, 1);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    assert!(!store.in_ram(&key(1)) && store.in_ram(&key(2)));
+    assert_holds(&store, 1);
+    assert!(store.in_ram(&key(1)) && !store.in_ram(&key(2)));
+    // Served from RAM: the disk copy is gone, the RAM copy still answers.
+    assert!(store.disk.remove(&key(1)));
+    assert_holds(&store, 1);
+    assert_eq!(store.stats().mem_blocks, 1);
+}
+
+#[test]
+fn a_refused_borrowed_block_is_still_kept_in_ram() {
+    let dir = TestDir::new("refused-ram");
+    let store = open(&dir, 1, 1, 2);
+    put(&store, 1, BlockClass::Borrowed);
+    store.get(&key(1));
+    assert!(put(&store, 2, BlockClass::Borrowed), "admitted: the RAM tier kept it");
+    assert_eq!(store.stats().admit_rejected, 1);
+    assert_eq!(store.disk.class_of(&key(2)), None);
+    assert!(store.has(&key(2)));
+    assert_holds(&store, 2);
+    assert_eq!(store.len(), 2, "one disk block and one RAM-only block");
+}
+
+#[test]
+fn len_counts_disk_blocks_plus_ram_only_blocks() {
+    let dir = TestDir::new("len");
+    let store = open(&dir, 2, 1, 3);
+    for i in 0..3 {
+        put(&store, i, BlockClass::Owned);
+    }
+    // Owned holds 1 and 2; RAM holds 0, 1, 2.
+    assert_eq!(store.len(), 3);
+    store.disk.remove(&key(1));
+    assert_eq!(store.len(), 3);
+    store.delete(&key(0));
+    assert_eq!(store.len(), 2);
+    assert!(!store.is_empty());
+}
+
+#[test]
+fn stats_report_blocks_and_slots_per_tier() {
+    let dir = TestDir::new("stats");
+    let store = open(&dir, 3, 2, 1);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    put(&store, 3, BlockClass::Borrowed);
+    let want = StoreStats {
+        owned_blocks: 2,
+        owned_slots: 3,
+        borrowed_blocks: 1,
+        borrowed_slots: 2,
+        mem_blocks: 1,
+        mem_slots: 1,
+        admit_rejected: 0,
+    };
+    assert_eq!(store.stats(), want);
+}
+
+#[test]
+fn a_returned_block_is_a_copy_that_survives_its_slot_being_recycled() {
+    let dir = TestDir::new("copy");
+    let store = open(&dir, 1, 1, 0);
+    put(&store, 1, BlockClass::Owned);
+    let got = store.get(&key(1)).unwrap();
+    put(&store, 2, BlockClass::Owned);
+    assert!(!store.has(&key(1)));
+    assert_eq!(&got[..], &bytes(1, 0, BLOCK as usize)[..]);
+}
+
+#[test]
+fn borrowed_admission_is_serialised_with_eviction_under_concurrent_puts() {
+    let dir = TestDir::new("concurrent");
+    let store = Arc::new(open(&dir, 4, 8, 2));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                for n in 0..400u64 {
+                    let i = (n * 7 + t * 13) % 40;
+                    let class = if i % 10 == 0 { BlockClass::Owned } else { BlockClass::Borrowed };
+                    store.put(key(i), &bytes(i, 0, BLOCK as usize), class).unwrap();
+                    if let Some(got) = store.get(&key((i + t) % 40)) {
+                        assert_eq!(&got[..], &bytes((i + t) % 40, 0, BLOCK as usize)[..]);
+                    }
+                    let stats = store.stats();
+                    assert!(stats.borrowed_blocks <= stats.borrowed_slots);
+                    assert!(stats.owned_blocks <= stats.owned_slots);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    store.check_invariants();
+    for i in 0..40 {
+        if let Some(got) = store.get(&key(i)) {
+            assert_eq!(&got[..], &bytes(i, 0, BLOCK as usize)[..]);
+        }
+    }
+}
+
+#[test]
+fn a_second_open_of_a_locked_dir_fails_before_truncating_the_first_instances_files() {
+    let dir = TestDir::new("lock");
+    let first = open(&dir, 2, 2, 0);
+    put(&first, 1, BlockClass::Owned);
+    let owned_file = dir.path().join(OWNED_FILE);
+    let before = fs::read(&owned_file).unwrap();
+    let err = BlockStore::open(config(dir.path(), 3, 3, 0)).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains(&dir.path().display().to_string()), "{err}");
+    assert_eq!(fs::read(&owned_file).unwrap(), before, "the refused open touched the arena");
+    assert_holds(&first, 1);
+    first.close();
+    let second = open(&dir, 3, 3, 0);
+    assert!(!second.has(&key(1)), "cold start");
+}
+
+#[test]
+fn open_creates_a_missing_directory_and_leaves_foreign_files_alone() {
+    let dir = TestDir::new("create");
+    let nested = dir.path().join("a").join("b");
+    fs::create_dir_all(dir.path()).unwrap();
+    let store = BlockStore::open(config(&nested, 2, 2, 0)).unwrap();
+    fs::write(nested.join("foreign.txt"), b"not ours").unwrap();
+    put(&store, 1, BlockClass::Owned);
+    store.close();
+    let store = BlockStore::open(config(&nested, 2, 2, 0)).unwrap();
+    assert_eq!(fs::read(nested.join("foreign.txt")).unwrap(), b"not ours");
+    let mut names: Vec<_> = fs::read_dir(&nested)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".dart.lock", BORROWED_FILE, OWNED_FILE, "foreign.txt"]);
+    assert_eq!(store.dir(), nested);
+}
+
+#[test]
+fn an_uncreatable_directory_is_a_clear_error() {
+    let dir = TestDir::new("uncreatable");
+    fs::create_dir_all(dir.path()).unwrap();
+    let file = dir.path().join("plain-file");
+    fs::write(&file, b"").unwrap();
+    let bad = file.join("cache");
+    let err = BlockStore::open(config(&bad, 2, 2, 0)).unwrap_err();
+    assert!(matches!(err, StoreError::Dir { .. }), "{err}");
+    assert!(err.to_string().contains(&bad.display().to_string()), "{err}");
+}
+
+#[test]
+fn bad_configurations_fail_at_open_before_the_directory_is_touched() {
+    let dir = TestDir::new("bad-config");
+    let cases: [(u64, u64, Option<f64>); 5] = [
+        (0, 16, None),
+        (15, 16, None),
+        (31, 16, None),
+        (64, 16, Some(0.0)),
+        (64, 16, Some(f64::NAN)),
+    ];
+    for (cache, block, fraction) in cases {
+        let mut config = StoreConfig::new(dir.path(), cache, 0, block);
+        config.owned_fraction = fraction;
+        let err = BlockStore::open(config).unwrap_err();
+        assert!(!matches!(err, StoreError::Dir { .. } | StoreError::Io { .. }), "{err}");
+        assert!(!dir.path().exists(), "{err}: the directory was created");
+    }
+}
+
+#[test]
+fn arena_files_are_preallocated_to_their_exact_size_and_sparse() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TestDir::new("sparse");
+    let block = 1 << 20;
+    let config = StoreConfig::new(dir.path(), 10 * block, 0, block);
+    let store = BlockStore::open(config).unwrap();
+    for (name, slots) in [(OWNED_FILE, 8), (BORROWED_FILE, 2)] {
+        let meta = fs::metadata(dir.path().join(name)).unwrap();
+        assert_eq!(meta.len(), 4096 + slots * block, "{name}");
+        assert!(meta.blocks() * 512 < meta.len(), "{name} is not sparse");
+    }
+    store.close();
+}
+
+#[test]
+fn a_cold_open_starts_empty_even_after_a_clean_close() {
+    let dir = TestDir::new("cold");
+    let store = open(&dir, 2, 2, 0);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Borrowed);
+    store.close();
+    let store = open(&dir, 2, 2, 0);
+    assert_eq!(store.len(), 0);
+    assert!(store.get(&key(1)).is_none());
+    // A verify open after a cold run finds no headers either.
+    store.close();
+    let store = open_verify(&dir, 2, 2);
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn a_verify_open_keeps_intact_blocks_and_drops_corrupted_ones() {
+    let dir = TestDir::new("verify");
+    let store = open_verify(&dir, 3, 2);
+    for i in 1..=3 {
+        put(&store, i, BlockClass::Owned);
+    }
+    put(&store, 4, BlockClass::Borrowed);
+    store.put(key(5), b"tail", BlockClass::Borrowed).unwrap();
+    let (layout, slot) =
+        store.disk.with_arena(BlockClass::Owned, |a| (a.layout(), a.slot_of(&key(2)).unwrap()));
+    store.close();
+    // One flipped byte in block 2's data.
+    scribble(&dir.path().join(OWNED_FILE), layout.data_offset(slot) + 3, 1);
+    let store = open_verify(&dir, 3, 2);
+    for i in [1, 3, 4] {
+        assert_holds(&store, i);
+    }
+    assert_eq!(store.get(&key(5)).as_deref(), Some(&b"tail"[..]));
+    assert!(!store.has(&key(2)), "a corrupted slot is never served");
+    let stats = store.stats();
+    assert_eq!((stats.owned_blocks, stats.borrowed_blocks), (2, 2));
+    // The dropped slot is reusable.
+    put(&store, 6, BlockClass::Owned);
+    assert_holds(&store, 6);
+    store.check_invariants();
+}
+
+#[test]
+fn a_verify_open_drops_a_torn_header_and_a_partial_data_write() {
+    let dir = TestDir::new("verify-torn");
+    let store = open_verify(&dir, 3, 2);
+    for i in 1..=3 {
+        put(&store, i, BlockClass::Owned);
+    }
+    let (layout, slots) = store.disk.with_arena(BlockClass::Owned, |a| {
+        (a.layout(), [1, 2].map(|i| a.slot_of(&key(i)).unwrap()))
+    });
+    store.close();
+    let path = dir.path().join(OWNED_FILE);
+    // Block 1: the header write tore after 20 bytes. Block 2: a crash mid-rewrite left the old
+    // header next to half-new data.
+    scribble(&path, layout.header_offset(slots[0]) + 20, 44);
+    scribble(&path, layout.data_offset(slots[1]), BLOCK as usize / 2);
+    let store = open_verify(&dir, 3, 2);
+    assert!(!store.has(&key(1)) && !store.has(&key(2)));
+    assert_holds(&store, 3);
+    store.check_invariants();
+}
+
+#[test]
+fn a_verify_open_rebuilds_empty_when_the_geometry_changes() {
+    let dir = TestDir::new("verify-geometry");
+    let store = open_verify(&dir, 3, 2);
+    put(&store, 1, BlockClass::Owned);
+    store.close();
+    let store = open_verify(&dir, 4, 2);
+    assert!(!store.has(&key(1)));
+    assert_eq!(fs::metadata(dir.path().join(OWNED_FILE)).unwrap().len(), 4096 + 4 * BLOCK);
+    store.close();
+    // The owned and borrowed files are tagged: swapping them keeps nothing.
+    let store = open_verify(&dir, 2, 2);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Borrowed);
+    store.close();
+    let (owned, borrowed) = (dir.path().join(OWNED_FILE), dir.path().join(BORROWED_FILE));
+    let tmp = dir.path().join("swap");
+    fs::rename(&owned, &tmp).unwrap();
+    fs::rename(&borrowed, &owned).unwrap();
+    fs::rename(&tmp, &borrowed).unwrap();
+    let store = open_verify(&dir, 2, 2);
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn a_verify_open_restores_write_order_as_recency() {
+    let dir = TestDir::new("verify-order");
+    let store = open_verify(&dir, 3, 1);
+    for i in [5, 6, 7] {
+        put(&store, i, BlockClass::Owned);
+    }
+    store.close();
+    let store = open_verify(&dir, 3, 1);
+    put(&store, 8, BlockClass::Owned);
+    assert!(!store.has(&key(5)), "the oldest write is the LRU victim");
+    assert!(store.has(&key(6)) && store.has(&key(7)));
+}
+
+#[test]
+fn a_deleted_block_stays_deleted_across_a_verify_restart() {
+    let dir = TestDir::new("verify-delete");
+    let store = open_verify(&dir, 2, 2);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Borrowed);
+    assert!(store.delete(&key(1)) && store.delete(&key(2)));
+    store.close();
+    let store = open_verify(&dir, 2, 2);
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn a_verify_open_keeps_a_block_in_one_budget_only() {
+    let dir = TestDir::new("verify-dup");
+    let store = open_verify(&dir, 2, 2);
+    put(&store, 1, BlockClass::Borrowed);
+    store.close();
+    let saved = fs::read(dir.path().join(BORROWED_FILE)).unwrap();
+    let store = open_verify(&dir, 2, 2);
+    put(&store, 1, BlockClass::Owned);
+    store.close();
+    // As if the process died between the owned insert and the borrowed delete.
+    fs::write(dir.path().join(BORROWED_FILE), saved).unwrap();
+    let store = open_verify(&dir, 2, 2);
+    assert_eq!(store.disk.class_of(&key(1)), Some(BlockClass::Owned));
+    assert_eq!(store.stats().borrowed_blocks, 0);
+    assert_holds(&store, 1);
+    store.check_invariants();
+}
+
+#[test]
+fn ram_block_count_is_exact_across_put_refresh_evict_delete_and_close() {
+    let dir = TestDir::new("mem-count");
+    let store = open(&dir, 4, 4, 2);
+    let mem_blocks = |store: &BlockStore| store.stats().mem_blocks;
+    put(&store, 1, BlockClass::Owned);
+    assert_eq!(mem_blocks(&store), 1);
+    put(&store, 1, BlockClass::Owned);
+    assert_eq!(mem_blocks(&store), 1, "refresh");
+    put(&store, 2, BlockClass::Borrowed);
+    put(&store, 3, BlockClass::Borrowed);
+    assert_eq!(mem_blocks(&store), 2, "evict");
+    store.get(&key(1));
+    assert_eq!(mem_blocks(&store), 2, "promotion evicts");
+    store.delete(&key(1));
+    assert_eq!(mem_blocks(&store), 1, "delete");
+    store.close();
+    assert_eq!(mem_blocks(&store), 0, "close");
+    store.close();
+    assert_eq!(mem_blocks(&store), 0);
+}
+
+#[test]
+fn racing_owned_and_borrowed_puts_of_one_key_leave_it_in_one_budget() {
+    let dir = TestDir::new("race-classes");
+    let store = Arc::new(open(&dir, 4, 4, 0));
+    for round in 0..200 {
+        let i = round % 8;
+        let racers: Vec<_> = [BlockClass::Owned, BlockClass::Borrowed]
+            .into_iter()
+            .map(|class| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || put(&store, i, class))
+            })
+            .collect();
+        for racer in racers {
+            assert!(racer.join().unwrap());
+        }
+        store.check_invariants();
+        assert_eq!(store.disk.class_of(&key(i)), Some(BlockClass::Owned));
+        assert_holds(&store, i);
+        store.delete(&key(i));
+    }
+}
