@@ -10,6 +10,8 @@ mod event;
 mod permit;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -142,7 +144,8 @@ impl<K: Ord + Clone> Breaker<K> {
             return Admission::Admitted(self.untracked(addr));
         }
         self.touch(addr, now);
-        let id = self.permit_id();
+        // Ids count admitted permits only: a rejection leaves the id sequence alone.
+        let id = self.next_permit;
         let probe = Probe {
             id,
             deadline: now + self.config.probe_deadline,
@@ -153,6 +156,7 @@ impl<K: Ord + Clone> Breaker<K> {
             self.counters.rejected += 1;
             return Admission::Rejected;
         };
+        self.next_permit += 1;
         let permit = Permit {
             addr: addr.clone(),
             incarnation: entry.incarnation,
