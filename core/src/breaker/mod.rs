@@ -8,6 +8,7 @@ mod config;
 mod entry;
 mod event;
 mod permit;
+mod table;
 
 #[cfg(test)]
 mod model_tests;
@@ -27,6 +28,7 @@ pub use event::{BreakerCounters, BreakerEvent, CircuitState, TransitionReason};
 pub use permit::{Admission, Disposition, HardReason, Outcome, Permit, PermitKind};
 
 use entry::{Change, Circuit, Ctx, Entry, Probe};
+use table::PeerTable;
 
 use crate::rng::{self, Rng};
 use crate::time::Instant;
@@ -81,21 +83,21 @@ use crate::time::Instant;
 ///
 /// - At most `tracked_peers_max` (≤ [`TRACKED_PEERS_MAX`]) entries; past the cap a new peer first
 ///   sweeps clean entries (closed, no failures), else evicts the least recently active one.
-///   Activity is a logical tick stamped by `begin_*` and by completions of a live entry only.
+///   Activity is a logical tick (never the clock, which may go backwards) stamped by `begin_*`
+///   and by completions reaching a live entry, never by observers or timers.
 /// - A closed circuit holds fewer than `failure_threshold` failures and no backoff; a half-open
 ///   one holds at most `half_open_probes` probes in flight plus successes, and has a probe in
 ///   flight whenever it has a success; an open one's cooldown is at most the policy's maximum.
-/// - The probe deadline index holds exactly the probes in flight; the activity index exactly the
-///   entries; the clean count exactly the clean entries; the event queue at most [`EVENTS_MAX`].
+/// - The probe deadline index holds exactly the probes in flight; the activity list exactly the
+///   entries, oldest first; the clean count exactly the clean entries; the event queue at most
+///   [`EVENTS_MAX`].
 #[derive(Debug)]
 pub struct Breaker<K> {
     config: BreakerConfig,
     rng: Rng,
-    entries: BTreeMap<K, Entry>,
-    /// Activity tick → peer, for least-recently-active eviction.
-    by_activity: BTreeMap<u64, K>,
-    /// (deadline, probe id) → peer, for every probe in flight.
-    deadlines: BTreeMap<(Instant, u64), K>,
+    peers: PeerTable<K>,
+    /// (deadline, probe id) → slot, for every probe in flight.
+    deadlines: BTreeMap<(Instant, u64), usize>,
     /// Entries that are clean (sweepable); lets a full map of dirty entries skip the sweep.
     clean: usize,
     next_tick: u64,
@@ -119,8 +121,7 @@ impl<K: Ord + Clone> Breaker<K> {
         Ok(Breaker {
             config,
             rng,
-            entries: BTreeMap::new(),
-            by_activity: BTreeMap::new(),
+            peers: PeerTable::new(),
             deadlines: BTreeMap::new(),
             clean: 0,
             next_tick: 0,
@@ -143,7 +144,7 @@ impl<K: Ord + Clone> Breaker<K> {
         if !self.config.enabled() {
             return Admission::Admitted(self.untracked(addr));
         }
-        self.touch(addr, now);
+        let slot = self.reach(addr, now);
         // Ids count admitted permits only: a rejection leaves the id sequence alone.
         let id = self.next_permit;
         let probe = Probe {
@@ -151,7 +152,7 @@ impl<K: Ord + Clone> Breaker<K> {
             deadline: now + self.config.probe_deadline,
         };
         let limit = self.config.half_open_probes;
-        let entry = self.entries.get_mut(addr).expect("touch creates the entry");
+        let entry = self.peers.entry_mut(slot);
         let Some(kind) = entry.admit(probe, limit) else {
             self.counters.rejected += 1;
             return Admission::Rejected;
@@ -159,13 +160,14 @@ impl<K: Ord + Clone> Breaker<K> {
         self.next_permit += 1;
         let permit = Permit {
             addr: addr.clone(),
+            slot,
             incarnation: entry.incarnation,
             generation: entry.generation,
             kind,
             id,
         };
         if permit.is_probe() {
-            let previous = self.deadlines.insert((probe.deadline, id), addr.clone());
+            let previous = self.deadlines.insert((probe.deadline, id), slot);
             assert!(previous.is_none(), "probe ids are unique");
         }
         Admission::Admitted(permit)
@@ -177,11 +179,12 @@ impl<K: Ord + Clone> Breaker<K> {
         if !self.config.enabled() {
             return self.untracked(addr);
         }
-        self.touch(addr, now);
+        let slot = self.reach(addr, now);
         let id = self.permit_id();
-        let entry = &self.entries[addr];
+        let entry = self.peers.entry(slot);
         Permit {
             addr: addr.clone(),
+            slot,
             incarnation: entry.incarnation,
             generation: entry.generation,
             kind: PermitKind::Roster,
@@ -194,26 +197,29 @@ impl<K: Ord + Clone> Breaker<K> {
     /// evicted entry.
     pub fn complete(&mut self, permit: Permit<K>, outcome: Outcome, now: Instant) -> Disposition {
         let Permit {
-            addr,
+            slot,
             incarnation,
             generation,
             kind,
             id,
+            ..
         } = permit;
         match kind {
             PermitKind::Untracked => return Disposition::Untracked,
             PermitKind::Data | PermitKind::Probe | PermitKind::Roster => {}
         }
+        // Incarnations are never reused, so a matching one is this permit's entry even if the
+        // slot was freed and refilled in between.
         let live = self
-            .entries
-            .get(&addr)
+            .peers
+            .get(slot)
             .is_some_and(|e| e.incarnation == incarnation);
         if !live {
             self.counters.stale += 1;
             return Disposition::Forgotten;
         }
-        self.touch(&addr, now);
-        let change = self.update(&addr, now, |entry, ctx| {
+        self.stamp(slot, now);
+        let change = self.update(slot, now, |entry, ctx| {
             entry.record(generation, kind, id, outcome, ctx)
         });
         let Some(change) = change else {
@@ -221,7 +227,7 @@ impl<K: Ord + Clone> Breaker<K> {
             return Disposition::Superseded;
         };
         self.count_outcome(outcome);
-        self.apply(&addr, change, now);
+        self.apply(slot, change, now);
         Disposition::Applied
     }
 
@@ -237,19 +243,18 @@ impl<K: Ord + Clone> Breaker<K> {
     pub fn handle_timeout(&mut self, now: Instant) {
         let budget = self.config.tracked_peers_max * HALF_OPEN_PROBES_MAX as usize;
         for _ in 0..budget {
-            let Some((&(deadline, id), addr)) = self.deadlines.first_key_value() else {
+            let Some((&(deadline, id), &slot)) = self.deadlines.first_key_value() else {
                 break;
             };
             if deadline > now {
                 break;
             }
-            let addr = addr.clone();
             let change = self
-                .update(&addr, now, |entry, ctx| entry.expire_probe(id, ctx))
+                .update(slot, now, |entry, ctx| entry.expire_probe(id, ctx))
                 .expect("the deadline index mirrors the probes in flight");
             self.counters.soft += 1;
             self.counters.probe_expired += 1;
-            self.apply(&addr, change, now);
+            self.apply(slot, change, now);
         }
         assert!(
             self.poll_timeout().is_none_or(|t| t > now),
@@ -264,31 +269,31 @@ impl<K: Ord + Clone> Breaker<K> {
 
     /// `addr`'s circuit state at `now` (closed for an untracked peer). Read-only.
     pub fn state(&self, addr: &K, now: Instant) -> CircuitState {
-        self.entries
-            .get(addr)
-            .map_or(CircuitState::Closed, |e| e.state(now))
+        self.peers
+            .find(addr)
+            .map_or(CircuitState::Closed, |i| self.peers.entry(i).state(now))
     }
 
     /// Whether a block request to `addr` would be admitted at `now`: closed, or half-open with a
     /// free probe slot. Reserves nothing; safe for routing. Read-only.
     pub fn healthy(&self, addr: &K, now: Instant) -> bool {
         let limit = self.config.half_open_probes;
-        self.entries
-            .get(addr)
-            .is_none_or(|e| e.would_admit(now, limit))
+        self.peers
+            .find(addr)
+            .is_none_or(|i| self.peers.entry(i).would_admit(now, limit))
     }
 
     /// How many tracked peers are open at `now` (cooldown not yet elapsed). Read-only.
     pub fn open_count(&self, now: Instant) -> usize {
-        self.entries
-            .values()
-            .filter(|e| e.state(now) == CircuitState::Open)
+        self.peers
+            .iter()
+            .filter(|(_, _, e)| e.state(now) == CircuitState::Open)
             .count()
     }
 
     /// How many peers are tracked.
     pub fn tracked(&self) -> usize {
-        self.entries.len()
+        self.peers.len()
     }
 
     /// Probes in flight across all peers.
@@ -307,24 +312,23 @@ impl<K: Ord + Clone> Breaker<K> {
         let cfg = &self.config;
         assert!(cfg.tracked_peers_max <= TRACKED_PEERS_MAX);
         assert!(
-            self.entries.len() <= cfg.tracked_peers_max,
+            self.peers.len() <= cfg.tracked_peers_max,
             "map above its cap"
         );
         assert!(self.events.len() <= EVENTS_MAX);
-        assert_eq!(self.by_activity.len(), self.entries.len());
+        self.peers.check(cfg.tracked_peers_max);
         if !cfg.enabled() {
-            assert!(self.entries.is_empty() && self.deadlines.is_empty());
+            assert!(self.peers.len() == 0 && self.deadlines.is_empty());
         }
         let mut clean = 0;
         let mut probes = 0;
-        for (addr, entry) in &self.entries {
-            assert!(self.by_activity.get(&entry.last_active) == Some(addr));
+        for (slot, _, entry) in self.peers.iter() {
             assert!(entry.last_active < self.next_tick);
             assert!(entry.incarnation > 0 && entry.incarnation < self.next_incarnation);
             self.check_entry(entry);
             for probe in entry.probes() {
                 assert!(probe.id < self.next_permit);
-                assert!(self.deadlines.get(&(probe.deadline, probe.id)) == Some(addr));
+                assert!(self.deadlines.get(&(probe.deadline, probe.id)) == Some(&slot));
             }
             probes += entry.probes().len();
             clean += usize::from(entry.is_clean());
@@ -362,7 +366,7 @@ impl<K: Ord + Clone> Breaker<K> {
     /// When `addr`'s circuit last opened, if it is open (for the model test's cooldown check).
     #[cfg(test)]
     pub(crate) fn opened_at(&self, addr: &K) -> Option<Instant> {
-        match self.entries.get(addr)?.circuit {
+        match self.peers.entry(self.peers.find(addr)?).circuit {
             Circuit::Open { opened_at, .. } => Some(opened_at),
             Circuit::Closed { .. } | Circuit::HalfOpen { .. } => None,
         }
@@ -372,6 +376,7 @@ impl<K: Ord + Clone> Breaker<K> {
         let id = self.permit_id();
         Permit {
             addr: addr.clone(),
+            slot: usize::MAX,
             incarnation: 0,
             generation: 0,
             kind: PermitKind::Untracked,
@@ -385,74 +390,68 @@ impl<K: Ord + Clone> Breaker<K> {
         id
     }
 
-    /// A request path reached `addr`: create its entry if needed (making room at the cap), stamp
-    /// activity and apply a due open → half-open transition.
-    fn touch(&mut self, addr: &K, now: Instant) {
-        let tick = self.next_tick;
+    /// A `begin_*` reached `addr`: create its entry if needed (making room at the cap), then
+    /// stamp it. Returns its slot.
+    fn reach(&mut self, addr: &K, now: Instant) -> usize {
+        if let Some(slot) = self.peers.find(addr) {
+            self.stamp(slot, now);
+            return slot;
+        }
+        self.make_room(now);
+        let entry = Entry::new(self.next_incarnation, self.next_tick);
+        self.next_incarnation += 1;
         self.next_tick += 1;
-        if let Some(entry) = self.entries.get_mut(addr) {
-            let key = self
-                .by_activity
-                .remove(&entry.last_active)
-                .expect("activity mirrors entries");
-            entry.last_active = tick;
-            self.by_activity.insert(tick, key);
-        } else {
-            self.make_room(now);
-            let entry = Entry::new(self.next_incarnation, tick);
-            self.next_incarnation += 1;
-            self.entries.insert(addr.clone(), entry);
-            self.by_activity.insert(tick, addr.clone());
-            self.clean += 1;
+        self.clean += 1;
+        let slot = self.peers.insert(addr.clone(), entry);
+        self.materialize(slot, now);
+        debug_assert!(self.peers.len() <= self.config.tracked_peers_max);
+        slot
+    }
+
+    /// A request path touched slot `slot`: stamp activity and apply a due open → half-open.
+    fn stamp(&mut self, slot: usize, now: Instant) {
+        self.peers.entry_mut(slot).last_active = self.next_tick;
+        self.next_tick += 1;
+        self.peers.make_newest(slot);
+        self.materialize(slot, now);
+    }
+
+    fn materialize(&mut self, slot: usize, now: Instant) {
+        if let Some(transition) = self.peers.entry_mut(slot).materialize(now) {
+            let change = Change {
+                transition: Some(transition),
+                released: Vec::new(),
+            };
+            self.apply(slot, change, now);
         }
-        let entry = self.entries.get_mut(addr).expect("just touched");
-        if let Some(transition) = entry.materialize(now) {
-            self.apply(
-                addr,
-                Change {
-                    transition: Some(transition),
-                    released: Vec::new(),
-                },
-                now,
-            );
-        }
-        debug_assert!(self.entries.len() <= self.config.tracked_peers_max);
     }
 
     /// Frees one slot when the map is at its cap: sweep clean entries, else evict the least
     /// recently active one.
     fn make_room(&mut self, now: Instant) {
-        if self.entries.len() < self.config.tracked_peers_max {
+        if self.peers.len() < self.config.tracked_peers_max {
             return;
         }
         if self.clean > 0 {
-            let by_activity = &mut self.by_activity;
-            let before = self.entries.len();
-            self.entries.retain(|_, entry| {
-                let keep = !entry.is_clean();
-                if !keep {
-                    by_activity.remove(&entry.last_active);
-                }
-                keep
-            });
-            let swept = before - self.entries.len();
-            assert_eq!(swept, self.clean);
-            self.counters.swept += swept as u64;
+            let clean: Vec<usize> = self
+                .peers
+                .iter()
+                .filter(|(_, _, e)| e.is_clean())
+                .map(|(slot, _, _)| slot)
+                .collect();
+            assert_eq!(clean.len(), self.clean);
+            for &slot in &clean {
+                self.peers.remove(slot);
+            }
+            self.counters.swept += clean.len() as u64;
             self.clean = 0;
             return;
         }
-        let (_, addr) = self
-            .by_activity
-            .pop_first()
-            .expect("a full map has entries");
-        let entry = self
-            .entries
-            .remove(&addr)
-            .expect("activity mirrors entries");
+        let victim = self.peers.oldest().expect("a full map has entries");
+        let (addr, entry) = self.peers.remove(victim);
         for probe in entry.probes() {
-            self.deadlines
-                .remove(&(probe.deadline, probe.id))
-                .expect("probe has a deadline");
+            let owner = self.deadlines.remove(&(probe.deadline, probe.id));
+            assert_eq!(owner, Some(victim), "probe has a deadline");
         }
         self.counters.evicted += 1;
         self.emit(BreakerEvent {
@@ -466,17 +465,14 @@ impl<K: Ord + Clone> Breaker<K> {
         });
     }
 
-    /// Runs `f` on `addr`'s entry with a transition context, keeping the clean count exact.
+    /// Runs `f` on slot `slot`'s entry with a transition context, keeping the clean count exact.
     fn update<R>(
         &mut self,
-        addr: &K,
+        slot: usize,
         now: Instant,
         f: impl FnOnce(&mut Entry, &mut Ctx<'_>) -> R,
     ) -> R {
-        let entry = self
-            .entries
-            .get_mut(addr)
-            .expect("update needs a live entry");
+        let entry = self.peers.entry_mut(slot);
         let was_clean = entry.is_clean();
         let mut ctx = Ctx {
             threshold: self.config.failure_threshold,
@@ -494,11 +490,10 @@ impl<K: Ord + Clone> Breaker<K> {
     }
 
     /// Mirrors an entry's change into the deadline index, counters and events.
-    fn apply(&mut self, addr: &K, change: Change, now: Instant) {
+    fn apply(&mut self, slot: usize, change: Change, now: Instant) {
         for probe in &change.released {
-            self.deadlines
-                .remove(&(probe.deadline, probe.id))
-                .expect("probe has a deadline");
+            let owner = self.deadlines.remove(&(probe.deadline, probe.id));
+            assert_eq!(owner, Some(slot), "probe has a deadline");
         }
         let Some(t) = change.transition else {
             return;
@@ -521,7 +516,7 @@ impl<K: Ord + Clone> Breaker<K> {
         }
         self.emit(BreakerEvent {
             at: now,
-            addr: addr.clone(),
+            addr: self.peers.key(slot).clone(),
             from: t.from,
             to: t.to,
             reason: t.reason,

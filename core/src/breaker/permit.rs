@@ -24,6 +24,8 @@ pub enum PermitKind {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Permit<K> {
     pub(super) addr: K,
+    /// The entry's slot in the peer table; checked against `incarnation` on completion.
+    pub(super) slot: usize,
     pub(super) incarnation: u64,
     pub(super) generation: u64,
     pub(super) kind: PermitKind,
