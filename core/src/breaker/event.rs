@@ -79,7 +79,7 @@ pub struct BreakerEvent<K> {
     pub to: CircuitState,
     /// Why.
     pub reason: TransitionReason,
-    /// The entry's generation after the transition.
+    /// The entry's generation after the transition (for an eviction, the evicted entry's last).
     pub generation: u64,
     /// When an opened circuit turns half-open; `Some` exactly when `to` is open.
     pub reopen_at: Option<Instant>,
