@@ -1,0 +1,145 @@
+//! A node's block cache in the simulator, mirroring the store's contract (spec/store.md §1):
+//! write-once per key, exact length, owned and borrowed budgets, a crash keeps it (warm start with
+//! verification) or loses it (cold start). Blocks are `Bytes` handles, usually slices of the one
+//! shared content buffer, so a large cluster costs pointers, not copies.
+
+use bytes::Bytes;
+use dart_core::engine::BlockClass;
+use dart_core::hash::BlockKey;
+use std::collections::BTreeMap;
+
+/// Most blocks one simulated cache holds; past it the oldest borrowed block is evicted first.
+pub const CACHE_BLOCKS_MAX: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+struct Slot {
+    data: Bytes,
+    class: BlockClass,
+}
+
+/// One node's cache.
+#[derive(Clone, Debug)]
+pub struct SimCache {
+    blocks: BTreeMap<BlockKey, Slot>,
+    order: BTreeMap<u64, BlockKey>,
+    next_seq: u64,
+    capacity: usize,
+    /// Puts refused because the key was already held (write-once).
+    pub duplicate_puts: u64,
+    /// Blocks evicted at capacity.
+    pub evictions: u64,
+}
+
+impl SimCache {
+    /// An empty cache holding at most `capacity` blocks (clamped to [`CACHE_BLOCKS_MAX`]).
+    pub fn new(capacity: usize) -> Self {
+        SimCache {
+            blocks: BTreeMap::new(),
+            order: BTreeMap::new(),
+            next_seq: 0,
+            capacity: capacity.clamp(1, CACHE_BLOCKS_MAX),
+            duplicate_puts: 0,
+            evictions: 0,
+        }
+    }
+
+    /// The block, if held (a handle: blocks are immutable).
+    pub fn get(&self, key: &BlockKey) -> Option<Bytes> {
+        self.blocks.get(key).map(|s| s.data.clone())
+    }
+
+    /// Whether `key` is held.
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.blocks.contains_key(key)
+    }
+
+    /// Offers a block; the first bytes for a key win. Returns whether it was inserted.
+    pub fn put(&mut self, key: BlockKey, data: Bytes, class: BlockClass) -> bool {
+        assert!(!data.is_empty(), "the store rejects empty blocks");
+        if self.blocks.contains_key(&key) {
+            self.duplicate_puts += 1;
+            return false;
+        }
+        if self.blocks.len() >= self.capacity {
+            self.evict_one();
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.blocks.insert(key, Slot { data, class });
+        self.order.insert(seq, key);
+        true
+    }
+
+    fn evict_one(&mut self) {
+        let victim = self
+            .order
+            .iter()
+            .find(|(_, k)| self.blocks[*k].class == BlockClass::Borrowed)
+            .or_else(|| self.order.first_key_value())
+            .map(|(&seq, &key)| (seq, key));
+        if let Some((seq, key)) = victim {
+            self.order.remove(&seq);
+            self.blocks.remove(&key);
+            self.evictions += 1;
+        }
+    }
+
+    /// Empties the cache (a cold restart).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.order.clear();
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Every held block, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&BlockKey, &Bytes, BlockClass)> {
+        self.blocks.iter().map(|(k, s)| (k, &s.data, s.class))
+    }
+
+    /// Asserts the cache's structural invariants (content is checked by the simulator, which
+    /// knows the objects).
+    pub fn check_invariants(&self) {
+        assert!(self.blocks.len() <= self.capacity, "cache above its capacity");
+        assert_eq!(self.blocks.len(), self.order.len(), "order index drifted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dart_core::hash::ChunkKey;
+
+    fn key(b: u64) -> BlockKey {
+        BlockKey { chunk: ChunkKey(1), block: b }
+    }
+
+    #[test]
+    fn the_first_bytes_for_a_key_win() {
+        let mut c = SimCache::new(10);
+        assert!(c.put(key(1), Bytes::from_static(b"aa"), BlockClass::Owned));
+        assert!(!c.put(key(1), Bytes::from_static(b"bb"), BlockClass::Owned));
+        assert_eq!(c.get(&key(1)).as_deref(), Some(&b"aa"[..]));
+        assert_eq!(c.duplicate_puts, 1);
+    }
+
+    #[test]
+    fn eviction_takes_the_oldest_borrowed_block_first() {
+        let mut c = SimCache::new(2);
+        c.put(key(1), Bytes::from_static(b"a"), BlockClass::Owned);
+        c.put(key(2), Bytes::from_static(b"b"), BlockClass::Borrowed);
+        c.put(key(3), Bytes::from_static(b"c"), BlockClass::Owned);
+        assert!(c.contains(&key(1)) && !c.contains(&key(2)) && c.contains(&key(3)));
+        c.put(key(4), Bytes::from_static(b"d"), BlockClass::Owned);
+        assert!(!c.contains(&key(1)));
+        c.check_invariants();
+    }
+}

@@ -1,0 +1,490 @@
+//! Exchanges between a node and another endpoint: dial, request, response, and what faults do to
+//! them on the way.
+//!
+//! A call is a small state machine. A path that goes silent mid-exchange stalls it, as TCP would:
+//! segments are retransmitted with exponential backoff, so when the path heals the exchange
+//! resumes at the next retransmission (a SYN's schedule starts at 1 s, a data segment's at
+//! 200 ms). Only the caller's own bounds end a stalled exchange: the dial bound before the
+//! connection exists, the response-head bound until the head arrives, then the request bound. A
+//! process that is down refuses at once (a reset after one round trip).
+
+use crate::net::{Endpoint, PathState, RETRANSMIT_DELAY};
+use crate::node::{FlightKey, ReadId};
+use crate::origin::{OriginAnswer, OriginRequest, HEAD_BYTES};
+use crate::sim::{Event, Sim};
+use dart_core::time::Instant;
+use std::fmt;
+use std::time::Duration;
+
+/// First SYN retransmission (Linux: 1 s, doubling).
+pub const SYN_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Most doublings of a retransmission schedule that are modelled.
+const BACKOFF_STEPS_MAX: u32 = 16;
+
+/// An exchange's id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CallId(pub u64);
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "c{}", self.0)
+    }
+}
+
+/// Why an exchange failed, as the caller's transport sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallFailure {
+    /// The dial timed out or was refused.
+    DialFailed,
+    /// The connection was reset.
+    Reset,
+    /// No response head within the bound.
+    HeaderTimeout,
+    /// The body did not complete within the bound.
+    BodyTimeout,
+}
+
+impl fmt::Display for CallFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CallFailure::DialFailed => "dial failed",
+            CallFailure::Reset => "connection reset",
+            CallFailure::HeaderTimeout => "response header timed out",
+            CallFailure::BodyTimeout => "request timed out",
+        })
+    }
+}
+
+/// Why a node made a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// It leads this origin flight.
+    Flight(dart_core::engine::flight::FlightId),
+    /// For this read alone (flight table full, or a joiner's refusal retry) on this key.
+    Alone(ReadId, FlightKey),
+    /// The verbatim passthrough of this read.
+    Passthrough(ReadId),
+}
+
+/// Which way a stalled exchange was travelling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leg {
+    /// Connecting.
+    Dial,
+    /// The request.
+    Request,
+    /// The response.
+    Response,
+}
+
+/// Where a call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The request travels; it arrives at `arrive_at`.
+    Request {
+        /// Arrival at the callee.
+        arrive_at: Instant,
+    },
+    /// The response travels.
+    Response {
+        /// First byte at the caller.
+        head_at: Instant,
+        /// Last byte at the caller.
+        done_at: Instant,
+    },
+    /// A silent path holds it; unless the path heals first it fails at `deadline`.
+    Stalled {
+        /// When the path went silent.
+        since: Instant,
+        /// Which way it was going.
+        leg: Leg,
+        /// The response's times before the stall (response leg only).
+        head_at: Instant,
+        /// See `head_at`.
+        done_at: Instant,
+        /// When the caller gives up.
+        deadline: Instant,
+        /// How it then fails.
+        failure: CallFailure,
+    },
+    /// It failed; the caller learns at `at`.
+    Failed {
+        /// How.
+        failure: CallFailure,
+        /// When the caller learns.
+        at: Instant,
+    },
+}
+
+/// An exchange in flight.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// The caller.
+    pub node: usize,
+    pub(crate) incarnation: u32,
+    /// The callee.
+    pub to: Endpoint,
+    /// The upstream URL.
+    pub url: String,
+    /// What was asked.
+    pub request: OriginRequest,
+    /// Why.
+    pub purpose: Purpose,
+    /// When it was sent.
+    pub sent: Instant,
+    /// Where it is.
+    pub stage: Stage,
+    pub(crate) answer: Option<OriginAnswer>,
+    dialed: bool,
+}
+
+/// The first retransmission at or after `now` of a schedule that began at `since` with `first`.
+fn next_retransmission(since: Instant, first: Duration, now: Instant) -> Instant {
+    let mut at = since + first;
+    let mut step = first;
+    for _ in 0..BACKOFF_STEPS_MAX {
+        if at >= now {
+            return at;
+        }
+        step *= 2;
+        at += step;
+    }
+    at.max(now)
+}
+
+impl Sim {
+    fn bounds_for(&self, to: Endpoint) -> (Duration, Duration, Duration) {
+        let b = &self.spec.cluster.bounds;
+        match to {
+            Endpoint::Origin => (b.origin_dial, b.origin_header, b.origin_request),
+            Endpoint::Node(_) => (b.peer_dial, b.peer_header, b.peer_request),
+        }
+    }
+
+    /// Starts an exchange from node `n` to `to`; returns its id.
+    pub(crate) fn start_call(
+        &mut self,
+        n: usize,
+        to: Endpoint,
+        url: String,
+        request: OriginRequest,
+        purpose: Purpose,
+    ) -> CallId {
+        debug_assert!(self.nodes[n].up, "a down node makes no calls");
+        let id = CallId(self.next_call);
+        self.next_call += 1;
+        let from = Endpoint::Node(n);
+        let (dial, header, _) = self.bounds_for(to);
+        let warm = self.net.is_warm(from, to);
+        let now = self.now;
+        let stage = match self.net.path(from, to) {
+            PathState::Open => {
+                let handshake = if warm {
+                    Duration::ZERO
+                } else {
+                    self.net.latency(from, to) + self.net.latency(to, from)
+                };
+                Stage::Request { arrive_at: now + handshake + self.net.latency(from, to) }
+            }
+            PathState::Refused => {
+                self.net.set_warm(from, to, false);
+                let rtt = self.net.latency(from, to) + self.net.latency(to, from);
+                let failure = if warm { CallFailure::Reset } else { CallFailure::DialFailed };
+                Stage::Failed { failure, at: now + rtt }
+            }
+            PathState::Silent => {
+                let (leg, deadline, failure) = if warm {
+                    (Leg::Request, now + header, CallFailure::HeaderTimeout)
+                } else {
+                    (Leg::Dial, now + dial, CallFailure::DialFailed)
+                };
+                Stage::Stalled { since: now, leg, head_at: now, done_at: now, deadline, failure }
+            }
+        };
+        self.trace.line(now, format_args!("call {id} n{n} -> {to} {request:?} {stage:?}"));
+        let incarnation = self.nodes[n].incarnation;
+        let call = Call {
+            node: n,
+            incarnation,
+            to,
+            url,
+            request,
+            purpose,
+            sent: now,
+            stage,
+            answer: None,
+            dialed: !warm,
+        };
+        self.calls.insert(id, call);
+        self.set_stage(id, stage);
+        id
+    }
+
+    /// Moves call `id` to `stage` (times in the past become now) and pushes the event that moves
+    /// it on; an event that finds its call in another stage, or at another time, is stale.
+    fn set_stage(&mut self, id: CallId, stage: Stage) {
+        let now = self.now;
+        let stage = match stage {
+            Stage::Request { arrive_at } => Stage::Request { arrive_at: arrive_at.max(now) },
+            Stage::Response { head_at, done_at } => {
+                Stage::Response { head_at, done_at: done_at.max(now) }
+            }
+            Stage::Stalled { since, leg, head_at, done_at, deadline, failure } => Stage::Stalled {
+                since,
+                leg,
+                head_at,
+                done_at,
+                deadline: deadline.max(now),
+                failure,
+            },
+            Stage::Failed { failure, at } => Stage::Failed { failure, at: at.max(now) },
+        };
+        let (at, event) = match stage {
+            Stage::Request { arrive_at } => (arrive_at, Event::CallArrive { call: id }),
+            Stage::Response { done_at, .. } => (done_at, Event::CallReply { call: id }),
+            Stage::Stalled { deadline, .. } => (deadline, Event::CallError { call: id }),
+            Stage::Failed { at, .. } => (at, Event::CallError { call: id }),
+        };
+        self.calls.get_mut(&id).expect("a live call").stage = stage;
+        self.queue.push(at, event);
+    }
+
+    /// A call is void when its caller has crashed since it was made.
+    fn live_call(&self, id: CallId) -> Option<&Call> {
+        let call = self.calls.get(&id)?;
+        (self.nodes[call.node].incarnation == call.incarnation).then_some(call)
+    }
+
+    pub(crate) fn call_arrive(&mut self, id: CallId) {
+        let now = self.now;
+        let Some(call) = self.live_call(id) else {
+            self.calls.remove(&id);
+            return;
+        };
+        if call.stage != (Stage::Request { arrive_at: now }) {
+            return; // stalled or re-timed since this event was scheduled
+        }
+        let (n, to, sent, dialed) = (call.node, call.to, call.sent, call.dialed);
+        let (url, request) = (call.url.clone(), call.request.clone());
+        let from = Endpoint::Node(n);
+        if dialed {
+            self.net.set_warm(from, to, true);
+        }
+        let Endpoint::Origin = to else {
+            unreachable!("peer calls arrive with the peer path");
+        };
+        let answer = self.origin.answer(now, &url, &request);
+        let (_, header, _) = self.bounds_for(to);
+        let body = crate::shell::body_bytes_read(&request, &answer);
+        self.trace.line(
+            now,
+            format_args!(
+                "arrive {id} origin status={} body={body}B delay={:?}{}",
+                answer.status,
+                answer.delay,
+                if answer.stalled { " stalled" } else { "" }
+            ),
+        );
+        let stage = if answer.stalled {
+            Stage::Failed { failure: CallFailure::HeaderTimeout, at: sent + header }
+        } else {
+            let (head_at, done_at) =
+                self.net.transfer(to, from, HEAD_BYTES + body, now + answer.delay);
+            self.origin.account(done_at, body);
+            let stage = Stage::Response { head_at, done_at };
+            match self.net.path(to, from) {
+                PathState::Open => self.within_bounds(sent, to, stage),
+                PathState::Refused | PathState::Silent => Stage::Stalled {
+                    since: now,
+                    leg: Leg::Response,
+                    head_at,
+                    done_at,
+                    deadline: sent + header,
+                    failure: CallFailure::HeaderTimeout,
+                },
+            }
+        };
+        self.calls.get_mut(&id).expect("live call").answer = Some(answer);
+        self.set_stage(id, stage);
+    }
+
+    /// `stage` if a response with these times meets the caller's bounds, else its failure.
+    fn within_bounds(&self, sent: Instant, to: Endpoint, stage: Stage) -> Stage {
+        let Stage::Response { head_at, done_at } = stage else {
+            return stage;
+        };
+        let (_, header, total) = self.bounds_for(to);
+        if head_at > sent + header {
+            Stage::Failed { failure: CallFailure::HeaderTimeout, at: sent + header }
+        } else if done_at > sent + total {
+            Stage::Failed { failure: CallFailure::BodyTimeout, at: sent + total }
+        } else {
+            stage
+        }
+    }
+
+    pub(crate) fn call_reply(&mut self, id: CallId) {
+        let now = self.now;
+        let Some(call) = self.live_call(id) else {
+            self.calls.remove(&id);
+            return;
+        };
+        if !matches!(call.stage, Stage::Response { done_at, .. } if done_at == now) {
+            return;
+        }
+        let call = self.calls.remove(&id).expect("live call");
+        let answer = call.answer.clone().expect("a response has an answer");
+        self.trace.line(
+            now,
+            format_args!(
+                "reply {id} n{} status={} body={}B",
+                call.node, answer.status, answer.body.len
+            ),
+        );
+        self.touch(call.node);
+        self.on_call_done(call, Ok(answer));
+    }
+
+    pub(crate) fn call_error(&mut self, id: CallId) {
+        let now = self.now;
+        let Some(call) = self.live_call(id) else {
+            self.calls.remove(&id);
+            return;
+        };
+        let failure = match call.stage {
+            Stage::Failed { failure, at } | Stage::Stalled { deadline: at, failure, .. }
+                if at == now =>
+            {
+                failure
+            }
+            Stage::Failed { .. }
+            | Stage::Stalled { .. }
+            | Stage::Request { .. }
+            | Stage::Response { .. } => return,
+        };
+        let call = self.calls.remove(&id).expect("live call");
+        if failure != CallFailure::DialFailed {
+            self.net.set_warm(Endpoint::Node(call.node), call.to, false);
+        }
+        self.trace.line(now, format_args!("fail {id} n{} {failure}", call.node));
+        self.touch(call.node);
+        self.on_call_done(call, Err(failure));
+    }
+
+    /// Stalls every call travelling over a path that just went silent.
+    pub(crate) fn stall_silenced_calls(&mut self) {
+        let now = self.now;
+        let ids: Vec<CallId> = self.calls.keys().copied().collect();
+        for id in ids {
+            let call = &self.calls[&id];
+            let from = Endpoint::Node(call.node);
+            let (_, header, total) = self.bounds_for(call.to);
+            let stalled = match call.stage {
+                Stage::Request { .. } if self.net.path(from, call.to) == PathState::Silent => {
+                    Stage::Stalled {
+                        since: now,
+                        leg: Leg::Request,
+                        head_at: now,
+                        done_at: now,
+                        deadline: call.sent + header,
+                        failure: CallFailure::HeaderTimeout,
+                    }
+                }
+                Stage::Response { head_at, done_at }
+                    if self.net.path(call.to, from) == PathState::Silent =>
+                {
+                    let (deadline, failure) = if head_at <= now {
+                        (call.sent + total, CallFailure::BodyTimeout)
+                    } else {
+                        (call.sent + header, CallFailure::HeaderTimeout)
+                    };
+                    Stage::Stalled {
+                        since: now,
+                        leg: Leg::Response,
+                        head_at,
+                        done_at,
+                        deadline,
+                        failure,
+                    }
+                }
+                Stage::Request { .. }
+                | Stage::Response { .. }
+                | Stage::Stalled { .. }
+                | Stage::Failed { .. } => continue,
+            };
+            self.trace.line(now, format_args!("stall {id} {stalled:?}"));
+            self.set_stage(id, stalled);
+        }
+    }
+
+    /// Resumes every stalled call whose path is open again, at its next retransmission.
+    pub(crate) fn resume_healed_calls(&mut self) {
+        let now = self.now;
+        let ids: Vec<CallId> = self.calls.keys().copied().collect();
+        for id in ids {
+            let call = &self.calls[&id];
+            let Stage::Stalled { since, leg, head_at, done_at, deadline, .. } = call.stage else {
+                continue;
+            };
+            let from = Endpoint::Node(call.node);
+            let (to, sent) = (call.to, call.sent);
+            let open = match leg {
+                Leg::Dial => {
+                    self.net.path(from, to) == PathState::Open
+                        && self.net.path(to, from) == PathState::Open
+                }
+                Leg::Request => self.net.path(from, to) == PathState::Open,
+                Leg::Response => self.net.path(to, from) == PathState::Open,
+            };
+            if !open {
+                continue;
+            }
+            let resumed = match leg {
+                Leg::Dial => {
+                    let syn = next_retransmission(since, SYN_RETRY_DELAY, now);
+                    if syn > deadline {
+                        continue; // the dial bound fires first
+                    }
+                    let rtt = self.net.latency(from, to) + self.net.latency(to, from);
+                    Stage::Request { arrive_at: syn + rtt + self.net.latency(from, to) }
+                }
+                Leg::Request => {
+                    let at = next_retransmission(since, RETRANSMIT_DELAY, now);
+                    Stage::Request { arrive_at: at + self.net.latency(from, to) }
+                }
+                Leg::Response => {
+                    let at = next_retransmission(since, RETRANSMIT_DELAY, now);
+                    let shift = at.saturating_duration_since(since);
+                    let head_at = if head_at > since { head_at + shift } else { head_at };
+                    self.within_bounds(
+                        sent,
+                        to,
+                        Stage::Response { head_at, done_at: done_at + shift },
+                    )
+                }
+            };
+            if let Stage::Request { arrive_at } = resumed {
+                if arrive_at > deadline {
+                    continue;
+                }
+            }
+            self.trace.line(now, format_args!("resume {id} {resumed:?}"));
+            self.set_stage(id, resumed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retransmissions_back_off_exponentially_from_the_stall() {
+        let t = |ms| Instant::from_millis(ms);
+        let d = Duration::from_millis(200);
+        assert_eq!(next_retransmission(t(0), d, t(0)), t(200));
+        assert_eq!(next_retransmission(t(0), d, t(201)), t(600));
+        assert_eq!(next_retransmission(t(0), d, t(1000)), t(1400));
+        assert_eq!(next_retransmission(t(0), SYN_RETRY_DELAY, t(2000)), t(3000));
+    }
+}

@@ -1,0 +1,174 @@
+//! Object contents as a pure function of `(object, offset)`, backed by one shared noise buffer so
+//! that every block is a zero-copy [`Bytes`] slice of it.
+//!
+//! Block `b` of object `o` is the window of the noise buffer that starts at `base(o, b)`, a hash of
+//! the object's salt and the block index. Distinct blocks start at distinct places with
+//! overwhelming probability, so a block delivered for the wrong index or object does not compare
+//! equal. A 100-node cluster reading a 1 GiB object therefore holds one small buffer, not 100 GiB,
+//! and checking a delivered slice is O(1) when it aliases the buffer at the expected address (it
+//! is then the generator's bytes by construction) and a `memcmp` against the generator otherwise.
+
+use bytes::Bytes;
+use dart_core::hash::fmix64;
+
+/// Distinct block start positions in the noise buffer; a prime so that consecutive blocks spread.
+const NOISE_SPAN: u64 = (1 << 20) + 7;
+
+/// A simulated object: its size and the salt that makes its bytes its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectShape {
+    /// Size in bytes.
+    pub size: u64,
+    /// Distinguishes the bytes of different objects.
+    pub salt: u64,
+}
+
+/// Where a delivered slice first differs from the generator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Absolute offset of the first wrong byte (or of the first byte past the object).
+    pub offset: u64,
+}
+
+/// The generator and checker of object bytes for one block size.
+#[derive(Clone, Debug)]
+pub struct Contents {
+    noise: Bytes,
+    block_bytes: u64,
+}
+
+impl Contents {
+    /// Generator for blocks of `block_bytes` bytes; the noise is fixed (seed-independent), so the
+    /// bytes of an object depend on its salt alone.
+    pub fn new(block_bytes: u64) -> Self {
+        assert!(block_bytes > 0);
+        let len = usize::try_from(NOISE_SPAN + block_bytes).expect("noise fits memory");
+        let mut noise = Vec::with_capacity(len + 8);
+        let mut word = 0u64;
+        while noise.len() < len {
+            word = word.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            noise.extend_from_slice(&fmix64(word).to_le_bytes());
+        }
+        noise.truncate(len);
+        Contents { noise: Bytes::from(noise), block_bytes }
+    }
+
+    /// The block size this generator slices by.
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
+    fn base(&self, object: ObjectShape, block: u64) -> usize {
+        let h = fmix64(object.salt ^ block.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        usize::try_from(h % NOISE_SPAN).expect("span fits usize")
+    }
+
+    /// The byte at `offset` of `object` (the specification every check compares against).
+    pub fn byte_at(&self, object: ObjectShape, offset: u64) -> u8 {
+        let block = offset / self.block_bytes;
+        let within = usize::try_from(offset % self.block_bytes).expect("block fits usize");
+        self.noise[self.base(object, block) + within]
+    }
+
+    /// Bytes `start..start + len` of `object`, clamped to the object: a zero-copy slice when the
+    /// window lies in one block, else a fresh buffer.
+    pub fn window(&self, object: ObjectShape, start: u64, len: u64) -> Bytes {
+        let end = start.saturating_add(len).min(object.size);
+        if start >= end {
+            return Bytes::new();
+        }
+        let block = start / self.block_bytes;
+        if (end - 1) / self.block_bytes == block {
+            let from = self.base(object, block) + (start % self.block_bytes) as usize;
+            return self.noise.slice(from..from + (end - start) as usize);
+        }
+        let mut out = Vec::with_capacity((end - start) as usize);
+        let mut at = start;
+        while at < end {
+            let block_end = ((at / self.block_bytes) + 1) * self.block_bytes;
+            let piece = self.window(object, at, block_end.min(end) - at);
+            out.extend_from_slice(&piece);
+            at += piece.len() as u64;
+        }
+        Bytes::from(out)
+    }
+
+    /// Checks that `data` is exactly bytes `start..start + data.len()` of `object`.
+    pub fn check(&self, object: ObjectShape, start: u64, data: &Bytes) -> Result<(), Mismatch> {
+        let len = data.len() as u64;
+        if start.saturating_add(len) > object.size {
+            return Err(Mismatch { offset: object.size.max(start) });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let block = start / self.block_bytes;
+        if (start + len - 1) / self.block_bytes == block {
+            let from = self.base(object, block) + (start % self.block_bytes) as usize;
+            // Aliasing the generator's buffer at the expected place proves the bytes.
+            if data.as_ptr() as usize == self.noise.as_ptr() as usize + from {
+                return Ok(());
+            }
+            let want = &self.noise[from..from + data.len()];
+            return match want.iter().zip(data.iter()).position(|(a, b)| a != b) {
+                None => Ok(()),
+                Some(i) => Err(Mismatch { offset: start + i as u64 }),
+            };
+        }
+        let mut at = 0usize;
+        while at < data.len() {
+            let abs = start + at as u64;
+            let block_end = ((abs / self.block_bytes) + 1) * self.block_bytes;
+            let n = ((block_end - abs) as usize).min(data.len() - at);
+            self.check(object, abs, &data.slice(at..at + n))?;
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OBJ: ObjectShape = ObjectShape { size: 1000, salt: 7 };
+
+    #[test]
+    fn windows_inside_one_block_alias_the_noise_and_check_in_constant_time() {
+        let c = Contents::new(64);
+        let w = c.window(OBJ, 130, 20);
+        assert_eq!(w.len(), 20);
+        for (i, b) in w.iter().enumerate() {
+            assert_eq!(*b, c.byte_at(OBJ, 130 + i as u64));
+        }
+        assert_eq!(c.check(OBJ, 130, &w), Ok(()));
+        assert_eq!(c.check(OBJ, 130, &Bytes::copy_from_slice(&w)), Ok(()), "copies compare");
+    }
+
+    #[test]
+    fn a_block_delivered_at_the_wrong_index_or_object_is_caught() {
+        let c = Contents::new(64);
+        let b3 = c.window(OBJ, 3 * 64, 64);
+        assert!(c.check(OBJ, 4 * 64, &b3).is_err());
+        let other = ObjectShape { size: 1000, salt: 8 };
+        assert!(c.check(other, 3 * 64, &b3).is_err());
+    }
+
+    #[test]
+    fn a_corrupted_byte_is_located() {
+        let c = Contents::new(64);
+        let mut v = c.window(OBJ, 0, 64).to_vec();
+        v[17] ^= 1;
+        assert_eq!(c.check(OBJ, 0, &Bytes::from(v)), Err(Mismatch { offset: 17 }));
+    }
+
+    #[test]
+    fn windows_across_blocks_are_assembled_and_clamped_to_the_object() {
+        let c = Contents::new(64);
+        let w = c.window(OBJ, 60, 2000);
+        assert_eq!(w.len(), 940);
+        assert_eq!(c.check(OBJ, 60, &w), Ok(()));
+        assert!(c.check(OBJ, 61, &w).is_err());
+        assert!(c.check(OBJ, 990, &Bytes::from(vec![0u8; 20])).is_err(), "past the end");
+    }
+}

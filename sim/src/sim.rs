@@ -1,0 +1,493 @@
+//! The event loop: a virtual clock that jumps to the next event, one seeded RNG from which every
+//! component's seed is drawn, the calls in flight between endpoints, fault application, phases,
+//! and the invariant checks run after every step.
+
+pub use crate::calls::{Call, CallFailure, CallId, Purpose};
+use crate::config::{CheckLevel, SimSpec, FULL_CHECK_EVERY};
+use crate::content::Contents;
+use crate::fault::{FaultKind, ORIGIN_SIDE};
+use crate::net::{Endpoint, Net};
+use crate::node::Node;
+use crate::origin::Origin;
+use crate::queue::Queue;
+use crate::report::{BlockEvent, NodeReport, Phase, ReadOutcome, ReadRecord, RunReport, Violation};
+use crate::trace::Trace;
+use dart_core::hash::ChunkKey;
+use dart_core::rng::{self, Rng};
+use dart_core::time::Instant;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Most exchanges in flight at once across the cluster.
+pub const CALLS_MAX: usize = 1 << 20;
+/// How long a liveness client waits before retrying a failed read.
+pub const LIVENESS_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Most actions one drive of a read may carry out before it must wait (a runaway guard).
+pub const ACTIONS_PER_DRIVE_MAX: usize = 1 << 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    ReadStart { record: usize },
+    CallArrive { call: CallId },
+    CallReply { call: CallId },
+    CallError { call: CallId },
+    NodeTimer { node: usize },
+    FaultStart { fault: usize },
+    FaultEnd { fault: usize },
+    Heal,
+    End,
+}
+
+/// A simulated cluster run.
+pub struct Sim {
+    pub(crate) spec: SimSpec,
+    pub(crate) seed: u64,
+    pub(crate) now: Instant,
+    pub(crate) queue: Queue<Event>,
+    pub(crate) net: Net,
+    pub(crate) origin: Origin,
+    pub(crate) contents: Contents,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) calls: BTreeMap<CallId, Call>,
+    pub(crate) next_call: u64,
+    pub(crate) next_read: u64,
+    pub(crate) trace: Trace,
+    pub(crate) chunk_objects: BTreeMap<ChunkKey, usize>,
+    pub(crate) records: Vec<ReadRecord>,
+    pub(crate) blocks: Vec<BlockEvent>,
+    pub(crate) violation: Option<Violation>,
+    events: u64,
+    fault_active: Vec<bool>,
+    crashes: Vec<u32>,
+    heal_at: Instant,
+    end_at: Instant,
+    touched: Option<usize>,
+    liveness_failures: Vec<String>,
+}
+
+impl Sim {
+    /// Builds the run of `spec` under `seed`. Every random stream descends from the seed in a
+    /// fixed order: network, origin, then one per node.
+    pub fn new(spec: SimSpec, seed: u64) -> Self {
+        let mut root = rng::from_seed(seed);
+        let net_rng = rng::child(&mut root, "net");
+        let origin_rng = rng::child(&mut root, "origin");
+        let _node_rngs: Vec<Rng> =
+            (0..spec.cluster.nodes).map(|i| rng::child(&mut root, &format!("n{i}"))).collect();
+        let cluster = &spec.cluster;
+        assert!(cluster.nodes > 0, "a cluster has nodes");
+        let nodes: Vec<Node> = (0..cluster.nodes)
+            .map(|i| Node::new(i, cluster.engine(), cluster.cache_blocks))
+            .collect();
+        let chunk_objects = chunk_index(&nodes[0], cluster);
+        let heal_at = Instant::ZERO + spec.phases.safety;
+        let end_at = heal_at + spec.phases.liveness;
+        let mut sim = Sim {
+            net: Net::new(cluster.net.clone(), cluster.nodes, net_rng),
+            origin: Origin::new(cluster.objects.clone(), cluster.origin, origin_rng),
+            contents: Contents::new(cluster.geometry.block_bytes()),
+            nodes,
+            calls: BTreeMap::new(),
+            next_call: 0,
+            next_read: 0,
+            trace: Trace::new(spec.record_trace),
+            chunk_objects,
+            records: Vec::new(),
+            blocks: Vec::new(),
+            violation: None,
+            events: 0,
+            fault_active: vec![false; spec.plan.faults.len()],
+            crashes: vec![0; cluster.nodes],
+            heal_at,
+            end_at,
+            touched: None,
+            liveness_failures: Vec::new(),
+            queue: Queue::default(),
+            now: Instant::ZERO,
+            seed,
+            spec,
+        };
+        sim.schedule_start();
+        sim
+    }
+
+    fn schedule_start(&mut self) {
+        let w = &self.spec.workload;
+        for (i, r) in w.safety.iter().enumerate() {
+            self.records.push(record(Phase::Safety, i, r.node, r.object));
+            if Instant::ZERO + r.at < self.heal_at {
+                self.queue.push(Instant::ZERO + r.at, Event::ReadStart { record: i });
+            }
+        }
+        for (i, r) in w.liveness.iter().enumerate() {
+            self.records.push(record(Phase::Liveness, i, r.node, r.object));
+        }
+        for (i, f) in self.spec.plan.faults.iter().enumerate() {
+            let start = Instant::ZERO + f.at;
+            if start < self.heal_at {
+                self.queue.push(start, Event::FaultStart { fault: i });
+                self.queue.push((start + f.lasts).min(self.heal_at), Event::FaultEnd { fault: i });
+            }
+        }
+        self.queue.push(self.heal_at, Event::Heal);
+        self.queue.push(self.end_at, Event::End);
+    }
+
+    /// Runs to the end and reports.
+    pub fn run(mut self) -> RunReport {
+        while let Some((at, event)) = self.queue.pop() {
+            debug_assert!(at >= self.now, "time never goes backwards in the queue");
+            self.now = at;
+            self.events += 1;
+            self.touched = None;
+            let end = event == Event::End;
+            self.step(event);
+            self.check_step();
+            if end || self.violation.is_some() {
+                break;
+            }
+        }
+        if self.violation.is_none() {
+            self.check_all();
+        }
+        self.report()
+    }
+
+    fn step(&mut self, event: Event) {
+        match event {
+            Event::ReadStart { record } => self.start_read(record),
+            Event::CallArrive { call } => self.call_arrive(call),
+            Event::CallReply { call } => self.call_reply(call),
+            Event::CallError { call } => self.call_error(call),
+            Event::NodeTimer { node } => self.node_timer(node),
+            Event::FaultStart { fault } => self.fault(fault, true),
+            Event::FaultEnd { fault } => self.fault(fault, false),
+            Event::Heal => self.heal(),
+            Event::End => self.end(),
+        }
+    }
+
+    /// Records the first invariant violation; the run stops after the current step.
+    pub(crate) fn violate(&mut self, node: Option<usize>, what: String) {
+        self.trace.line(self.now, format_args!("VIOLATION {what}"));
+        if self.violation.is_none() {
+            self.violation = Some(Violation { at: self.now, node, what });
+        }
+    }
+
+    pub(crate) fn touch(&mut self, node: usize) {
+        self.touched = Some(node);
+    }
+
+    fn check_step(&mut self) {
+        if self.violation.is_some() {
+            return; // the run stops here; the state is not expected to be consistent
+        }
+        let full = self.spec.check == CheckLevel::Full || self.events.is_multiple_of(FULL_CHECK_EVERY);
+        if full {
+            self.check_all();
+        } else if let Some(n) = self.touched {
+            self.nodes[n].check_invariants();
+        }
+        assert!(self.calls.len() <= CALLS_MAX, "calls above their bound");
+        if let Some(n) = self.touched {
+            self.arm_timer(n);
+        }
+    }
+
+    fn check_all(&mut self) {
+        for node in &self.nodes {
+            node.check_invariants();
+        }
+        self.net.check_invariants();
+    }
+
+    /// Schedules node `n`'s timer event at its earliest deadline, if earlier than the one armed.
+    fn arm_timer(&mut self, n: usize) {
+        let node = &mut self.nodes[n];
+        if let Some(at) = node.poll_timeout() {
+            if node.timer_at.is_none_or(|t| at < t) {
+                node.timer_at = Some(at);
+                self.queue.push(at.max(self.now), Event::NodeTimer { node: n });
+            }
+        }
+    }
+
+    fn node_timer(&mut self, n: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[n];
+        if node.timer_at != Some(now) {
+            return;
+        }
+        node.timer_at = None;
+        node.handle_timeout(now);
+        if let Some(t) = node.poll_timeout().filter(|&t| t <= now) {
+            self.violate(
+                Some(n),
+                format!("timer due at {t} after handle_timeout({now}): busy loop"),
+            );
+        }
+        self.touch(n);
+    }
+
+    // ---- faults and phases ---------------------------------------------------------------------
+
+    fn fault(&mut self, i: usize, on: bool) {
+        if self.fault_active[i] == on {
+            return;
+        }
+        self.fault_active[i] = on;
+        let fault = self.spec.plan.faults[i];
+        let nodes = self.spec.cluster.nodes;
+        let node = |k: usize| Endpoint::Node(k % nodes);
+        self.trace.line(
+            self.now,
+            format_args!("fault {} #{i} {}", if on { "start" } else { "end" }, fault.kind),
+        );
+        match fault.kind {
+            FaultKind::Partition { a, b, one_way } => {
+                self.net.cut(node(a), node(b), on);
+                if !one_way {
+                    self.net.cut(node(b), node(a), on);
+                }
+            }
+            FaultKind::CutOrigin { node: k, one_way } => {
+                self.net.cut(node(k), Endpoint::Origin, on);
+                if !one_way {
+                    self.net.cut(Endpoint::Origin, node(k), on);
+                }
+            }
+            FaultKind::Isolate { node: k } | FaultKind::BlackHole { node: k } => {
+                self.net.darken(node(k), on)
+            }
+            FaultKind::Crash { node: k, keep_cache } => {
+                if on {
+                    self.crash(k % nodes, keep_cache);
+                } else {
+                    self.restart(k % nodes);
+                }
+            }
+            FaultKind::Stall { node: k } => {
+                let pf = &mut self.nodes[k % nodes].peer_faults;
+                if on {
+                    pf.stalls += 1;
+                } else {
+                    pf.stalls -= 1;
+                }
+            }
+            FaultKind::Lies { node: k, lie } => {
+                let pf = &mut self.nodes[k % nodes].peer_faults;
+                if on {
+                    pf.lies.push(lie);
+                } else if let Some(p) = pf.lies.iter().position(|l| *l == lie) {
+                    pf.lies.remove(p);
+                }
+            }
+            FaultKind::Slow { node: k, extra_ms, divisor } => self.net.add_slow(
+                node(k),
+                Duration::from_millis(extra_ms.into()),
+                divisor.max(1).into(),
+                on,
+            ),
+            FaultKind::Loss { a, b, percent } => {
+                let side = |k: usize| if k == ORIGIN_SIDE { Endpoint::Origin } else { node(k) };
+                self.net.add_loss(side(a), side(b), percent, on);
+                self.net.add_loss(side(b), side(a), percent, on);
+            }
+            FaultKind::Origin(o) => self.origin.set_fault(o, on),
+        }
+        if on {
+            self.stall_silenced_calls();
+        } else {
+            self.resume_healed_calls();
+        }
+    }
+
+    fn crash(&mut self, n: usize, keep_cache: bool) {
+        if !self.nodes[n].up {
+            return;
+        }
+        let config = self.spec.cluster.engine();
+        let cut = self.nodes[n].crash(keep_cache, config);
+        for r in cut {
+            self.close_record(r, ReadOutcome::Aborted);
+        }
+        self.crashes[n] += 1;
+        self.net.set_down(Endpoint::Node(n), true);
+        self.calls.retain(|_, c| c.node != n);
+        self.touch(n);
+    }
+
+    fn restart(&mut self, n: usize) {
+        if self.nodes[n].up {
+            return;
+        }
+        self.nodes[n].up = true;
+        self.net.set_down(Endpoint::Node(n), false);
+        self.touch(n);
+    }
+
+    /// Ends read record `r` with `outcome`; a liveness client retries an incomplete read after
+    /// [`LIVENESS_RETRY_DELAY`] while the liveness bound allows.
+    pub(crate) fn close_record(&mut self, r: usize, outcome: ReadOutcome) {
+        let record = &mut self.records[r];
+        let retry = record.phase == Phase::Liveness && !outcome.is_complete();
+        record.outcome = outcome;
+        record.done_at = Some(self.now);
+        let at = self.now + LIVENESS_RETRY_DELAY;
+        if retry && at < self.end_at {
+            self.queue.push(at, Event::ReadStart { record: r });
+        }
+    }
+
+    fn heal(&mut self) {
+        for i in 0..self.fault_active.len() {
+            self.fault(i, false);
+        }
+        let healed = self.net.is_healed() && self.origin.is_healed();
+        if !healed || self.nodes.iter().any(|n| !n.up) {
+            self.violate(None, "faults still in force after healing".into());
+        }
+        self.trace.line(self.now, format_args!("heal"));
+        let base = self.spec.workload.safety.len();
+        for (i, r) in self.spec.workload.liveness.iter().enumerate() {
+            self.queue.push(self.now + r.at, Event::ReadStart { record: base + i });
+        }
+    }
+
+    fn end(&mut self) {
+        self.trace.line(self.now, format_args!("end"));
+        for r in self.records.iter().filter(|r| r.phase == Phase::Liveness) {
+            if !r.outcome.is_complete() {
+                self.liveness_failures.push(format!(
+                    "liveness read #{} (n{} object {}) ended {:?} by {}",
+                    r.index, r.node, r.object, r.outcome, self.now
+                ));
+            }
+        }
+    }
+
+    fn report(mut self) -> RunReport {
+        let nodes = self
+            .nodes
+            .iter()
+            .zip(&self.crashes)
+            .map(|(n, &crashes)| NodeReport {
+                engine: n.engine.stats(),
+                cached_blocks: n.cache.len(),
+                crashes,
+            })
+            .collect();
+        let mut origin = self.origin.stats().clone();
+        origin.bytes_timeline.sort();
+        RunReport {
+            seed: self.seed,
+            plan: self.spec.plan.clone(),
+            trace_hash: self.trace.hash(),
+            events: self.events,
+            trace_lines: self.trace.len(),
+            end: self.now,
+            heal_at: self.heal_at,
+            reads: std::mem::take(&mut self.records),
+            origin,
+            nodes,
+            blocks: std::mem::take(&mut self.blocks),
+            violation: self.violation.take(),
+            liveness_failures: std::mem::take(&mut self.liveness_failures),
+            trace: self.trace.take_lines(),
+        }
+    }
+}
+
+fn record(phase: Phase, index: usize, node: usize, object: usize) -> ReadRecord {
+    ReadRecord {
+        phase,
+        index,
+        node,
+        object,
+        started: None,
+        head_at: None,
+        first_byte_at: None,
+        done_at: None,
+        bytes: 0,
+        attempts: 0,
+        outcome: ReadOutcome::Pending,
+    }
+}
+
+/// Which object each chunk key belongs to (the checker's map from cache keys back to bytes).
+fn chunk_index(node: &Node, cluster: &crate::config::ClusterConfig) -> BTreeMap<ChunkKey, usize> {
+    let mut out = BTreeMap::new();
+    let g = cluster.geometry;
+    for (i, o) in cluster.objects.iter().enumerate() {
+        let id = node.engine.identify(&crate::origin::object_url(i, "index", u64::MAX));
+        let mut block = 0;
+        while block < g.block_count(o.size) {
+            let key = node.engine.block_key(&id, block);
+            let previous = out.insert(key.chunk, i);
+            assert!(previous.is_none_or(|p| p == i), "two objects share a chunk key");
+            block += g.blocks_per_chunk();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ClusterConfig, Phases};
+    use crate::fault::FaultPlan;
+    use crate::origin::ObjectDef;
+    use crate::workload::{ReadSpec, Workload};
+    use bytes::Bytes;
+    use dart_core::engine::BlockClass;
+
+    fn sim(reads: Vec<ReadSpec>) -> Sim {
+        let spec = SimSpec {
+            cluster: ClusterConfig::new(2, 1 << 10, vec![ObjectDef::plain(10_000, 3)]),
+            workload: Workload { safety: reads, liveness: vec![] },
+            plan: FaultPlan::none(),
+            phases: Phases { safety: Duration::from_secs(5), liveness: Duration::from_secs(5) },
+            check: CheckLevel::Full,
+            record_trace: true,
+        };
+        Sim::new(spec, 1)
+    }
+
+    fn key_of_block(sim: &Sim, block: u64) -> dart_core::hash::BlockKey {
+        let e = &sim.nodes[0].engine;
+        e.block_key(&e.identify(&crate::origin::object_url(0, "x", u64::MAX)), block)
+    }
+
+    #[test]
+    fn a_corrupted_cached_block_is_caught_when_it_is_served() {
+        let mut s = sim(vec![ReadSpec::whole(Duration::ZERO, 0, 0)]);
+        let key = key_of_block(&s, 2);
+        let shape = s.spec.cluster.objects[0].shape();
+        let mut bad = s.contents.window(shape, 2 << 10, 1 << 10).to_vec();
+        bad[100] ^= 0xff;
+        s.nodes[0].cache.put(key, Bytes::from(bad), BlockClass::Owned);
+        let r = s.run();
+        let v = r.violation.expect("the checker sees the wrong byte");
+        assert!(v.what.contains("wrong byte at offset 2148"), "{v}");
+    }
+
+    #[test]
+    fn a_short_cached_block_is_a_miss_for_the_core_and_never_served() {
+        let mut s = sim(vec![ReadSpec::whole(Duration::ZERO, 0, 0)]);
+        let key = key_of_block(&s, 1);
+        s.nodes[0].cache.put(key, Bytes::from_static(b"short"), BlockClass::Owned);
+        let r = s.run();
+        assert!(r.passed(), "{}", r.summary());
+        assert_eq!(r.nodes[0].engine.cache_corrupt, 1);
+        assert_eq!(r.reads[0].bytes, 10_000);
+    }
+
+    #[test]
+    fn the_trace_has_one_line_per_event_at_least_and_records_the_calls() {
+        let r = sim(vec![ReadSpec::whole(Duration::ZERO, 1, 0)]).run();
+        let lines = r.trace.expect("recorded");
+        assert!(lines.len() as u64 >= r.events);
+        assert!(lines.iter().any(|l| l.contains("call c0 n1 -> origin Probe")));
+    }
+}
