@@ -6,7 +6,7 @@ use crate::body::{self, ChannelBody, ResponseBody};
 use crate::cache::BlockCache;
 use crate::metrics::Metrics;
 use crate::origin::{Fill, OriginFetcher};
-use crate::seam::Dialer;
+use crate::seam::{Dialer, ShellClock};
 use bytes::Bytes;
 use dart_core::codec::redact::redact_url;
 use dart_core::engine::resolve::UpstreamMode;
@@ -50,6 +50,8 @@ pub struct ClientPlane<D: Dialer> {
     pub mode: UpstreamMode,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
+    /// The core's clock.
+    pub clock: ShellClock,
 }
 
 fn plain(status: StatusCode, msg: &str) -> Response<ResponseBody> {
@@ -111,7 +113,8 @@ impl<D: Dialer> ClientPlane<D> {
                 Action::Probe { url } => {
                     let id = read.object().id.clone();
                     let answer = self.origin.probe(&id, &url).await;
-                    read.handle_probe(&mut self.engine.lock().expect("engine lock"), answer);
+                    let now = self.clock.now();
+                    read.handle_probe(&mut self.engine.lock().expect("engine lock"), answer, now);
                 }
                 Action::Passthrough { url } => return self.passthrough(&req, method, &url).await,
                 Action::Respond(head) => {
@@ -126,6 +129,7 @@ impl<D: Dialer> ClientPlane<D> {
                 Action::Fail(f) => return failure_response(&f, &url),
                 Action::Finish
                 | Action::Lookup { .. }
+                | Action::FetchPeer { .. }
                 | Action::FetchOrigin { .. }
                 | Action::Store { .. }
                 | Action::Emit(_) => unreachable!("block actions only follow the head"),
@@ -139,7 +143,8 @@ impl<D: Dialer> ClientPlane<D> {
             match action {
                 Action::Lookup { key } => {
                     let hit = self.cache.get(&key);
-                    read.handle_lookup(&mut self.engine.lock().expect("engine lock"), hit);
+                    let now = self.clock.now();
+                    read.handle_lookup(&mut self.engine.lock().expect("engine lock"), hit, now);
                 }
                 Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
                     let id = read.object().id.clone();
@@ -153,6 +158,9 @@ impl<D: Dialer> ClientPlane<D> {
                     let got = self.origin.fetch(&id, &url, start, end, Some(fill)).await;
                     self.metrics.observe_fetch("origin", t0.elapsed().as_secs_f64());
                     read.handle_fetch(&mut self.engine.lock().expect("engine lock"), got);
+                }
+                Action::FetchPeer { .. } => {
+                    unreachable!("the peer path is not enabled in the shell yet")
                 }
                 Action::Store { key, data, class } => self.cache.put(key, &data, class),
                 Action::Emit(bytes) => {

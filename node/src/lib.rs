@@ -152,7 +152,8 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     let engine = Arc::new(Mutex::new(Engine::new(EngineConfig { geometry, namespace, layout })));
     let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone()));
     let origin = OriginFetcher::new(TokioDialer, OriginConfig::default());
-    let plane = Arc::new(ClientPlane { engine, cache, origin, mode, metrics });
+    let clock = dart_net_tokio::seam::ShellClock::start();
+    let plane = Arc::new(ClientPlane { engine, cache, origin, mode, metrics, clock });
 
     let client = tokio::net::TcpListener::bind(cli::listen_addr(&flags.listen)?)
         .await
