@@ -155,6 +155,11 @@ impl Engine {
         Read::relay(self, key, url, next_hop)
     }
 
+    /// Counts a relay request declined by [`route::relay_check`] before any work.
+    pub fn note_relay_declined(&mut self) {
+        self.stats.relay_declined += 1;
+    }
+
     /// Reports a peer request whose task went away without an answer.
     pub fn abandon(&mut self, permit: Permit<String>, now: Instant) {
         self.complete(permit, Outcome::Abandoned, now);
