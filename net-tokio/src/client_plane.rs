@@ -3,25 +3,19 @@
 //! module performs them and streams the emitted bytes with an exact `Content-Length`.
 
 use crate::body::{self, ChannelBody, ResponseBody};
-use crate::cache::BlockCache;
-use crate::metrics::Metrics;
-use crate::origin::{Fill, OriginFetcher};
+use crate::driver::{NodeCore, Outward};
 use crate::seam::Dialer;
 use bytes::Bytes;
 use dart_core::codec::redact::redact_url;
 use dart_core::engine::resolve::UpstreamMode;
-use dart_core::engine::{
-    block_verdict, Action, Engine, FetchedBlock, Method, Read, ReadFailure, ReadRequest,
-    ResponseHead, Verdict,
-};
+use dart_core::engine::{Method, Read, ReadFailure, ReadRequest, ResponseHead};
 use http::header::{
     HeaderValue, ACCEPT_RANGES, ALLOW, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
 };
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use std::sync::{Arc, Mutex};
-use std::time::Instant as WallInstant;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// Frames buffered between the read task and the socket (backpressure bound).
@@ -38,18 +32,12 @@ const PASSTHROUGH_HEADERS: [http::header::HeaderName; 7] = [
     ACCEPT_RANGES,
 ];
 
-/// Everything the client plane needs; shared by all connections.
+/// The client plane: the node's machinery plus how request targets name upstream URLs.
 pub struct ClientPlane<D: Dialer> {
-    /// The core engine (one per node).
-    pub engine: Arc<Mutex<Engine>>,
-    /// The block cache.
-    pub cache: Arc<dyn BlockCache>,
-    /// The origin fetcher.
-    pub origin: OriginFetcher<D>,
+    /// The node's shared machinery.
+    pub node: Arc<NodeCore<D>>,
     /// How request targets name upstream URLs.
     pub mode: UpstreamMode,
-    /// Metrics registry.
-    pub metrics: Arc<Metrics>,
 }
 
 fn plain(status: StatusCode, msg: &str) -> Response<ResponseBody> {
@@ -97,80 +85,23 @@ impl<D: Dialer> ClientPlane<D> {
             Ok(u) => u,
             Err(e) => return plain(StatusCode::BAD_REQUEST, &format!("dart: {e}")),
         };
-        let span = tracing::info_span!("read", url = %redact_url(&url), ?method);
-        let _guard = span.enter();
         let range = req.headers().get(http::header::RANGE).map(|v| v.as_bytes().to_vec());
         let request = ReadRequest { url: url.clone(), method, range };
-        let mut read = self.engine.lock().expect("engine lock").begin_read(request);
-        // Before the head: answer probes until the read commits to a response.
-        loop {
-            let Some(action) = read.poll_action() else {
-                unreachable!("a read waiting for nothing before its head");
-            };
-            match action {
-                Action::Probe { url } => {
-                    let id = read.object().id.clone();
-                    let answer = self.origin.probe(&id, &url).await;
-                    read.handle_probe(&mut self.engine.lock().expect("engine lock"), answer);
+        let mut read = self.node.engine.lock().expect("engine lock").begin_read(request);
+        // Before the head: the read probes until it commits to a response.
+        match self.node.next(&mut read).await {
+            Outward::Passthrough(url) => self.passthrough(&req, method, &url).await,
+            Outward::Respond(head) => {
+                if method == Method::Head || head.content_length == 0 {
+                    return head_response(&head, body::empty());
                 }
-                Action::Passthrough { url } => return self.passthrough(&req, method, &url).await,
-                Action::Respond(head) => {
-                    if method == Method::Head || head.content_length == 0 {
-                        return head_response(&head, body::empty());
-                    }
-                    let (tx, body) = ChannelBody::channel(head.content_length, BODY_CHANNEL_DEPTH);
-                    let this = self.clone();
-                    tokio::spawn(async move { this.stream(read, tx).await });
-                    return head_response(&head, body);
-                }
-                Action::Fail(f) => return failure_response(&f, &url),
-                Action::Finish
-                | Action::Lookup { .. }
-                | Action::FetchOrigin { .. }
-                | Action::Store { .. }
-                | Action::Emit(_) => unreachable!("block actions only follow the head"),
+                let (tx, body) = ChannelBody::channel(head.content_length, BODY_CHANNEL_DEPTH);
+                let node = self.node.clone();
+                tokio::spawn(async move { stream(&node, read, tx).await });
+                head_response(&head, body)
             }
-        }
-    }
-
-    /// After the head: look up, fetch, store and emit until the read finishes.
-    async fn stream(&self, mut read: Read, tx: mpsc::Sender<Result<Bytes, body::BodyError>>) {
-        while let Some(action) = read.poll_action() {
-            match action {
-                Action::Lookup { key } => {
-                    let hit = self.cache.get(&key);
-                    read.handle_lookup(&mut self.engine.lock().expect("engine lock"), hit);
-                }
-                Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
-                    let id = read.object().id.clone();
-                    let cache = self.cache.clone();
-                    let fill: Fill = Box::new(move |b: &FetchedBlock| {
-                        if block_verdict(object_size, expected_len, b) == Verdict::Cache {
-                            cache.put(key, &b.data, class);
-                        }
-                    });
-                    let t0 = WallInstant::now();
-                    let got = self.origin.fetch(&id, &url, start, end, Some(fill)).await;
-                    self.metrics.observe_fetch("origin", t0.elapsed().as_secs_f64());
-                    read.handle_fetch(&mut self.engine.lock().expect("engine lock"), got);
-                }
-                Action::Store { key, data, class } => self.cache.put(key, &data, class),
-                Action::Emit(bytes) => {
-                    if tx.send(Ok(bytes)).await.is_err() {
-                        tracing::debug!("client went away mid-body");
-                        return;
-                    }
-                }
-                Action::Finish => return,
-                Action::Fail(f) => {
-                    tracing::warn!(error = %f.error, "read failed after the head: truncating");
-                    let _ = tx.send(Err(f.error.to_string().into())).await;
-                    return;
-                }
-                Action::Probe { .. } | Action::Passthrough { .. } | Action::Respond(_) => {
-                    unreachable!("head-level actions never follow the head")
-                }
-            }
+            Outward::Fail(f) => failure_response(&f, &url),
+            Outward::Emit(_) | Outward::Finish => unreachable!("a head precedes every body"),
         }
     }
 
@@ -180,7 +111,7 @@ impl<D: Dialer> ClientPlane<D> {
         method: Method,
         url: &str,
     ) -> Response<ResponseBody> {
-        let upstream = match self.origin.open(url, req.headers()).await {
+        let upstream = match self.node.origin.open(url, req.headers()).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(url = %redact_url(url), error = %e, "passthrough failed");
@@ -200,5 +131,32 @@ impl<D: Dialer> ClientPlane<D> {
             }
         }
         r
+    }
+}
+
+/// After the head: stream the body until the read finishes.
+async fn stream<D: Dialer>(
+    node: &NodeCore<D>,
+    mut read: Read,
+    tx: mpsc::Sender<Result<Bytes, body::BodyError>>,
+) {
+    loop {
+        match node.next(&mut read).await {
+            Outward::Emit(bytes) => {
+                if tx.send(Ok(bytes)).await.is_err() {
+                    tracing::debug!("client went away mid-body");
+                    return;
+                }
+            }
+            Outward::Finish => return,
+            Outward::Fail(f) => {
+                tracing::warn!(error = %f.error, "read failed after the head: truncating");
+                let _ = tx.send(Err(f.error.to_string().into())).await;
+                return;
+            }
+            Outward::Respond(_) | Outward::Passthrough(_) => {
+                unreachable!("head-level actions never follow the head")
+            }
+        }
     }
 }

@@ -12,9 +12,12 @@
 pub mod body;
 pub mod cache;
 pub mod client_plane;
+pub mod driver;
 pub mod metrics;
 pub mod origin;
 pub mod origin_server;
+pub mod peer_client;
+pub mod peer_plane;
 pub mod seam;
 pub mod server;
 pub mod store;

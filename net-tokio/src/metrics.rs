@@ -2,6 +2,7 @@
 //! occupancy are read at scrape time, so there is one source of truth for each figure.
 
 use crate::cache::BlockCache;
+use crate::seam::ShellClock;
 use dart_core::engine::{Engine, EngineStats};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -27,6 +28,7 @@ pub struct Metrics {
 struct Collected {
     engine: Arc<Mutex<Engine>>,
     cache: Arc<dyn BlockCache>,
+    clock: ShellClock,
 }
 
 impl fmt::Debug for Collected {
@@ -69,17 +71,41 @@ fn gauges(
 
 impl prometheus_client::collector::Collector for Collected {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let s: EngineStats = self.engine.lock().map(|e| e.stats()).unwrap_or_default();
+        let (s, open): (EngineStats, Option<usize>) = match self.engine.lock() {
+            Ok(e) => (e.stats(), e.p2p().map(|p| p.breaker.open_count(self.clock.now()))),
+            Err(_) => (EngineStats::default(), None),
+        };
         let sources = [
             ("cache", s.block_source_cache),
             ("peer", s.block_source_peer),
             ("origin", s.block_source_origin),
         ];
         counter(&mut enc, "dart_block_source", "Block reads by source.", "source", &sources)?;
-        let bytes = [("client", s.client_bytes), ("peer_in", 0), ("origin_in", s.origin_bytes)];
+        let bytes =
+            [("client", s.client_bytes), ("peer_in", s.peer_bytes), ("origin_in", s.origin_bytes)];
         counter(&mut enc, "dart_bytes", "Wire bytes by direction.", "direction", &bytes)?;
         let pass = [("range_unsupported", s.passthrough)];
         counter(&mut enc, "dart_passthrough", "Requests proxied verbatim.", "reason", &pass)?;
+        let relay = [("served", s.relay_served), ("declined", s.relay_declined)];
+        counter(&mut enc, "dart_relay", "Peer block requests by result.", "result", &relay)?;
+        let failover = ConstCounter::new(s.peer_failover);
+        let m = enc.encode_descriptor(
+            "dart_peer_failover",
+            "Escalations past a failed peer.",
+            None,
+            failover.metric_type(),
+        )?;
+        failover.encode(m)?;
+        if let Some(open) = open {
+            let g = ConstGauge::new(i64::try_from(open).unwrap_or(i64::MAX));
+            let m = enc.encode_descriptor(
+                "dart_peer_circuits_open",
+                "Peers whose circuit is open.",
+                None,
+                g.metric_type(),
+            )?;
+            g.encode(m)?;
+        }
         let c = self.cache.stats();
         let blocks =
             [("owned", c.owned_blocks), ("borrowed", c.borrowed_blocks), ("mem", c.mem_blocks)];
@@ -100,7 +126,7 @@ impl prometheus_client::collector::Collector for Collected {
 
 impl Metrics {
     /// A registry exporting `engine`'s counters and `cache`'s occupancy.
-    pub fn new(engine: Arc<Mutex<Engine>>, cache: Arc<dyn BlockCache>) -> Self {
+    pub fn new(engine: Arc<Mutex<Engine>>, cache: Arc<dyn BlockCache>, clock: ShellClock) -> Self {
         let mut registry = Registry::default();
         let fetch_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(|| {
             Histogram::new(FETCH_BUCKETS)
@@ -110,7 +136,7 @@ impl Metrics {
             "Time to fetch a missing block, by source.",
             fetch_seconds.clone(),
         );
-        registry.register_collector(Box::new(Collected { engine, cache }));
+        registry.register_collector(Box::new(Collected { engine, cache, clock }));
         Metrics { registry, fetch_seconds }
     }
 

@@ -79,9 +79,76 @@ pub struct NodeFlags {
     /// Recognise only OCI `/blobs/<digest>` paths as content addresses.
     #[arg(long)]
     pub oci_digest_only: bool,
+    /// This node's member id (visible ASCII); required with --peers.
+    #[arg(long, default_value = "")]
+    pub self_id: String,
+    /// Peer listen address (block transport between nodes); used with --peers.
+    #[arg(long, default_value = ":9000")]
+    pub peer_listen: String,
+    /// Fixed membership `id@host:port,...` including this node; empty runs a single node.
+    #[arg(long, default_value = "")]
+    pub peers: String,
+    /// Distribution-tree branching factor.
+    #[arg(long, default_value_t = 2)]
+    pub fanout: usize,
+    /// HRW owners per chunk (their copies are charged to the owned budget).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Consecutive soft failures that open a peer's circuit; 0 disables the breaker.
+    #[arg(long, default_value_t = 5)]
+    pub breaker_failures: u32,
+    /// How long an open circuit waits before probing (grows on failed probes, capped at 60s).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub breaker_cooldown: std::time::Duration,
+    /// Whole-request bound of one peer request.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub peer_timeout: std::time::Duration,
     /// How long in-flight responses may take to finish on SIGTERM/ctrl-c, in seconds.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
+}
+
+impl Default for NodeFlags {
+    /// The documented flag defaults (what `dart` with no arguments runs with).
+    fn default() -> Self {
+        Cli::parse_from(["dart"]).node
+    }
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration(s)
+}
+
+/// Parses a Go-style duration: one or more `<number><unit>` with units `ns`, `us`, `ms`, `s`,
+/// `m`, `h` (e.g. `5s`, `1m30s`, `250ms`); fractions allowed (`1.5s`).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let err = || format!("invalid duration {s:?} (e.g. 5s, 250ms, 1m30s)");
+    if s.is_empty() {
+        return Err(err());
+    }
+    let mut rest = s;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        if num_len == 0 {
+            return Err(err());
+        }
+        let value: f64 = rest[..num_len].parse().map_err(|_| err())?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    std::time::Duration::try_from_secs_f64(total).map_err(|_| err())
 }
 
 /// Parses a listen address; `:port` means every interface (Go's spelling, kept for users of the
@@ -89,4 +156,27 @@ pub struct NodeFlags {
 pub fn listen_addr(s: &str) -> anyhow::Result<std::net::SocketAddr> {
     let full = if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_owned() };
     full.parse().map_err(|e| anyhow::anyhow!("invalid listen address {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_use_go_syntax() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "5", "s", "5x", "-1s", "1s5"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn go_style_listen_addresses_mean_every_interface() {
+        assert_eq!(listen_addr(":8080").expect("ok").to_string(), "0.0.0.0:8080");
+        assert!(listen_addr("nope").is_err());
+    }
 }

@@ -67,8 +67,6 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
 
     let node_flags = NodeFlags {
         listen: "127.0.0.1:0".into(),
-        origin: String::new(),
-        prefix: "dart".into(),
         admin: "127.0.0.1:0".into(),
         cache_dir: dir.to_path_buf(),
         cache_size: (size + flags.block_size).max(2 * flags.block_size) * 2,
@@ -76,9 +74,8 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
         owned_fraction: None,
         chunk_size: flags.block_size * 64,
         block_size: flags.block_size,
-        namespace: "dart".into(),
-        oci_digest_only: false,
         drain_secs: 5,
+        ..NodeFlags::default()
     };
     let node = crate::start(&node_flags).await?;
     println!("{}", node.banner);
@@ -105,11 +102,11 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
             Some(_) => continue,
             None => (None, 0),
         };
-        let before = (stats.requests(), node.plane.engine.lock().expect("engine").stats());
+        let before = (stats.requests(), node.plane.node.engine.lock().expect("engine").stats());
         let t0 = Instant::now();
         let (status, body) = get(&client, &url, range).await?;
         let seconds = t0.elapsed().as_secs_f64();
-        let after = (stats.requests(), node.plane.engine.lock().expect("engine").stats());
+        let after = (stats.requests(), node.plane.node.engine.lock().expect("engine").stats());
         let want = generate(OBJECT_SEED, want_start, body.len());
         anyhow::ensure!(status == 200 || status == 206, "{name}: status {status}");
         anyhow::ensure!(body[..] == want[..], "{name}: bytes differ from the origin's");
@@ -150,7 +147,7 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
         stats.bytes()
     );
     println!("\nfrom /metrics:");
-    for line in node.plane.metrics.encode().lines() {
+    for line in node.plane.node.metrics.encode().lines() {
         if line.starts_with("dart_block_source") || line.starts_with("dart_bytes") {
             println!("  {line}");
         }

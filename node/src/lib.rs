@@ -6,17 +6,24 @@ pub mod demo;
 
 use anyhow::Context as _;
 use cli::{Cli, Command, NodeFlags};
+use dart_core::breaker::{BackoffPolicy, Breaker, BreakerConfig, DEFAULT_COOLDOWN_CAP};
 use dart_core::codec::redact::strip_userinfo;
 use dart_core::engine::resolve::UpstreamMode;
+use dart_core::engine::route::Placement;
+use dart_core::engine::P2p;
 use dart_core::engine::{Engine, EngineConfig};
 use dart_core::geometry::Geometry;
 use dart_core::identity::{IdLayout, Namespace};
+use dart_core::membership::{parse_peers, validate_member_id, View};
 use dart_net_tokio::body::{self, ResponseBody};
 use dart_net_tokio::cache::{open_disk_cache, BlockCache};
 use dart_net_tokio::client_plane::ClientPlane;
+use dart_net_tokio::driver::NodeCore;
 use dart_net_tokio::metrics::Metrics;
 use dart_net_tokio::origin::{OriginConfig, OriginFetcher};
-use dart_net_tokio::seam::TokioDialer;
+use dart_net_tokio::peer_client::{PeerClient, PeerConfig};
+use dart_net_tokio::peer_plane::PeerPlane;
+use dart_net_tokio::seam::{ShellClock, TokioDialer};
 use dart_net_tokio::server::{serve, Drained, ServeOptions};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response, StatusCode};
@@ -82,6 +89,8 @@ pub struct Running {
     pub client_addr: SocketAddr,
     /// Bound admin address, when enabled.
     pub admin_addr: Option<SocketAddr>,
+    /// Bound peer address, when the peer path is on.
+    pub peer_addr: Option<SocketAddr>,
     /// The startup banner line.
     pub banner: String,
     /// The client plane (engine, cache, origin, metrics).
@@ -140,6 +149,7 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
         }
         UpstreamMode::Static(flags.origin.clone())
     };
+    let p2p = p2p_setup(flags)?;
     let cache: Arc<dyn BlockCache> = open_disk_cache(
         &flags.cache_dir,
         flags.cache_size,
@@ -149,10 +159,20 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     )
     .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
-    let engine = Arc::new(Mutex::new(Engine::new(EngineConfig { geometry, namespace, layout })));
-    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone()));
+    let mut engine = Engine::new(EngineConfig { geometry, namespace, layout });
+    let clock = ShellClock::start();
+    let peers = match p2p {
+        Some((p2p, peer_config)) => {
+            engine.enable_p2p(p2p);
+            Some(PeerClient::new(TokioDialer, peer_config, &flags.self_id))
+        }
+        None => None,
+    };
+    let engine = Arc::new(Mutex::new(engine));
+    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
     let origin = OriginFetcher::new(TokioDialer, OriginConfig::default());
-    let plane = Arc::new(ClientPlane { engine, cache, origin, mode, metrics });
+    let node = Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock });
+    let plane = Arc::new(ClientPlane { node: node.clone(), mode });
 
     let client = tokio::net::TcpListener::bind(cli::listen_addr(&flags.listen)?)
         .await
@@ -167,6 +187,15 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
         Some(l)
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
+    let peer = if node.peers.is_some() {
+        let l = tokio::net::TcpListener::bind(cli::listen_addr(&flags.peer_listen)?)
+            .await
+            .with_context(|| format!("binding --peer-listen {}", flags.peer_listen))?;
+        Some(l)
+    } else {
+        None
+    };
+    let peer_addr = peer.as_ref().map(|l| l.local_addr()).transpose()?;
 
     let (stop, stop_rx) = watch::channel(false);
     let options =
@@ -175,6 +204,14 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     let p = plane.clone();
     let handler = move |req| p.clone().handle(req);
     servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
+    if let Some(l) = peer {
+        let pp = Arc::new(PeerPlane { node: node.clone(), self_id: flags.self_id.clone() });
+        let handler = move |req| pp.clone().handle(req);
+        servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
+        let n = node.clone();
+        let rx = stop_rx.clone();
+        tokio::spawn(async move { breaker_timers(n, rx).await });
+    }
     if let Some(l) = admin {
         let p = plane.clone();
         let handler = move |req| admin_handle(p.clone(), req);
@@ -185,12 +222,68 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
         UpstreamMode::Prefix(p) => format!("prefix /{p}/<url>"),
     };
     let banner = format!(
-        "dart client={client_addr} | mode: {mode_text} | p2p: off | admin: {} | cache: {} ({} MiB)",
+        "dart client={client_addr} | mode: {mode_text} | p2p: {} | admin: {} | cache: {} ({} MiB)",
+        peer_addr.map_or("off".to_string(), |a| format!(
+            "{} as {} of {} members, peer={a}",
+            "on",
+            flags.self_id,
+            node.engine.lock().expect("engine").p2p().map_or(0, |p| p
+                .placement
+                .view()
+                .members()
+                .len())
+        )),
         admin_addr.map_or("off".to_string(), |a| a.to_string()),
         flags.cache_dir.display(),
         flags.cache_size >> 20,
     );
-    Ok(Running { client_addr, admin_addr, banner, plane, stop, servers })
+    Ok(Running { client_addr, admin_addr, peer_addr, banner, plane, stop, servers })
+}
+
+/// Validates the peer flags and builds the engine's peer half and the peer client's bounds.
+fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<Option<(P2p, PeerConfig)>> {
+    if flags.peers.is_empty() {
+        return Ok(None);
+    }
+    validate_member_id(&flags.self_id).context("--self-id is required with --peers")?;
+    let members = parse_peers(&flags.peers).context("invalid --peers")?;
+    if !members.iter().any(|m| m.id == flags.self_id) {
+        anyhow::bail!("--peers must include this node's --self-id {:?}", flags.self_id);
+    }
+    let view = View::new(members);
+    let placement = Placement::new(view, &flags.self_id, flags.fanout, flags.replicas);
+    let config = BreakerConfig {
+        failure_threshold: flags.breaker_failures,
+        backoff: BackoffPolicy::Exponential {
+            base: flags.breaker_cooldown,
+            cap: DEFAULT_COOLDOWN_CAP.max(flags.breaker_cooldown),
+        },
+        seed: dart_core::hash::fnv1a64(flags.self_id.as_bytes()),
+        ..BreakerConfig::default()
+    };
+    let breaker = Breaker::new(config).context("invalid breaker settings")?;
+    let peer_config = PeerConfig { request_timeout: flags.peer_timeout, ..PeerConfig::default() };
+    Ok(Some((P2p { placement, breaker }, peer_config)))
+}
+
+/// Drives the breaker's probe deadlines and logs its transitions.
+async fn breaker_timers(node: Arc<NodeCore<TokioDialer>>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let now = node.clock.now();
+        let mut engine = node.engine.lock().expect("engine lock");
+        let Some(p2p) = engine.p2p_mut() else { return };
+        if p2p.breaker.poll_timeout().is_some_and(|t| t <= now) {
+            p2p.breaker.handle_timeout(now);
+        }
+        while let Some(e) = p2p.breaker.poll_event() {
+            tracing::info!(peer = %e.addr, from = %e.from, to = %e.to, reason = ?e.reason, "circuit");
+        }
+    }
 }
 
 async fn admin_handle(
@@ -199,11 +292,13 @@ async fn admin_handle(
 ) -> Response<ResponseBody> {
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
         (&http::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        (&http::Method::GET, "/metrics") => {
-            (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", plane.metrics.encode())
-        }
+        (&http::Method::GET, "/metrics") => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            plane.node.metrics.encode(),
+        ),
         (&http::Method::GET, "/admin/stats") => {
-            let s = plane.cache.stats();
+            let s = plane.node.cache.stats();
             let n = s.owned_blocks + s.borrowed_blocks;
             (StatusCode::OK, "application/json", format!("{{\n  \"cached_blocks\": {n}\n}}\n"))
         }

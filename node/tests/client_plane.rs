@@ -57,8 +57,6 @@ fn temp_dir(name: &str) -> TempDir {
 async fn node(dir: &TempDir) -> dart_node::Running {
     let flags = NodeFlags {
         listen: "127.0.0.1:0".into(),
-        origin: String::new(),
-        prefix: "dart".into(),
         admin: "127.0.0.1:0".into(),
         cache_dir: dir.0.clone(),
         cache_size: 64 * BLOCK,
@@ -66,9 +64,8 @@ async fn node(dir: &TempDir) -> dart_node::Running {
         owned_fraction: None,
         chunk_size: 4 * BLOCK,
         block_size: BLOCK,
-        namespace: "dart".into(),
-        oci_digest_only: false,
         drain_secs: 2,
+        ..NodeFlags::default()
     };
     dart_node::start(&flags).await.expect("node starts")
 }
@@ -183,7 +180,7 @@ async fn a_range_blind_origin_is_proxied_verbatim_and_nothing_is_cached() {
     assert_eq!((g.status, header(&g, CONTENT_LENGTH)), (200, Some(size.to_string().as_str())));
     assert_eq!(o.stats.requests(), 3, "the mark is remembered; HEAD goes upstream as GET");
     assert_eq!(o.stats.heads(), 0);
-    let s = n.plane.cache.stats();
+    let s = n.plane.node.cache.stats();
     assert_eq!(s.owned_blocks + s.borrowed_blocks, 0);
 }
 
@@ -214,7 +211,7 @@ async fn a_truncating_origin_truncates_the_response_and_poisons_nothing() {
     let g = send(&client(), http::Method::GET, &url(&n, &o, ""), None).await;
     assert_eq!(g.status, 200);
     assert!(g.body.is_err(), "the client must see a short body, not a complete one");
-    let s = n.plane.cache.stats();
+    let s = n.plane.node.cache.stats();
     assert_eq!(s.owned_blocks + s.borrowed_blocks, 0);
 }
 
@@ -261,7 +258,7 @@ async fn concurrent_cold_readers_cost_one_origin_request_per_distinct_block() {
     // Distinct blocks touched: 0 ..= 3 + 8 (the last reader's window ends inside block 11).
     let distinct = 12;
     assert_eq!(o.stats.requests(), 1 + distinct, "one probe plus one fetch per distinct block");
-    let metrics = n.plane.metrics.encode();
+    let metrics = n.plane.node.metrics.encode();
     assert!(metrics.contains("dart_block_source_total{source=\"origin\"}"), "{metrics}");
 }
 

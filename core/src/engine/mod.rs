@@ -12,17 +12,22 @@ pub mod resolve;
 pub mod route;
 
 #[cfg(test)]
+mod p2p_tests;
+#[cfg(test)]
 mod tests;
 
 pub use read::{
-    block_verdict, Action, FetchedBlock, Method, Read, ReadError, ReadFailure, ReadRequest,
-    ResponseHead, Verdict,
+    block_verdict, Action, FetchedBlock, Method, PeerAnswer, Read, ReadError, ReadFailure,
+    ReadRequest, ResponseHead, Verdict,
 };
 
+use crate::breaker::{Admission, Breaker, Outcome, Permit};
 use crate::geometry::Geometry;
 use crate::hash::{BlockKey, ChunkKey};
 use crate::identity::{object_id, IdLayout, Namespace, ObjectId};
+use crate::time::Instant;
 use origin::ProbeOutcome;
+use route::{PeerRef, Placement};
 use std::collections::BTreeMap;
 
 /// Most objects whose probe result is remembered; past it the oldest entry is forgotten (a later
@@ -79,6 +84,26 @@ pub struct EngineStats {
     pub uncacheable: u64,
     /// Cached blocks found with the wrong length (treated as misses).
     pub cache_corrupt: u64,
+    /// Bytes received from peers on the block path.
+    pub peer_bytes: u64,
+    /// Peer blocks refused for their length (the peer's circuit opened).
+    pub peer_wrong_length: u64,
+    /// Escalations past a peer that failed (not counting 404s).
+    pub peer_failover: u64,
+    /// Upstream peers skipped because the breaker refused admission.
+    pub peer_skipped_open: u64,
+    /// Relay requests answered with a block.
+    pub relay_served: u64,
+    /// Relay requests declined (404).
+    pub relay_declined: u64,
+}
+
+/// The peer half of an engine: where this node sits and which peers are failing.
+pub struct P2p {
+    /// Membership view, self id and tree parameters.
+    pub placement: Placement,
+    /// Per-peer circuits, keyed by peer address.
+    pub breaker: Breaker<String>,
 }
 
 struct ObjectEntry {
@@ -93,6 +118,7 @@ pub struct Engine {
     object_order: BTreeMap<u64, String>,
     next_seq: u64,
     stats: EngineStats,
+    p2p: Option<P2p>,
 }
 
 impl Engine {
@@ -104,6 +130,64 @@ impl Engine {
             object_order: BTreeMap::new(),
             next_seq: 0,
             stats: EngineStats::default(),
+            p2p: None,
+        }
+    }
+
+    /// Turns on the peer path: misses go to this node's tree ancestors before the origin.
+    pub fn enable_p2p(&mut self, p2p: P2p) {
+        self.p2p = Some(p2p);
+    }
+
+    /// The peer half, if enabled (the shell drives the breaker's timers and events through it).
+    pub fn p2p_mut(&mut self) -> Option<&mut P2p> {
+        self.p2p.as_mut()
+    }
+
+    /// The peer half, if enabled.
+    pub fn p2p(&self) -> Option<&P2p> {
+        self.p2p.as_ref()
+    }
+
+    /// Starts serving a peer's request for `key` after [`route::relay_check`] accepted it:
+    /// `url` is `Some` for fetch-on-behalf (with the hop to send upstream), `None` for cache-only.
+    pub fn begin_relay(&mut self, key: BlockKey, url: Option<String>, next_hop: u64) -> Read {
+        Read::relay(self, key, url, next_hop)
+    }
+
+    /// Counts a relay request declined by [`route::relay_check`] before any work.
+    pub fn note_relay_declined(&mut self) {
+        self.stats.relay_declined += 1;
+    }
+
+    /// Reports a peer request whose task went away without an answer.
+    pub fn abandon(&mut self, permit: Permit<String>, now: Instant) {
+        self.complete(permit, Outcome::Abandoned, now);
+    }
+
+    fn admit(&mut self, addr: &String, now: Instant) -> Option<Permit<String>> {
+        let p2p = self.p2p.as_mut()?;
+        match p2p.breaker.begin_data(addr, now) {
+            Admission::Admitted(permit) => Some(permit),
+            Admission::Rejected => None,
+        }
+    }
+
+    fn complete(&mut self, permit: Permit<String>, outcome: Outcome, now: Instant) {
+        match self.p2p.as_mut() {
+            Some(p2p) => {
+                p2p.breaker.complete(permit, outcome, now);
+            }
+            None => unreachable!("permits exist only with the peer path"),
+        }
+    }
+
+    fn upstreams(&self, key: BlockKey, now: Instant) -> Vec<PeerRef> {
+        match &self.p2p {
+            Some(p2p) => p2p
+                .placement
+                .upstreams(key.chunk, |addr| p2p.breaker.healthy(&addr.to_owned(), now)),
+            None => Vec::new(),
         }
     }
 
@@ -134,9 +218,13 @@ impl Engine {
         self.objects.get(&id.id).map(|e| e.info)
     }
 
-    /// Which budget a block fetched by this node is charged to. A single node owns everything.
-    pub fn class_of(&self, _key: &BlockKey) -> BlockClass {
-        BlockClass::Owned
+    /// Which budget a block fetched by this node is charged to: owned iff this node is among the
+    /// chunk's HRW owners; a single node owns everything.
+    pub fn class_of(&self, key: &BlockKey) -> BlockClass {
+        match &self.p2p {
+            Some(p2p) => p2p.placement.class_of(key.chunk),
+            None => BlockClass::Owned,
+        }
     }
 
     /// Starts a read; drive it with [`Read::poll_action`].
@@ -166,6 +254,10 @@ impl Engine {
 
     /// Asserts the engine's invariants.
     pub fn check_invariants(&self) {
+        if let Some(p2p) = &self.p2p {
+            p2p.breaker.check_invariants();
+            p2p.placement.view().check_invariants();
+        }
         assert!(self.objects.len() <= OBJECTS_MAX);
         assert_eq!(self.objects.len(), self.object_order.len());
         for (seq, id) in &self.object_order {

@@ -1,13 +1,16 @@
 //! One client read as a state machine.
 
 use super::origin::{OriginError, ProbeOutcome, RangeBody};
+use super::route::PeerRef;
 use super::{BlockClass, Engine, ObjectInfo};
+use crate::breaker::{HardReason, Observation, Outcome, Permit};
 use crate::codec::range::{
     content_range_header, resolve_range, unsatisfied_content_range, RangeOutcome,
 };
 use crate::geometry::{Segment, Segments};
 use crate::hash::BlockKey;
 use crate::identity::ObjectId;
+use crate::time::Instant;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use thiserror::Error;
@@ -57,6 +60,9 @@ pub struct FetchedBlock {
 /// Why a read failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ReadError {
+    /// A relay does not hold the block and may not fetch it (no origin, past the object's end).
+    #[error("block not held")]
+    NotHeld,
     /// The origin failed or refused (probe or block fetch).
     #[error(transparent)]
     Origin(#[from] OriginError),
@@ -86,14 +92,28 @@ pub enum ReadError {
 pub struct ReadFailure {
     /// The response head was already emitted.
     pub committed: bool,
-    /// Status to answer when not committed: 404 when the origin said 404, else 502.
+    /// Status to answer when not committed. Client reads: 404 when the origin said 404, else 502.
+    /// Relays: 404 when not held, 502 when the origin refused the requester's credential, else
+    /// 500.
     pub status: u16,
+    /// For a relay whose origin refused the requester's credential: the origin's status, sent as
+    /// `X-DART-Upstream-Status` so the requester does not blame this relay.
+    pub upstream_status: Option<u16>,
     /// The cause.
     pub error: ReadError,
 }
 
+/// A peer's answer to [`Action::FetchPeer`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerAnswer {
+    /// 200 with a complete body (the shell read at most `expected_len + 1` bytes).
+    Block(Bytes),
+    /// Anything else, classified by the shell: a 404 is [`Observation::Miss`].
+    Failed(Observation),
+}
+
 /// What the shell must do next.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Action {
     /// Send `GET url` with `Range: bytes=0-0` and answer with [`Read::handle_probe`].
     Probe {
@@ -105,12 +125,30 @@ pub enum Action {
         /// Upstream URL.
         url: String,
     },
-    /// Send the response head.
+    /// Send the response head (for a relay: 200 with `X-DART-Node`).
     Respond(ResponseHead),
     /// Look `key` up in the local store and answer with [`Read::handle_lookup`].
     Lookup {
         /// The block.
         key: BlockKey,
+    },
+    /// Ask `peer` for block `key` (`GET /peer/v1/block/<key>` with `X-DART-Origin: url` and
+    /// `X-DART-Hop: hop`), bounded by the peer client's timeouts, and answer with
+    /// [`Read::handle_peer`], handing back `permit`. If the answer never comes (the task is
+    /// dropped), the shell must report the permit abandoned ([`Engine::abandon`]).
+    FetchPeer {
+        /// The peer.
+        peer: PeerRef,
+        /// The block.
+        key: BlockKey,
+        /// Upstream URL, for the peer to relay on our behalf.
+        url: String,
+        /// Relay depth to send.
+        hop: u64,
+        /// The block's geometry length; read at most one byte more.
+        expected_len: u64,
+        /// Breaker admission for this request.
+        permit: Permit<String>,
     },
     /// Fetch `start..=end` of `url` from the origin (coalesced by the shell's flight table) and
     /// answer with [`Read::handle_fetch`].
@@ -139,7 +177,7 @@ pub enum Action {
         /// Budget to charge.
         class: BlockClass,
     },
-    /// Write these bytes to the client, in order.
+    /// Write these bytes to the client (or requesting peer), in order.
     Emit(Bytes),
     /// The response is complete. Terminal.
     Finish,
@@ -177,36 +215,61 @@ pub fn block_verdict(size: u64, expected: u64, block: &FetchedBlock) -> Verdict 
     }
 }
 
+/// A block being acquired: cache, then upstream peers nearest first, then the origin.
+#[derive(Debug)]
+struct Job {
+    seg: Segment,
+    key: BlockKey,
+    expected: u64,
+    upstreams: VecDeque<PeerRef>,
+}
+
 #[derive(Debug)]
 enum State {
     AwaitProbe,
-    AwaitLookup { seg: Segment, key: BlockKey, expected: u64 },
-    AwaitFetch { seg: Segment, key: BlockKey, expected: u64 },
-    Streaming,
+    /// A relay's first look at its store, before it knows the object's size.
+    AwaitRelayLookup,
+    AwaitLookup(Job),
+    AwaitPeer(Job),
+    AwaitFetch(Job),
     Done,
 }
 
-/// One client read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    Client { method: Method, range: Option<Vec<u8>> },
+    Relay { key: BlockKey, fetch: bool, hop: u64 },
+}
+
+/// One read: a client's byte range, or a relay serving one whole block to a peer.
 ///
 /// # Driving contract
 ///
-/// Create with [`Engine::begin_read`]. Loop on [`Read::poll_action`] until it returns `None`,
-/// carrying out each [`Action`]. Three actions ask a question ([`Action::Probe`],
-/// [`Action::Lookup`], [`Action::FetchOrigin`]): the shell answers it with the matching
-/// `handle_*` call (passing the same engine) before polling again. [`Action::Finish`],
-/// [`Action::Fail`] and [`Action::Passthrough`] are terminal: nothing follows them.
+/// Create with [`Engine::begin_read`] (client) or [`Engine::begin_relay`] (peer request that
+/// passed [`super::route::relay_check`]). Loop on [`Read::poll_action`] until it returns `None`,
+/// carrying out each [`Action`]. Four actions ask a question ([`Action::Probe`],
+/// [`Action::Lookup`], [`Action::FetchPeer`], [`Action::FetchOrigin`]): the shell answers with
+/// the matching `handle_*` call (passing the same engine and the current time) before polling
+/// again. [`Action::Finish`], [`Action::Fail`] and [`Action::Passthrough`] are terminal.
+///
+/// A missed block is asked of this node's usable tree ancestors nearest first (circuit not
+/// open; the breaker admits each request), then the origin. A peer's 404 or failure escalates to
+/// the next ancestor at once; a peer's block of the wrong length is never trusted: its circuit
+/// opens (hard failure) and the origin is asked. A relay emits its head only once it holds the
+/// whole block, so every relay failure is a clean status.
 ///
 /// # Invariants
-/// - Emitted bytes are exactly bytes `start..=end` of the object, in order, and their total equals
-///   the head's `Content-Length` on success.
+/// - Emitted bytes are exactly the requested bytes of the object, in order, and their total
+///   equals the head's `Content-Length` on success.
 /// - A block is offered to the store only with the exact geometry length and never when the
 ///   origin ignored Range.
+/// - Every breaker permit handed out is returned exactly once (by the shell through
+///   `handle_peer`, or [`Engine::abandon`]).
 /// - Nothing is learnt about an object from a failed probe.
 pub struct Read {
     url: String,
     object: ObjectId,
-    method: Method,
-    range: Option<Vec<u8>>,
+    kind: Kind,
     size: u64,
     segments: Option<Segments>,
     head_sent: bool,
@@ -219,11 +282,31 @@ pub struct Read {
 impl Read {
     pub(super) fn new(engine: &mut Engine, request: ReadRequest) -> Read {
         let object = engine.identify(&request.url);
-        let mut read = Read {
-            url: request.url,
+        let kind = Kind::Client { method: request.method, range: request.range };
+        let mut read = Read::blank(request.url, object, kind);
+        match engine.object(&read.object) {
+            Some(ObjectInfo::Sized(size)) => read.respond(engine, size),
+            Some(ObjectInfo::RangeBlind) => read.passthrough(engine),
+            None => read.probe(),
+        }
+        read
+    }
+
+    pub(super) fn relay(engine: &mut Engine, key: BlockKey, url: Option<String>, hop: u64) -> Read {
+        let fetch = url.is_some();
+        let url = url.unwrap_or_default();
+        let object = engine.identify(&url);
+        let mut read = Read::blank(url, object, Kind::Relay { key, fetch, hop });
+        read.out.push_back(Action::Lookup { key });
+        read.state = State::AwaitRelayLookup;
+        read
+    }
+
+    fn blank(url: String, object: ObjectId, kind: Kind) -> Read {
+        Read {
+            url,
             object,
-            method: request.method,
-            range: request.range,
+            kind,
             size: 0,
             segments: None,
             head_sent: false,
@@ -231,13 +314,7 @@ impl Read {
             content_length: 0,
             state: State::AwaitProbe,
             out: VecDeque::new(),
-        };
-        match engine.object(&read.object) {
-            Some(ObjectInfo::Sized(size)) => read.respond(engine, size),
-            Some(ObjectInfo::RangeBlind) => read.passthrough(engine),
-            None => read.out.push_back(Action::Probe { url: read.url.clone() }),
         }
-        read
     }
 
     /// The object's identity.
@@ -255,15 +332,38 @@ impl Read {
         matches!(self.state, State::Done)
     }
 
+    fn is_relay(&self) -> bool {
+        matches!(self.kind, Kind::Relay { .. })
+    }
+
+    fn probe(&mut self) {
+        self.out.push_back(Action::Probe { url: self.url.clone() });
+        self.state = State::AwaitProbe;
+    }
+
     /// The answer to [`Action::Probe`]: the classified origin response or the failure.
-    pub fn handle_probe(&mut self, engine: &mut Engine, answer: Result<ProbeOutcome, OriginError>) {
+    pub fn handle_probe(
+        &mut self,
+        engine: &mut Engine,
+        answer: Result<ProbeOutcome, OriginError>,
+        now: Instant,
+    ) {
         assert!(matches!(self.state, State::AwaitProbe), "probe answer out of turn");
         match answer {
             Ok(outcome) => {
                 engine.learn(&self.object, outcome);
-                match outcome {
-                    ProbeOutcome::Size(size) => self.respond(engine, size),
-                    ProbeOutcome::RangeBlind { .. } => self.passthrough(engine),
+                match (outcome, &self.kind) {
+                    (ProbeOutcome::Size(size), Kind::Client { .. }) => self.respond(engine, size),
+                    (ProbeOutcome::Size(size), Kind::Relay { .. }) => {
+                        self.relay_job(engine, size, now)
+                    }
+                    (ProbeOutcome::RangeBlind { .. }, Kind::Client { .. }) => {
+                        self.passthrough(engine)
+                    }
+                    (ProbeOutcome::RangeBlind { .. }, Kind::Relay { .. }) => {
+                        engine.stats.relay_declined += 1;
+                        self.fail(ReadError::NotHeld);
+                    }
                 }
             }
             Err(e) => self.fail(e.into()),
@@ -271,31 +371,148 @@ impl Read {
     }
 
     /// The answer to [`Action::Lookup`]: the cached bytes, if any.
-    pub fn handle_lookup(&mut self, engine: &mut Engine, cached: Option<Bytes>) {
-        let State::AwaitLookup { seg, key, expected } = self.state else {
-            panic!("lookup answer out of turn: {:?}", self.state);
-        };
-        match cached {
-            Some(data) if data.len() as u64 == expected => {
-                engine.stats.block_source_cache += 1;
-                self.emit_segment(engine, seg, &data);
-                self.next_block(engine);
-            }
-            Some(_) | None => {
-                if cached.is_some() {
-                    engine.stats.cache_corrupt += 1;
+    pub fn handle_lookup(&mut self, engine: &mut Engine, cached: Option<Bytes>, now: Instant) {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::AwaitRelayLookup => self.relay_lookup(engine, cached, now),
+            State::AwaitLookup(mut job) => match cached {
+                Some(data) if data.len() as u64 == job.expected => {
+                    engine.stats.block_source_cache += 1;
+                    self.deliver(engine, job.seg, &data);
                 }
-                let start = seg.block_index * engine.config.geometry.block_bytes();
-                self.out.push_back(Action::FetchOrigin {
-                    key,
-                    url: self.url.clone(),
-                    start,
-                    end: start + expected - 1,
-                    expected_len: expected,
-                    object_size: self.size,
-                    class: engine.class_of(&key),
-                });
-                self.state = State::AwaitFetch { seg, key, expected };
+                Some(_) | None => {
+                    if cached.is_some() {
+                        engine.stats.cache_corrupt += 1;
+                    }
+                    job.upstreams = engine.upstreams(job.key, now).into();
+                    self.next_source(engine, job, now);
+                }
+            },
+            other => panic!("lookup answer out of turn: {other:?}"),
+        }
+    }
+
+    fn relay_lookup(&mut self, engine: &mut Engine, cached: Option<Bytes>, now: Instant) {
+        let Kind::Relay { fetch, .. } = self.kind else { unreachable!("relay state") };
+        match cached {
+            Some(data) => {
+                engine.stats.relay_served += 1;
+                let len = data.len() as u64;
+                self.head_sent = true;
+                self.content_length = len;
+                self.out.push_back(Action::Respond(ResponseHead {
+                    status: 200,
+                    content_length: len,
+                    content_range: None,
+                }));
+                self.emitted = len;
+                self.out.push_back(Action::Emit(data));
+                self.finish();
+            }
+            None if !fetch => {
+                engine.stats.relay_declined += 1;
+                self.fail(ReadError::NotHeld);
+            }
+            None => match engine.object(&self.object) {
+                Some(ObjectInfo::Sized(size)) => self.relay_job(engine, size, now),
+                Some(ObjectInfo::RangeBlind) => {
+                    engine.stats.relay_declined += 1;
+                    self.fail(ReadError::NotHeld);
+                }
+                None => self.probe(),
+            },
+        }
+    }
+
+    fn relay_job(&mut self, engine: &mut Engine, size: u64, now: Instant) {
+        let Kind::Relay { key, .. } = self.kind else { unreachable!("relay state") };
+        self.size = size;
+        let geometry = engine.config.geometry;
+        let Some(expected) = geometry.block_len(size, key.block) else {
+            engine.stats.relay_declined += 1;
+            return self.fail(ReadError::NotHeld);
+        };
+        let start = geometry.block_start(key.block).expect("block_len checked the index");
+        let seg = Segment {
+            chunk_index: geometry.chunk_of_block(key.block),
+            block_index: key.block,
+            from: start,
+            to: start + expected - 1,
+        };
+        self.content_length = expected;
+        // The store was already consulted: go straight to the upstreams.
+        let upstreams = engine.upstreams(key, now).into();
+        self.next_source(engine, Job { seg, key, expected, upstreams }, now);
+    }
+
+    /// Tries the next upstream peer the breaker admits, else the origin.
+    fn next_source(&mut self, engine: &mut Engine, mut job: Job, now: Instant) {
+        let hop = match self.kind {
+            Kind::Client { .. } => 0,
+            Kind::Relay { hop, .. } => hop,
+        };
+        while let Some(peer) = job.upstreams.pop_front() {
+            match engine.admit(&peer.addr, now) {
+                Some(permit) => {
+                    self.out.push_back(Action::FetchPeer {
+                        peer,
+                        key: job.key,
+                        url: self.url.clone(),
+                        hop,
+                        expected_len: job.expected,
+                        permit,
+                    });
+                    self.state = State::AwaitPeer(job);
+                    return;
+                }
+                None => engine.stats.peer_skipped_open += 1,
+            }
+        }
+        let start = job.seg.block_index * engine.config.geometry.block_bytes();
+        self.out.push_back(Action::FetchOrigin {
+            key: job.key,
+            url: self.url.clone(),
+            start,
+            end: start + job.expected - 1,
+            expected_len: job.expected,
+            object_size: self.size,
+            class: engine.class_of(&job.key),
+        });
+        self.state = State::AwaitFetch(job);
+    }
+
+    /// The answer to [`Action::FetchPeer`], with the permit it carried.
+    pub fn handle_peer(
+        &mut self,
+        engine: &mut Engine,
+        permit: Permit<String>,
+        answer: PeerAnswer,
+        now: Instant,
+    ) {
+        let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
+            panic!("peer answer out of turn");
+        };
+        match answer {
+            PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
+                engine.complete(permit, Outcome::Answered, now);
+                engine.stats.block_source_peer += 1;
+                engine.stats.peer_bytes += data.len() as u64;
+                let class = engine.class_of(&job.key);
+                self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
+                self.deliver(engine, job.seg, &data);
+            }
+            PeerAnswer::Block(_) => {
+                // A lying peer: never trusted again this read, and its circuit opens at once.
+                engine.complete(permit, Outcome::HardFailure(HardReason::Validation), now);
+                engine.stats.peer_wrong_length += 1;
+                job.upstreams.clear();
+                self.next_source(engine, job, now);
+            }
+            PeerAnswer::Failed(observation) => {
+                engine.complete(permit, observation.outcome(), now);
+                if observation != Observation::Miss {
+                    engine.stats.peer_failover += 1;
+                }
+                self.next_source(engine, job, now);
             }
         }
     }
@@ -306,8 +523,8 @@ impl Read {
         engine: &mut Engine,
         fetched: Result<FetchedBlock, OriginError>,
     ) {
-        let State::AwaitFetch { seg, key, expected } = self.state else {
-            panic!("fetch answer out of turn: {:?}", self.state);
+        let State::AwaitFetch(job) = std::mem::replace(&mut self.state, State::Done) else {
+            panic!("fetch answer out of turn");
         };
         let block = match fetched {
             Ok(block) => block,
@@ -316,16 +533,16 @@ impl Read {
         if !block.coalesced {
             engine.stats.origin_bytes += block.data.len() as u64;
         }
-        match block_verdict(self.size, expected, &block) {
+        match block_verdict(self.size, job.expected, &block) {
             Verdict::Cache => {
-                let class = engine.class_of(&key);
-                self.out.push_back(Action::Store { key, data: block.data.clone(), class });
+                let class = engine.class_of(&job.key);
+                self.out.push_back(Action::Store { key: job.key, data: block.data.clone(), class });
             }
             Verdict::ServeOnly => engine.stats.uncacheable += 1,
             Verdict::Reject(err) => {
                 let err = match err {
                     ReadError::BlockLength { want, got, .. } => {
-                        ReadError::BlockLength { block: seg.block_index, want, got }
+                        ReadError::BlockLength { block: job.seg.block_index, want, got }
                     }
                     other => other,
                 };
@@ -333,13 +550,32 @@ impl Read {
             }
         }
         engine.stats.block_source_origin += 1;
-        self.emit_segment(engine, seg, &block.data);
+        self.deliver(engine, job.seg, &block.data);
+    }
+
+    /// Emits a block's part of the range and moves on.
+    fn deliver(&mut self, engine: &mut Engine, seg: Segment, block: &Bytes) {
+        if self.is_relay() {
+            engine.stats.relay_served += 1;
+            self.head_sent = true;
+            self.out.push_back(Action::Respond(ResponseHead {
+                status: 200,
+                content_length: self.content_length,
+                content_range: None,
+            }));
+            self.emitted = block.len() as u64;
+            self.out.push_back(Action::Emit(block.clone()));
+            return self.finish();
+        }
+        self.emit_segment(engine, seg, block);
         self.next_block(engine);
     }
 
     fn respond(&mut self, engine: &mut Engine, size: u64) {
+        let Kind::Client { method, range } = &self.kind else { unreachable!("client read") };
+        let method = *method;
         self.size = size;
-        let head = match resolve_range(self.range.as_deref(), size) {
+        let head = match resolve_range(range.as_deref(), size) {
             Ok(RangeOutcome::Whole) => {
                 if size > 0 {
                     self.segments = Some(engine.config.geometry.segments(0, size - 1));
@@ -364,10 +600,10 @@ impl Read {
         self.content_length = head.content_length;
         self.head_sent = true;
         self.out.push_back(Action::Respond(head));
-        if self.method == Method::Head {
+        if method == Method::Head {
             self.segments = None;
+            self.content_length = 0;
         }
-        self.state = State::Streaming;
         self.next_block(engine);
     }
 
@@ -381,19 +617,17 @@ impl Read {
                     .expect("segments lie inside the object");
                 let key = engine.block_key(&self.object, seg.block_index);
                 self.out.push_back(Action::Lookup { key });
-                self.state = State::AwaitLookup { seg, key, expected };
+                self.state =
+                    State::AwaitLookup(Job { seg, key, expected, upstreams: VecDeque::new() });
             }
-            None => {
-                if self.method == Method::Get {
-                    assert_eq!(
-                        self.emitted, self.content_length,
-                        "emitted bytes != Content-Length"
-                    );
-                }
-                self.out.push_back(Action::Finish);
-                self.state = State::Done;
-            }
+            None => self.finish(),
         }
+    }
+
+    fn finish(&mut self) {
+        assert_eq!(self.emitted, self.content_length, "emitted bytes != Content-Length");
+        self.out.push_back(Action::Finish);
+        self.state = State::Done;
     }
 
     fn emit_segment(&mut self, engine: &mut Engine, seg: Segment, block: &Bytes) {
@@ -413,13 +647,28 @@ impl Read {
     }
 
     fn fail(&mut self, error: ReadError) {
-        let status = match &error {
-            ReadError::Origin(e) if e.status() == Some(404) => 404,
+        let relay = self.is_relay();
+        let refused = match &error {
+            ReadError::Origin(e) if e.is_refusal() => e.status(),
             ReadError::Origin(_)
+            | ReadError::NotHeld
             | ReadError::BlockLength { .. }
-            | ReadError::SizeChanged { .. } => 502,
+            | ReadError::SizeChanged { .. } => None,
         };
-        let failure = ReadFailure { committed: self.head_sent, status, error };
+        let status = match (&error, relay) {
+            (ReadError::NotHeld, _) => 404,
+            (_, true) if refused.is_some() => 502,
+            (_, true) => 500,
+            (ReadError::Origin(e), false) if e.status() == Some(404) => 404,
+            (
+                ReadError::Origin(_)
+                | ReadError::BlockLength { .. }
+                | ReadError::SizeChanged { .. },
+                false,
+            ) => 502,
+        };
+        let upstream_status = if relay { refused } else { None };
+        let failure = ReadFailure { committed: self.head_sent, status, upstream_status, error };
         self.out.push_back(Action::Fail(failure));
         self.state = State::Done;
     }

@@ -4,6 +4,7 @@
 use super::origin::{classify_probe, finish_range_body, plan_range_response, OriginError};
 use super::*;
 use crate::geometry::Geometry;
+use crate::time::Instant;
 use bytes::Bytes;
 use proptest::prelude::*;
 
@@ -16,7 +17,7 @@ fn content(size: u64) -> Vec<u8> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     Honours,
     IgnoresRange,
     /// Honours the probe but answers block requests with a whole-object 200.
@@ -26,17 +27,19 @@ enum Mode {
     ServerError,
     /// Answers 206 but sends one byte less than the window.
     Truncates,
+    /// Honours the probe but refuses every block fetch with 403 (an expired signature).
+    RefusesBlocks,
 }
 
-struct FakeOrigin {
-    data: Vec<u8>,
-    mode: Mode,
-    probes: usize,
-    fetches: Vec<(u64, u64)>,
+pub(super) struct FakeOrigin {
+    pub(super) data: Vec<u8>,
+    pub(super) mode: Mode,
+    pub(super) probes: usize,
+    pub(super) fetches: Vec<(u64, u64)>,
 }
 
 impl FakeOrigin {
-    fn new(size: u64, mode: Mode) -> Self {
+    pub(super) fn new(size: u64, mode: Mode) -> Self {
         FakeOrigin { data: content(size), mode, probes: 0, fetches: Vec::new() }
     }
 
@@ -44,7 +47,7 @@ impl FakeOrigin {
         self.data.len() as u64
     }
 
-    fn probe(&mut self) -> Result<origin::ProbeOutcome, OriginError> {
+    pub(super) fn probe(&mut self) -> Result<origin::ProbeOutcome, OriginError> {
         self.probes += 1;
         let size = self.size();
         let (status, cr, cl): (u16, Option<String>, Option<u64>) = match self.mode {
@@ -52,22 +55,29 @@ impl FakeOrigin {
             Mode::ServerError => (500, None, None),
             Mode::IgnoresRange => (200, None, Some(size)),
             Mode::HidesTotal => (206, Some("bytes 0-0/*".into()), Some(1)),
-            Mode::Honours | Mode::IgnoresRangeAfterProbe | Mode::Truncates if size == 0 => {
+            Mode::Honours
+            | Mode::IgnoresRangeAfterProbe
+            | Mode::Truncates
+            | Mode::RefusesBlocks
+                if size == 0 =>
+            {
                 (416, Some("bytes */0".into()), None)
             }
-            Mode::Honours | Mode::IgnoresRangeAfterProbe | Mode::Truncates => {
-                (206, Some(format!("bytes 0-0/{size}")), Some(1))
-            }
+            Mode::Honours
+            | Mode::IgnoresRangeAfterProbe
+            | Mode::Truncates
+            | Mode::RefusesBlocks => (206, Some(format!("bytes 0-0/{size}")), Some(1)),
         };
         classify_probe(status, cr.as_deref().map(str::as_bytes), cl)
     }
 
-    fn fetch(&mut self, start: u64, end: u64) -> Result<FetchedBlock, OriginError> {
+    pub(super) fn fetch(&mut self, start: u64, end: u64) -> Result<FetchedBlock, OriginError> {
         self.fetches.push((start, end));
         let size = self.size();
         let (status, cr, body): (u16, Option<String>, Vec<u8>) = match self.mode {
             Mode::NotFound => (404, None, Vec::new()),
             Mode::ServerError => (500, None, Vec::new()),
+            Mode::RefusesBlocks => (403, None, Vec::new()),
             Mode::IgnoresRange | Mode::IgnoresRangeAfterProbe => (200, None, self.data.clone()),
             Mode::Honours | Mode::HidesTotal | Mode::Truncates => {
                 let last = end.min(size - 1);
@@ -142,7 +152,7 @@ impl World {
             match action {
                 Action::Probe { .. } => {
                     let answer = self.origin.probe();
-                    read.handle_probe(&mut self.engine, answer);
+                    read.handle_probe(&mut self.engine, answer, Instant::ZERO);
                 }
                 Action::Passthrough { .. } => {
                     out.end = End::Passthrough;
@@ -151,12 +161,13 @@ impl World {
                 Action::Respond(head) => out.head = Some(head),
                 Action::Lookup { key } => {
                     let hit = self.cache.get(&key).cloned();
-                    read.handle_lookup(&mut self.engine, hit);
+                    read.handle_lookup(&mut self.engine, hit, Instant::ZERO);
                 }
                 Action::FetchOrigin { start, end, .. } => {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.engine, got);
                 }
+                Action::FetchPeer { .. } => panic!("single node never asks a peer"),
                 Action::Store { key, data, .. } => {
                     self.stores += 1;
                     self.cache.entry(key).or_insert(data);

@@ -1,0 +1,340 @@
+//! Peer-path properties (seeds/engine.md §7 P2P tests, seeds/peer.md §7 relay tests), driven by
+//! an in-test cluster: several engines, one fake origin, and peer requests served synchronously
+//! by running the target node's relay read.
+
+use super::route::{relay_check, Placement, RelayDecline};
+use super::tests::{FakeOrigin, Mode};
+use super::*;
+use crate::breaker::{BreakerConfig, CircuitState, Observation};
+use crate::geometry::Geometry;
+use crate::membership::{Member, View};
+use crate::time::Instant;
+use bytes::Bytes;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// The machine is gone: every dial fails.
+    Dead,
+    /// Answers every block request with one byte too few.
+    Short,
+}
+
+struct Node {
+    engine: Engine,
+    cache: BTreeMap<BlockKey, Bytes>,
+    fault: Fault,
+    relay_requests: usize,
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    origin: FakeOrigin,
+    url: String,
+    now: Instant,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Finish(Vec<u8>),
+    Fail(ReadFailure),
+}
+
+fn id(i: usize) -> String {
+    format!("node-{i}")
+}
+
+fn addr(i: usize) -> String {
+    format!("10.0.0.{i}:9000")
+}
+
+impl Cluster {
+    /// `n` nodes with the given fanout over an object of `size` bytes (chunk 16, block 4).
+    fn new(n: usize, fanout: usize, size: u64, mode: Mode) -> Self {
+        let view = View::new((0..n).map(|i| Member::ready(&id(i), &addr(i))).collect());
+        let nodes = (0..n)
+            .map(|i| {
+                let geometry = Geometry::new(16, 4).expect("geometry");
+                let mut engine = Engine::new(EngineConfig { geometry, ..EngineConfig::default() });
+                let config = BreakerConfig { failure_threshold: 3, ..BreakerConfig::default() };
+                let breaker = crate::breaker::Breaker::new(config).expect("breaker config");
+                let placement = Placement::new(view.clone(), &id(i), fanout, 1);
+                engine.enable_p2p(P2p { placement, breaker });
+                Node { engine, cache: BTreeMap::new(), fault: Fault::None, relay_requests: 0 }
+            })
+            .collect();
+        Cluster {
+            nodes,
+            origin: FakeOrigin::new(size, mode),
+            url: "http://origin.example/blob".into(),
+            now: Instant::from_secs(1),
+        }
+    }
+
+    fn index_of(&self, addr_: &str) -> usize {
+        (0..self.nodes.len()).find(|&i| addr(i) == addr_).expect("known peer")
+    }
+
+    /// The node ids ranked for the chunk of block `block` (position 0 is the tree root).
+    fn ranked(&self, block: u64) -> Vec<usize> {
+        let e = &self.nodes[0].engine;
+        let key = e.block_key(&e.identify(&self.url), block);
+        let p = &e.p2p().expect("p2p").placement;
+        p.ranked(key.chunk)
+            .into_iter()
+            .map(|s| s.trim_start_matches("node-").parse().expect("index"))
+            .collect()
+    }
+
+    fn read(&mut self, at: usize, range: Option<&str>) -> End {
+        let request = ReadRequest {
+            url: self.url.clone(),
+            method: Method::Get,
+            range: range.map(|r| r.as_bytes().to_vec()),
+        };
+        let read = self.nodes[at].engine.begin_read(request);
+        self.drive(at, read)
+    }
+
+    fn drive(&mut self, at: usize, mut read: Read) -> End {
+        let mut body = Vec::new();
+        loop {
+            let now = self.now;
+            let action = read.poll_action().expect("a read never stalls in this driver");
+            match action {
+                Action::Probe { .. } => {
+                    let answer = self.origin.probe();
+                    read.handle_probe(&mut self.nodes[at].engine, answer, now);
+                }
+                Action::Lookup { key } => {
+                    let hit = self.nodes[at].cache.get(&key).cloned();
+                    read.handle_lookup(&mut self.nodes[at].engine, hit, now);
+                }
+                Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+                    let answer = self.serve_peer(&peer.addr, key, &url, hop, expected_len);
+                    read.handle_peer(&mut self.nodes[at].engine, permit, answer, now);
+                }
+                Action::FetchOrigin { start, end, .. } => {
+                    let got = self.origin.fetch(start, end);
+                    read.handle_fetch(&mut self.nodes[at].engine, got);
+                }
+                Action::Store { key, data, .. } => {
+                    let expected = data.len();
+                    let slot = self.nodes[at].cache.entry(key).or_insert(data);
+                    assert_eq!(slot.len(), expected, "write-once cache keeps exact lengths");
+                }
+                Action::Emit(b) => body.extend_from_slice(&b),
+                Action::Respond(_) => {}
+                Action::Finish => break,
+                Action::Fail(f) => {
+                    self.nodes[at].engine.check_invariants();
+                    return End::Fail(f);
+                }
+                Action::Passthrough { .. } => panic!("no Range-blind origin in these tests"),
+            }
+        }
+        self.nodes[at].engine.check_invariants();
+        End::Finish(body)
+    }
+
+    /// What the peer at `to` answers, as its peer server would: relay check, then a relay read.
+    fn serve_peer(
+        &mut self,
+        to: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> PeerAnswer {
+        let j = self.index_of(to);
+        self.nodes[j].relay_requests += 1;
+        match self.nodes[j].fault {
+            Fault::Dead => return PeerAnswer::Failed(Observation::DialFailed),
+            Fault::Short => {
+                let short = vec![0u8; expected.saturating_sub(1) as usize];
+                return PeerAnswer::Block(Bytes::from(short));
+            }
+            Fault::None => {}
+        }
+        let plan = match relay_check(&self.nodes[j].engine, key, Some(url), hop) {
+            Ok(plan) => plan,
+            Err(_) => return PeerAnswer::Failed(Observation::Miss),
+        };
+        let next_hop = match plan {
+            route::RelayPlan::FetchOnBehalf { next_hop } => next_hop,
+            route::RelayPlan::CacheOnly => unreachable!("url given"),
+        };
+        let read = self.nodes[j].engine.begin_relay(key, Some(url.to_owned()), next_hop);
+        match self.drive(j, read) {
+            End::Finish(bytes) => PeerAnswer::Block(Bytes::from(bytes)),
+            End::Fail(f) => match (f.status, f.upstream_status) {
+                (404, _) => PeerAnswer::Failed(Observation::Miss),
+                (502, Some(status)) => PeerAnswer::Failed(Observation::UpstreamRefused { status }),
+                (status, _) => PeerAnswer::Failed(Observation::UnexpectedStatus(status)),
+            },
+        }
+    }
+
+    fn expected(&self, a: u64, b: u64) -> Vec<u8> {
+        self.origin.data[a as usize..=b as usize].to_vec()
+    }
+
+    fn state_of(&self, at: usize, peer: usize) -> CircuitState {
+        let b = &self.nodes[at].engine.p2p().expect("p2p").breaker;
+        b.state(&addr(peer), self.now)
+    }
+}
+
+#[test]
+fn a_leaf_pulls_through_its_ancestors_and_the_origin_is_read_once_per_block() {
+    let mut c = Cluster::new(7, 2, 12, Mode::Honours);
+    let ranked = c.ranked(0);
+    // Object of 12 bytes = 3 blocks in chunk 0: everyone shares one tree.
+    let leaf = ranked[6];
+    assert_eq!(c.read(leaf, None), End::Finish(c.expected(0, 11)));
+    assert_eq!(c.origin.fetches.len(), 3, "only the root read the origin");
+    let root = ranked[0];
+    assert_eq!(c.nodes[root].engine.stats().block_source_origin, 3);
+    assert_eq!(c.nodes[leaf].engine.stats().block_source_peer, 3);
+    // Every node on the leaf's path now holds the blocks: n=7 k=2, position 6's parent is 4.
+    for pos in [0, 4, 6] {
+        assert_eq!(c.nodes[ranked[pos]].cache.len(), 3, "position {pos} cached the blocks");
+    }
+    // A sibling is served by the shared parent without touching the origin again.
+    assert_eq!(c.read(ranked[5], None), End::Finish(c.expected(0, 11)));
+    assert_eq!(c.origin.fetches.len(), 3);
+}
+
+#[test]
+fn the_root_of_a_chunk_reads_the_origin_without_asking_peers() {
+    let mut c = Cluster::new(5, 2, 8, Mode::Honours);
+    let root = c.ranked(0)[0];
+    assert_eq!(c.read(root, None), End::Finish(c.expected(0, 7)));
+    assert!(c.nodes.iter().all(|n| n.relay_requests == 0));
+}
+
+#[test]
+fn a_chain_at_fanout_one_populates_every_node() {
+    let mut c = Cluster::new(4, 1, 4, Mode::Honours);
+    let ranked = c.ranked(0);
+    assert_eq!(c.read(ranked[3], None), End::Finish(c.expected(0, 3)));
+    for &i in &ranked {
+        assert_eq!(c.nodes[i].cache.len(), 1, "node {i} holds the block");
+    }
+    assert_eq!(c.origin.fetches.len(), 1);
+}
+
+#[test]
+fn a_dead_parent_opens_on_one_dial_and_later_reads_skip_it_with_zero_dials() {
+    let mut c = Cluster::new(7, 2, 16, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (leaf, parent, grand) = (ranked[6], ranked[4], ranked[0]);
+    c.nodes[parent].fault = Fault::Dead;
+    assert_eq!(c.read(leaf, Some("bytes=0-3")), End::Finish(c.expected(0, 3)));
+    assert_eq!(c.nodes[parent].relay_requests, 1, "one dial");
+    assert_eq!(c.state_of(leaf, parent), CircuitState::Open);
+    assert_eq!(c.nodes[leaf].engine.stats().peer_failover, 1, "escalated to the grandparent");
+    assert_eq!(c.nodes[grand].relay_requests, 1);
+    for b in 1..4u64 {
+        let r = format!("bytes={}-{}", b * 4, b * 4 + 3);
+        assert_eq!(c.read(leaf, Some(&r)), End::Finish(c.expected(b * 4, b * 4 + 3)));
+    }
+    assert_eq!(c.nodes[parent].relay_requests, 1, "no further dial at the dead peer");
+    assert_eq!(c.nodes[leaf].engine.stats().block_source_peer, 4, "still served by the tree");
+}
+
+#[test]
+fn a_peer_answering_a_short_block_is_not_trusted_and_nothing_wrong_is_cached() {
+    let mut c = Cluster::new(7, 2, 12, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (leaf, parent) = (ranked[6], ranked[4]);
+    c.nodes[parent].fault = Fault::Short;
+    assert_eq!(c.read(leaf, None), End::Finish(c.expected(0, 11)));
+    assert_eq!(c.state_of(leaf, parent), CircuitState::Open, "a validation failure opens at once");
+    let s = c.nodes[leaf].engine.stats();
+    assert_eq!(s.peer_wrong_length, 1);
+    assert_eq!(s.block_source_origin, 1, "the lied-about block came from the origin");
+    assert_eq!(s.block_source_peer, 2, "later blocks skip the open parent for the grandparent");
+    assert_eq!(c.nodes[parent].relay_requests, 1, "the liar is not asked again");
+    for (key, data) in &c.nodes[leaf].cache {
+        assert_eq!(data[..], c.expected(key.block * 4, key.block * 4 + 3)[..]);
+    }
+}
+
+#[test]
+fn an_expired_credential_through_a_relay_does_not_blame_the_relay() {
+    let mut c = Cluster::new(3, 1, 4, Mode::RefusesBlocks);
+    let ranked = c.ranked(0);
+    let (tail, middle) = (ranked[2], ranked[1]);
+    for _ in 0..5 {
+        let End::Fail(f) = c.read(tail, None) else { panic!("the origin refuses everyone") };
+        assert_eq!(f.status, 502);
+    }
+    assert_eq!(c.state_of(tail, middle), CircuitState::Closed, "5 refusals at threshold 3");
+    assert_eq!(c.nodes[tail].engine.p2p().expect("p2p").breaker.counters().soft, 0);
+}
+
+#[test]
+fn genuine_relay_failures_still_open_the_circuit() {
+    let mut c = Cluster::new(3, 1, 4, Mode::ServerError);
+    // The control: a relay whose origin answers 500 returns 500, which is soft and counts.
+    // (The probe itself fails on this origin, so drive the tail's peer requests by hand.)
+    let ranked = c.ranked(0);
+    let (tail, middle) = (ranked[2], ranked[1]);
+    let e = &c.nodes[tail].engine;
+    let key = e.block_key(&e.identify(&c.url), 0);
+    for _ in 0..3 {
+        let answer = c.serve_peer(&addr(middle), key, &c.url.clone(), 0, 4);
+        assert_eq!(answer, PeerAnswer::Failed(Observation::UnexpectedStatus(500)));
+        let b = &mut c.nodes[tail].engine.p2p_mut().expect("p2p").breaker;
+        let permit = b.begin_data(&addr(middle), c.now).permit().expect("admitted while closed");
+        b.complete(permit, Observation::UnexpectedStatus(500).outcome(), c.now);
+    }
+    assert_eq!(c.state_of(tail, middle), CircuitState::Open);
+}
+
+#[test]
+fn a_relay_declines_requests_it_must_not_serve_without_touching_the_origin() {
+    let mut c = Cluster::new(3, 1, 8, Mode::Honours);
+    let e = &c.nodes[0].engine;
+    let key = e.block_key(&e.identify(&c.url), 0);
+    let max = e.config().geometry.max_block_index();
+    for block in [1u64 << 63, u64::MAX, max + 1] {
+        let bad = BlockKey { chunk: key.chunk, block };
+        assert_eq!(relay_check(e, bad, Some(&c.url), 0), Err(RelayDecline::IndexOverflow));
+    }
+    // A block past the object's end is declined after the probe, with no block fetch.
+    let past = e.block_key(&e.identify(&c.url), 5);
+    let url = c.url.clone();
+    let read = c.nodes[0].engine.begin_relay(past, Some(url), 1);
+    let End::Fail(f) = c.drive(0, read) else { panic!("declined") };
+    assert_eq!((f.status, f.upstream_status), (404, None));
+    assert!(c.origin.fetches.is_empty());
+    // A cache-only request for a block not held is a clean 404.
+    let read = c.nodes[0].engine.begin_relay(key, None, 0);
+    let End::Fail(f) = c.drive(0, read) else { panic!("not held") };
+    assert_eq!(f.status, 404);
+}
+
+#[test]
+fn owned_blocks_are_charged_to_the_owned_budget_and_copies_to_borrowed() {
+    let c = Cluster::new(5, 2, 8, Mode::Honours);
+    let ranked = c.ranked(0);
+    let e = &c.nodes[ranked[0]].engine;
+    let key = e.block_key(&e.identify(&c.url), 0);
+    assert_eq!(e.class_of(&key), BlockClass::Owned);
+    assert_eq!(c.nodes[ranked[3]].engine.class_of(&key), BlockClass::Borrowed);
+}
+
+#[test]
+fn every_member_reading_every_range_gets_exact_bytes_and_the_origin_sees_each_block_once() {
+    let size = 40;
+    let mut c = Cluster::new(6, 2, size, Mode::Honours);
+    for at in 0..6 {
+        for (a, b) in [(0u64, 39u64), (3, 17), (16, 33)] {
+            let r = format!("bytes={a}-{b}");
+            assert_eq!(c.read(at, Some(&r)), End::Finish(c.expected(a, b)), "node {at} {r}");
+        }
+    }
+    assert_eq!(c.origin.fetches.len(), 10, "10 blocks, each fetched once cluster-wide");
+}

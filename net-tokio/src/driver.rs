@@ -1,0 +1,125 @@
+//! Carries out a core [`Read`]'s internal actions — probes, cache look-ups, peer and origin
+//! fetches, stores — and hands back only what the caller must put on its own wire (the head,
+//! body bytes, the end). The client plane and the peer server both drive reads through it, so a
+//! client read and a relay take exactly the same decisions.
+
+use crate::cache::BlockCache;
+use crate::metrics::Metrics;
+use crate::origin::{Fill, OriginFetcher};
+use crate::peer_client::PeerClient;
+use crate::seam::{Dialer, ShellClock};
+use bytes::Bytes;
+use dart_core::breaker::Permit;
+use dart_core::engine::{
+    block_verdict, Action, Engine, FetchedBlock, Read, ReadFailure, ResponseHead, Verdict,
+};
+use std::sync::{Arc, Mutex};
+use std::time::Instant as WallInstant;
+
+/// What a read asks its caller to put on the wire.
+#[derive(Debug)]
+pub enum Outward {
+    /// Send the response head.
+    Respond(ResponseHead),
+    /// Send these body bytes.
+    Emit(Bytes),
+    /// Done.
+    Finish,
+    /// Failed (before or after the head; see [`ReadFailure::committed`]).
+    Fail(ReadFailure),
+    /// Proxy the request verbatim to this Range-blind origin URL.
+    Passthrough(String),
+}
+
+/// The node's shared machinery: the core engine and everything that performs its decisions.
+pub struct NodeCore<D: Dialer> {
+    /// The core engine (one per node).
+    pub engine: Arc<Mutex<Engine>>,
+    /// The block cache.
+    pub cache: Arc<dyn BlockCache>,
+    /// The origin fetcher.
+    pub origin: OriginFetcher<D>,
+    /// The peer client, when the peer path is on.
+    pub peers: Option<PeerClient<D>>,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The core's clock.
+    pub clock: ShellClock,
+}
+
+/// Returns a breaker permit as abandoned if its request task is dropped before answering.
+struct PermitGuard<'a> {
+    permit: Option<Permit<String>>,
+    engine: &'a Mutex<Engine>,
+    clock: ShellClock,
+}
+
+impl Drop for PermitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            if let Ok(mut engine) = self.engine.lock() {
+                engine.abandon(permit, self.clock.now());
+            }
+        }
+    }
+}
+
+impl<D: Dialer> NodeCore<D> {
+    fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
+        self.engine.lock().expect("engine lock")
+    }
+
+    /// Runs `read` until it has something for the wire. Never returns for an internal action.
+    pub async fn next(&self, read: &mut Read) -> Outward {
+        loop {
+            let Some(action) = read.poll_action() else {
+                unreachable!("a read waiting for nothing: every question is answered inline");
+            };
+            match action {
+                Action::Probe { url } => {
+                    let id = read.object().id.clone();
+                    let answer = self.origin.probe(&id, &url).await;
+                    read.handle_probe(&mut self.engine(), answer, self.clock.now());
+                }
+                Action::Lookup { key } => {
+                    let hit = self.cache.get(&key);
+                    read.handle_lookup(&mut self.engine(), hit, self.clock.now());
+                }
+                Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+                    let Some(peers) = &self.peers else {
+                        unreachable!("the engine routes to peers only when the peer path is on")
+                    };
+                    let mut guard = PermitGuard {
+                        permit: Some(permit),
+                        engine: &self.engine,
+                        clock: self.clock,
+                    };
+                    let t0 = WallInstant::now();
+                    let answer = peers.fetch_block(&peer.addr, key, &url, hop, expected_len).await;
+                    self.metrics.observe_fetch("peer", t0.elapsed().as_secs_f64());
+                    let permit = guard.permit.take().expect("taken once");
+                    read.handle_peer(&mut self.engine(), permit, answer, self.clock.now());
+                }
+                Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
+                    let id = read.object().id.clone();
+                    let cache = self.cache.clone();
+                    let fill: Fill = Box::new(move |b: &FetchedBlock| {
+                        if block_verdict(object_size, expected_len, b) == Verdict::Cache {
+                            cache.put(key, &b.data, class);
+                        }
+                    });
+                    let t0 = WallInstant::now();
+                    let got = self.origin.fetch(&id, &url, start, end, Some(fill)).await;
+                    self.metrics.observe_fetch("origin", t0.elapsed().as_secs_f64());
+                    read.handle_fetch(&mut self.engine(), got);
+                }
+                Action::Store { key, data, class } => self.cache.put(key, &data, class),
+                Action::Respond(head) => return Outward::Respond(head),
+                Action::Emit(bytes) => return Outward::Emit(bytes),
+                Action::Finish => return Outward::Finish,
+                Action::Fail(f) => return Outward::Fail(f),
+                Action::Passthrough { url } => return Outward::Passthrough(url),
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The peer client: fetches one whole block from a peer with three bounds (dial, response head,
+//! whole request) and classifies how the request ended into the core's [`Observation`]; the
+//! breaker decision that follows is the core's.
+
+use crate::seam::{Dialer, SeamConnector};
+use bytes::{Bytes, BytesMut};
+use dart_core::breaker::Observation;
+use dart_core::codec::wire::{
+    block_path, HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_UPSTREAM_STATUS,
+};
+use dart_core::engine::PeerAnswer;
+use dart_core::hash::BlockKey;
+use http::header::CONTENT_LENGTH;
+use http::{HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::time::Duration;
+
+/// Bounds and pool of the peer client (seeds/peer.md §3.3).
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    /// A peer whose machine is gone sends no RST: give up connecting after this long.
+    pub dial_timeout: Duration,
+    /// A peer that accepted but never answers: give up on the response head after this long.
+    /// Must exceed a relay's legitimate time to first byte.
+    pub response_header_timeout: Duration,
+    /// Bounds the whole exchange, body included.
+    pub request_timeout: Duration,
+    /// Idle connections kept per peer.
+    pub idle_per_host: usize,
+    /// Idle connections are closed after this long.
+    pub idle_timeout: Duration,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig {
+            dial_timeout: Duration::from_secs(1),
+            response_header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            idle_per_host: 32,
+            idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// A pooled HTTP/1.1 peer client.
+pub struct PeerClient<D: Dialer> {
+    client: Client<SeamConnector<D>, Empty<Bytes>>,
+    config: PeerConfig,
+    self_id: String,
+}
+
+impl<D: Dialer> PeerClient<D> {
+    /// A client identifying itself as `self_id`. Must be called inside a tokio runtime.
+    pub fn new(dialer: D, config: PeerConfig, self_id: &str) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(config.idle_timeout)
+            .pool_max_idle_per_host(config.idle_per_host)
+            .build(SeamConnector::new(dialer, config.dial_timeout));
+        PeerClient { client, config, self_id: self_id.to_owned() }
+    }
+
+    /// The configured bounds.
+    pub fn config(&self) -> &PeerConfig {
+        &self.config
+    }
+
+    /// Asks the peer at `addr` for block `key` of `url` at relay depth `hop`, reading at most
+    /// `expected + 1` body bytes.
+    pub async fn fetch_block(
+        &self,
+        addr: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> PeerAnswer {
+        let bound = self.config.request_timeout;
+        match tokio::time::timeout(bound, self.exchange(addr, key, url, hop, expected)).await {
+            Ok(answer) => answer,
+            Err(_) => PeerAnswer::Failed(Observation::TimedOut),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        addr: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> PeerAnswer {
+        let uri = format!("http://{addr}{}", block_path(key));
+        let mut req = Request::get(uri.as_str()).header(HEADER_HOP, hop);
+        if let Ok(v) = HeaderValue::try_from(url) {
+            req = req.header(HEADER_ORIGIN, v);
+        }
+        if let Ok(v) = HeaderValue::try_from(self.self_id.as_str()) {
+            req = req.header(HEADER_NODE, v);
+        }
+        let Ok(req) = req.body(Empty::new()) else {
+            return PeerAnswer::Failed(Observation::UnexpectedStatus(400));
+        };
+        let bound = self.config.response_header_timeout;
+        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
+            Err(_) => return PeerAnswer::Failed(Observation::TimedOut),
+            Ok(Err(e)) if e.is_connect() => return PeerAnswer::Failed(Observation::DialFailed),
+            Ok(Err(_)) => return PeerAnswer::Failed(Observation::BodyInterrupted),
+            Ok(Ok(resp)) => resp,
+        };
+        match resp.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return PeerAnswer::Failed(Observation::Miss),
+            StatusCode::BAD_GATEWAY => {
+                let upstream = resp
+                    .headers()
+                    .get(HEADER_UPSTREAM_STATUS)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u16>().ok());
+                return PeerAnswer::Failed(match upstream {
+                    Some(status) => Observation::UpstreamRefused { status },
+                    None => Observation::UnexpectedStatus(502),
+                });
+            }
+            other => return PeerAnswer::Failed(Observation::UnexpectedStatus(other.as_u16())),
+        }
+        let announced = resp
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > expected) {
+            // Refused before reading a byte: a peer cannot make us buffer more than a block.
+            return PeerAnswer::Failed(Observation::WrongLength);
+        }
+        read_bounded(resp.into_body(), expected).await
+    }
+}
+
+/// Reads at most `expected + 1` bytes of a body and judges its length.
+async fn read_bounded(mut body: hyper::body::Incoming, expected: u64) -> PeerAnswer {
+    let limit = expected.saturating_add(1);
+    let mut buf = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0).min(64 << 20));
+    while (buf.len() as u64) < limit {
+        match body.frame().await {
+            None => break,
+            Some(Err(_)) => return PeerAnswer::Failed(Observation::BodyInterrupted),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    let room = (limit - buf.len() as u64) as usize;
+                    buf.extend_from_slice(&data[..data.len().min(room)]);
+                }
+            }
+        }
+    }
+    if buf.len() as u64 != expected {
+        return PeerAnswer::Failed(Observation::WrongLength);
+    }
+    PeerAnswer::Block(buf.freeze())
+}
