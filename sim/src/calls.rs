@@ -12,6 +12,8 @@ use crate::net::{Endpoint, PathState, RETRANSMIT_DELAY};
 use crate::node::{FlightKey, ReadId};
 use crate::origin::{OriginAnswer, OriginRequest, HEAD_BYTES};
 use crate::sim::{Event, Sim};
+use bytes::Bytes;
+use dart_core::hash::BlockKey;
 use dart_core::time::Instant;
 use std::fmt;
 use std::time::Duration;
@@ -64,6 +66,69 @@ pub enum Purpose {
     Alone(ReadId, FlightKey),
     /// The verbatim passthrough of this read.
     Passthrough(ReadId),
+    /// A block request to a peer for this read.
+    Peer(ReadId),
+}
+
+/// A peer block request (`GET /peer/v1/block/<key>` with `X-DART-Origin` and `X-DART-Hop`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerRequest {
+    /// The block.
+    pub key: BlockKey,
+    /// `X-DART-Origin`.
+    pub url: String,
+    /// `X-DART-Hop`.
+    pub hop: u64,
+    /// The block's geometry length (the client reads at most one byte more).
+    pub expected_len: u64,
+}
+
+/// What a call asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallRequest {
+    /// An origin request.
+    Origin(OriginRequest),
+    /// A peer block request.
+    Peer(PeerRequest),
+}
+
+impl fmt::Display for CallRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallRequest::Origin(OriginRequest::Probe) => f.write_str("probe"),
+            CallRequest::Origin(OriginRequest::Range { start, end }) => {
+                write!(f, "range {start}-{end}")
+            }
+            CallRequest::Origin(OriginRequest::Passthrough { range }) => {
+                write!(f, "passthrough {range:?}")
+            }
+            CallRequest::Peer(p) => write!(f, "block {} hop {}", p.key, p.hop),
+        }
+    }
+}
+
+/// A peer's response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerReply {
+    /// HTTP status.
+    pub status: u16,
+    /// `X-DART-Upstream-Status`, on a 502 that relays an origin refusal.
+    pub upstream_status: Option<u16>,
+    /// `Content-Length`.
+    pub content_length: Option<u64>,
+    /// The body bytes sent.
+    pub body: Bytes,
+    /// The connection breaks before the body ends.
+    pub interrupted: bool,
+}
+
+/// What a call got back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallAnswer {
+    /// From the origin.
+    Origin(OriginAnswer),
+    /// From a peer.
+    Peer(PeerReply),
 }
 
 /// Which way a stalled exchange was travelling.
@@ -91,6 +156,11 @@ pub enum Stage {
         head_at: Instant,
         /// Last byte at the caller.
         done_at: Instant,
+    },
+    /// The callee is working on it (a relay read); the caller gives up at `deadline`.
+    Serving {
+        /// The caller's response-head bound.
+        deadline: Instant,
     },
     /// A silent path holds it; unless the path heals first it fails at `deadline`.
     Stalled {
@@ -127,14 +197,14 @@ pub struct Call {
     /// The upstream URL.
     pub url: String,
     /// What was asked.
-    pub request: OriginRequest,
+    pub request: CallRequest,
     /// Why.
     pub purpose: Purpose,
     /// When it was sent.
     pub sent: Instant,
     /// Where it is.
     pub stage: Stage,
-    pub(crate) answer: Option<OriginAnswer>,
+    pub(crate) answer: Option<CallAnswer>,
     dialed: bool,
 }
 
@@ -167,7 +237,7 @@ impl Sim {
         n: usize,
         to: Endpoint,
         url: String,
-        request: OriginRequest,
+        request: CallRequest,
         purpose: Purpose,
     ) -> CallId {
         debug_assert!(self.nodes[n].up, "a down node makes no calls");
@@ -201,7 +271,7 @@ impl Sim {
                 Stage::Stalled { since: now, leg, head_at: now, done_at: now, deadline, failure }
             }
         };
-        self.trace.line(now, format_args!("call {id} n{n} -> {to} {request:?} {stage:?}"));
+        self.trace.line(now, format_args!("call {id} n{n} -> {to} {request} {stage:?}"));
         let incarnation = self.nodes[n].incarnation;
         let call = Call {
             node: n,
@@ -238,8 +308,10 @@ impl Sim {
                 failure,
             },
             Stage::Failed { failure, at } => Stage::Failed { failure, at: at.max(now) },
+            Stage::Serving { deadline } => Stage::Serving { deadline: deadline.max(now) },
         };
         let (at, event) = match stage {
+            Stage::Serving { deadline } => (deadline, Event::CallError { call: id }),
             Stage::Request { arrive_at } => (arrive_at, Event::CallArrive { call: id }),
             Stage::Response { done_at, .. } => (done_at, Event::CallReply { call: id }),
             Stage::Stalled { deadline, .. } => (deadline, Event::CallError { call: id }),
@@ -264,15 +336,30 @@ impl Sim {
         if call.stage != (Stage::Request { arrive_at: now }) {
             return; // stalled or re-timed since this event was scheduled
         }
-        let (n, to, sent, dialed) = (call.node, call.to, call.sent, call.dialed);
-        let (url, request) = (call.url.clone(), call.request.clone());
-        let from = Endpoint::Node(n);
+        let (n, to, dialed) = (call.node, call.to, call.dialed);
         if dialed {
-            self.net.set_warm(from, to, true);
+            self.net.set_warm(Endpoint::Node(n), to, true);
         }
-        let Endpoint::Origin = to else {
-            unreachable!("peer calls arrive with the peer path");
+        match to {
+            Endpoint::Origin => self.origin_arrive(id),
+            Endpoint::Node(j) => {
+                let (_, header, _) = self.bounds_for(to);
+                let deadline = self.calls[&id].sent + header;
+                self.set_stage(id, Stage::Serving { deadline });
+                self.peer_arrive(id, j);
+            }
+        }
+    }
+
+    fn origin_arrive(&mut self, id: CallId) {
+        let now = self.now;
+        let call = &self.calls[&id];
+        let (n, to, sent) = (call.node, call.to, call.sent);
+        let CallRequest::Origin(request) = &call.request else {
+            unreachable!("origin calls carry origin requests");
         };
+        let (url, request) = (call.url.clone(), request.clone());
+        let from = Endpoint::Node(n);
         let answer = self.origin.answer(now, &url, &request);
         let (_, header, _) = self.bounds_for(to);
         let body = crate::shell::body_bytes_read(&request, &answer);
@@ -288,24 +375,70 @@ impl Sim {
         let stage = if answer.stalled {
             Stage::Failed { failure: CallFailure::HeaderTimeout, at: sent + header }
         } else {
-            let (head_at, done_at) =
-                self.net.transfer(to, from, HEAD_BYTES + body, now + answer.delay);
+            let ready = now + answer.delay;
+            let (head_at, done_at) = self.net.transfer(to, from, HEAD_BYTES + body, ready);
             self.origin.account(done_at, body);
-            let stage = Stage::Response { head_at, done_at };
-            match self.net.path(to, from) {
-                PathState::Open => self.within_bounds(sent, to, stage),
-                PathState::Refused | PathState::Silent => Stage::Stalled {
-                    since: now,
-                    leg: Leg::Response,
-                    head_at,
-                    done_at,
-                    deadline: sent + header,
-                    failure: CallFailure::HeaderTimeout,
-                },
-            }
+            self.respond_stage(id, head_at, done_at)
         };
-        self.calls.get_mut(&id).expect("live call").answer = Some(answer);
+        self.calls.get_mut(&id).expect("live call").answer = Some(CallAnswer::Origin(answer));
         self.set_stage(id, stage);
+    }
+
+    /// The callee of peer call `id` answers now with `reply` (its relay read ended). Ignored if
+    /// the caller already gave up or crashed.
+    pub(crate) fn peer_respond(&mut self, id: CallId, reply: PeerReply) {
+        let Some(call) = self.live_call(id) else {
+            self.calls.remove(&id);
+            return;
+        };
+        if !matches!(call.stage, Stage::Serving { .. }) {
+            return;
+        }
+        let (from, to) = (Endpoint::Node(call.node), call.to);
+        let bytes = HEAD_BYTES + reply.body.len() as u64;
+        let (head_at, done_at) = self.net.transfer(to, from, bytes, self.now);
+        let stage = self.respond_stage(id, head_at, done_at);
+        self.calls.get_mut(&id).expect("live call").answer = Some(CallAnswer::Peer(reply));
+        self.set_stage(id, stage);
+    }
+
+    /// The stage of call `id` once its response leaves now with these times: travelling, stalled
+    /// on a silent path, or failed against the caller's bounds.
+    fn respond_stage(&self, id: CallId, head_at: Instant, done_at: Instant) -> Stage {
+        let call = &self.calls[&id];
+        let (from, to) = (Endpoint::Node(call.node), call.to);
+        let (_, header, _) = self.bounds_for(to);
+        match self.net.path(to, from) {
+            PathState::Open => {
+                self.within_bounds(call.sent, to, Stage::Response { head_at, done_at })
+            }
+            PathState::Refused | PathState::Silent => Stage::Stalled {
+                since: self.now,
+                leg: Leg::Response,
+                head_at,
+                done_at,
+                deadline: call.sent + header,
+                failure: CallFailure::HeaderTimeout,
+            },
+        }
+    }
+
+    /// Fails, as a reset, every call being served by or travelling to node `n`, whose process
+    /// just died.
+    pub(crate) fn reset_calls_to(&mut self, n: usize) {
+        let ids: Vec<CallId> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.to == Endpoint::Node(n))
+            .filter(|(_, c)| matches!(c.stage, Stage::Request { .. } | Stage::Serving { .. }))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            let from = Endpoint::Node(self.calls[&id].node);
+            let back = self.net.latency(Endpoint::Node(n), from);
+            self.trace.line(self.now, format_args!("reset {id}"));
+            self.set_stage(id, Stage::Failed { failure: CallFailure::Reset, at: self.now + back });
+        }
     }
 
     /// `stage` if a response with these times meets the caller's bounds, else its failure.
@@ -334,13 +467,11 @@ impl Sim {
         }
         let call = self.calls.remove(&id).expect("live call");
         let answer = call.answer.clone().expect("a response has an answer");
-        self.trace.line(
-            now,
-            format_args!(
-                "reply {id} n{} status={} body={}B",
-                call.node, answer.status, answer.body.len
-            ),
-        );
+        let (status, len) = match &answer {
+            CallAnswer::Origin(a) => (a.status, a.body.len),
+            CallAnswer::Peer(p) => (p.status, p.body.len() as u64),
+        };
+        self.trace.line(now, format_args!("reply {id} n{} status={status} body={len}B", call.node));
         self.touch(call.node);
         self.on_call_done(call, Ok(answer));
     }
@@ -357,8 +488,10 @@ impl Sim {
             {
                 failure
             }
+            Stage::Serving { deadline } if deadline == now => CallFailure::HeaderTimeout,
             Stage::Failed { .. }
             | Stage::Stalled { .. }
+            | Stage::Serving { .. }
             | Stage::Request { .. }
             | Stage::Response { .. } => return,
         };
@@ -409,6 +542,7 @@ impl Sim {
                 }
                 Stage::Request { .. }
                 | Stage::Response { .. }
+                | Stage::Serving { .. }
                 | Stage::Stalled { .. }
                 | Stage::Failed { .. } => continue,
             };

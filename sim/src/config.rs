@@ -56,11 +56,13 @@ pub struct ClusterConfig {
     pub bounds: ShellBounds,
     /// Blocks each node's cache holds.
     pub cache_blocks: usize,
+    /// The peer path (`None`: every node reads the origin itself).
+    pub peer: Option<crate::node::PeerConfig>,
 }
 
 impl ClusterConfig {
-    /// `nodes` nodes on a data-centre network reading `objects`, with blocks of `block_bytes`
-    /// and chunks of 64 blocks.
+    /// `nodes` nodes with the peer path (fanout 2, default breaker) on a data-centre network
+    /// reading `objects`, with blocks of `block_bytes` and chunks of 64 blocks.
     pub fn new(nodes: usize, block_bytes: u64, objects: Vec<ObjectDef>) -> Self {
         let geometry = Geometry::new(block_bytes * 64, block_bytes).expect("valid geometry");
         ClusterConfig {
@@ -71,7 +73,14 @@ impl ClusterConfig {
             origin: OriginConfig::default(),
             bounds: ShellBounds::default(),
             cache_blocks: 1 << 20,
+            peer: Some(crate::node::PeerConfig::default()),
         }
+    }
+
+    /// The same cluster without the peer path: every node reads the origin itself.
+    pub fn origin_only(mut self) -> Self {
+        self.peer = None;
+        self
     }
 
     /// The engine configuration every node runs.

@@ -29,6 +29,7 @@ pub mod fault;
 pub mod net;
 pub mod node;
 pub mod origin;
+mod peer;
 pub mod queue;
 pub mod report;
 mod shell;

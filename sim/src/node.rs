@@ -3,11 +3,17 @@
 //! The behaviour that drives these lives in `shell.rs`; this module is the state and its bounds.
 
 use crate::cache::SimCache;
+use crate::calls::CallId;
 use crate::fault::Lie;
 use crate::workload::Expected;
+use bytes::Bytes;
+use dart_core::breaker::{Breaker, BreakerConfig, BreakerEvent, Permit};
 use dart_core::engine::flight::{FlightId, FlightTable, DEFAULT_MAX_FLIGHT};
-use dart_core::engine::{BlockClass, Engine, EngineConfig, Method, Read};
+use dart_core::engine::route::Placement;
+use dart_core::engine::{BlockClass, Engine, EngineConfig, Method, P2p, Read, ResponseHead};
 use dart_core::hash::BlockKey;
+use dart_core::membership::{Member, View};
+use dart_core::rng::{self, Rng};
 use dart_core::time::Instant;
 use std::collections::BTreeMap;
 
@@ -73,30 +79,102 @@ pub enum Waiting {
     Probe,
     /// An origin block fetch.
     Fetch,
+    /// A peer block fetch.
+    Peer,
     /// The verbatim passthrough exchange.
     Passthrough,
 }
 
-/// One client read in progress on a node.
+/// Whom a read answers.
+#[derive(Debug)]
+pub enum ReadKind {
+    /// A local client.
+    Client {
+        /// Index of its record.
+        record: usize,
+        /// GET or HEAD.
+        method: Method,
+        /// What it must answer.
+        expected: Expected,
+        /// Absolute offset of the next byte to emit.
+        next_offset: u64,
+    },
+    /// A peer's block request (call `call`), served by a relay read.
+    Relay {
+        /// The inbound call to answer.
+        call: CallId,
+        /// The block.
+        key: BlockKey,
+        /// The head, once emitted.
+        head: Option<ResponseHead>,
+        /// The body, once emitted.
+        body: Option<Bytes>,
+    },
+}
+
+/// One read in progress on a node.
 pub struct ActiveRead {
     /// The core state machine.
     pub read: Read,
-    /// Index of its record.
-    pub record: usize,
+    /// Client or relay.
+    pub kind: ReadKind,
     /// The object index.
     pub object: usize,
-    /// The read's upstream URL.
-    pub url: String,
-    /// GET or HEAD.
-    pub method: Method,
-    /// What it must answer.
-    pub expected: Expected,
-    /// Absolute offset of the next byte to emit.
-    pub next_offset: u64,
     /// The question outstanding.
     pub waiting: Option<Waiting>,
+    /// The breaker permit of the peer request outstanding.
+    pub permit: Option<Permit<String>>,
     /// The last fetched block was sliced from a Range-ignoring 200 (it must not be stored).
     pub last_range_ignored: bool,
+    /// The last question answered was a cache look-up (no time has passed since).
+    pub just_looked_up: bool,
+}
+
+impl ActiveRead {
+    /// The client record, for a client read.
+    pub fn record(&self) -> Option<usize> {
+        match self.kind {
+            ReadKind::Client { record, .. } => Some(record),
+            ReadKind::Relay { .. } => None,
+        }
+    }
+}
+
+/// The peer path's settings (`None` in [`crate::ClusterConfig`]: every node reads the origin).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Distribution-tree fanout.
+    pub fanout: usize,
+    /// HRW owners per chunk.
+    pub replicas: usize,
+    /// Breaker settings (the seed is replaced by one drawn from the node's RNG).
+    pub breaker: BreakerConfig,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig { fanout: 2, replicas: 1, breaker: BreakerConfig::default() }
+    }
+}
+
+/// Member id of node `i`.
+pub fn member_id(i: usize) -> String {
+    format!("n{i}")
+}
+
+/// Peer-plane address of node `i`.
+pub fn member_addr(i: usize) -> String {
+    format!("n{i}:9000")
+}
+
+/// The node index of a peer-plane address.
+pub fn node_of_addr(addr: &str) -> Option<usize> {
+    addr.strip_prefix('n')?.strip_suffix(":9000")?.parse().ok()
+}
+
+/// The static member list of `nodes` nodes.
+pub fn static_view(nodes: usize) -> View {
+    View::new((0..nodes).map(|i| Member::ready(&member_id(i), &member_addr(i))).collect())
 }
 
 /// Faults the node's peer plane is under (they take effect when the peer path exists).
@@ -132,16 +210,27 @@ pub struct Node {
     pub peer_faults: PeerFaults,
     /// When the node's timer event is scheduled.
     pub timer_at: Option<Instant>,
+    /// Breaker transitions drained so far.
+    pub circuit_events: Vec<BreakerEvent<String>>,
+    config: EngineConfig,
+    peer: Option<(PeerConfig, View)>,
+    rng: Rng,
 }
 
 impl Node {
-    /// A fresh node.
-    pub fn new(index: usize, config: EngineConfig, cache_blocks: usize) -> Self {
-        Node {
+    /// A fresh node; with `peer` its engine takes the peer path over `view`.
+    pub fn new(
+        index: usize,
+        config: EngineConfig,
+        cache_blocks: usize,
+        peer: Option<(PeerConfig, View)>,
+        rng: Rng,
+    ) -> Self {
+        let mut node = Node {
             index,
             incarnation: 0,
             up: true,
-            engine: Engine::new(config),
+            engine: Engine::new(config.clone()),
             cache: SimCache::new(cache_blocks),
             flights: FlightTable::new(DEFAULT_MAX_FLIGHT),
             flight_state: BTreeMap::new(),
@@ -149,31 +238,71 @@ impl Node {
             reads: BTreeMap::new(),
             peer_faults: PeerFaults::default(),
             timer_at: None,
-        }
+            circuit_events: Vec::new(),
+            config,
+            peer,
+            rng,
+        };
+        node.engine = node.fresh_engine();
+        node
     }
 
-    /// The earliest deadline of the node's state machines (none has timers yet: the breaker's
-    /// probe deadlines join here with the peer path).
+    /// An engine as the process starts it; its breaker's jitter descends from the node's RNG.
+    fn fresh_engine(&mut self) -> Engine {
+        let mut engine = Engine::new(self.config.clone());
+        if let Some((peer, view)) = &self.peer {
+            let placement =
+                Placement::new(view.clone(), &member_id(self.index), peer.fanout, peer.replicas);
+            let rng = rng::child(&mut self.rng, "breaker");
+            let breaker =
+                Breaker::with_rng(peer.breaker.clone(), rng).expect("valid breaker config");
+            engine.enable_p2p(P2p { placement, breaker });
+        }
+        engine
+    }
+
+    /// The earliest deadline of the node's state machines (the breaker's probe deadlines).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        None
+        self.engine.p2p().and_then(|p| p.breaker.poll_timeout())
     }
 
     /// Fires the node's timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        debug_assert!(self.poll_timeout().is_none_or(|t| t > now));
+        if let Some(p) = self.engine.p2p_mut() {
+            if p.breaker.poll_timeout().is_some_and(|t| t <= now) {
+                p.breaker.handle_timeout(now);
+            }
+        }
+    }
+
+    /// Drains the breaker's transition events into the node's history; returns how many.
+    pub fn drain_events(&mut self) -> usize {
+        let Some(p) = self.engine.p2p_mut() else { return 0 };
+        let mut n = 0;
+        while let Some(e) = p.breaker.poll_event() {
+            self.circuit_events.push(e);
+            n += 1;
+        }
+        n
+    }
+
+    /// Restarts the process with a fresh engine (its object table and breaker are gone).
+    pub fn restart(&mut self) {
+        self.up = true;
+        self.engine = self.fresh_engine();
     }
 
     /// The process dies: reads, flights and the engine's memory are gone; the cache survives only
     /// if `keep_cache`. Returns the records of the reads that were cut off.
-    pub fn crash(&mut self, keep_cache: bool, config: EngineConfig) -> Vec<usize> {
-        let cut: Vec<usize> = self.reads.values().map(|r| r.record).collect();
+    pub fn crash(&mut self, keep_cache: bool) -> Vec<usize> {
+        let cut: Vec<usize> = self.reads.values().filter_map(ActiveRead::record).collect();
         self.up = false;
         self.incarnation += 1;
         self.reads.clear();
         self.flights = FlightTable::new(DEFAULT_MAX_FLIGHT);
         self.flight_state.clear();
         self.leading.clear();
-        self.engine = Engine::new(config);
+        self.engine = Engine::new(self.config.clone());
         if !keep_cache {
             self.cache.clear();
         }
@@ -194,9 +323,14 @@ impl Node {
         for r in self.reads.values() {
             match r.waiting {
                 Some(Waiting::Passthrough) => assert!(r.read.is_done()),
-                Some(Waiting::Probe | Waiting::Fetch) => assert!(!r.read.is_done()),
-                None => panic!("read {} waits for nothing", r.record),
+                Some(Waiting::Probe | Waiting::Fetch | Waiting::Peer) => assert!(!r.read.is_done()),
+                None => panic!("a read waits for nothing: {:?}", r.kind),
             }
+            assert_eq!(
+                r.permit.is_some(),
+                r.waiting == Some(Waiting::Peer),
+                "permit held iff asking a peer"
+            );
         }
     }
 }

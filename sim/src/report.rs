@@ -171,6 +171,9 @@ pub struct RunReport {
     pub blocks: Vec<BlockEvent>,
     /// The first invariant violation.
     pub violation: Option<Violation>,
+    /// Origin fetches of a block the node already held, made by a read that failed over from a
+    /// peer without looking at its cache again (explained by the peer fault, but wasted).
+    pub stale_refetches: u64,
     /// Liveness reads that did not complete in time, described.
     pub liveness_failures: Vec<String>,
     /// The trace lines, when recorded.

@@ -1,17 +1,19 @@
 //! The node's shell, written against the simulator instead of tokio: it drives each core [`Read`]
-//! exactly as `net-tokio`'s client plane does (answer `Probe`, `Lookup` and `FetchOrigin`; carry
-//! out `Store` and `Emit`; stop at `Finish`, `Fail` or `Passthrough`), coalesces origin fetches
-//! through the core's `FlightTable` as `net-tokio`'s origin fetcher does (the leader fills the
-//! cache, ends the flight, then publishes; joiners retry alone on a refusal), and judges origin
-//! answers with the same core functions. Every checkable fact is checked on the way.
+//! exactly as `net-tokio`'s read driver does (answer `Probe`, `Lookup`, `FetchPeer` and
+//! `FetchOrigin`; carry out `Store` and `Emit`; stop at `Finish`, `Fail` or `Passthrough`),
+//! coalesces origin fetches through the core's `FlightTable` as `net-tokio`'s origin fetcher does
+//! (the leader fills the cache, ends the flight, then publishes; joiners retry alone on a
+//! refusal), and judges origin answers with the same core functions. Every checkable fact is
+//! checked on the way. The peer half (client classification, peer server) is in `peer.rs`.
 //!
 //! [`Read`]: dart_core::engine::Read
 
+use crate::calls::{Call, CallAnswer, CallFailure, CallRequest, PeerRequest, Purpose};
 use crate::net::Endpoint;
-use crate::node::{ActiveRead, Fill, FlightKey, FlightState, ReadId, Waiter, Waiting};
+use crate::node::{ActiveRead, Fill, FlightKey, FlightState, ReadId, ReadKind, Waiter, Waiting};
 use crate::origin::{object_url, OriginAnswer, OriginRequest};
 use crate::report::{BlockEvent, BlockSource, ReadOutcome};
-use crate::sim::{Call, CallFailure, Purpose, Sim, ACTIONS_PER_DRIVE_MAX};
+use crate::sim::{Sim, ACTIONS_PER_DRIVE_MAX};
 use crate::workload;
 use bytes::Bytes;
 use dart_core::engine::flight::{joiner_action, JoinerAction, Role};
@@ -45,24 +47,46 @@ fn transport(failure: CallFailure) -> OriginError {
     OriginError::Transport(failure.to_string())
 }
 
-/// Judges a probe answer as `net-tokio`'s `probe_once` does.
-fn judge_probe(answer: Result<OriginAnswer, CallFailure>) -> Result<ProbeOutcome, OriginError> {
-    let a = answer.map_err(transport)?;
-    classify_probe(a.status, a.content_range.as_deref().map(str::as_bytes), a.content_length)
+fn origin_answer(answer: Result<CallAnswer, CallFailure>) -> Result<OriginAnswer, OriginError> {
+    match answer.map_err(transport)? {
+        CallAnswer::Origin(a) => Ok(a),
+        CallAnswer::Peer(_) => unreachable!("an origin call gets an origin answer"),
+    }
+}
+
+/// A judged flight result.
+#[derive(Clone, Debug)]
+pub(crate) enum Judged {
+    Probe(ProbeOutcome),
+    Block(FetchedBlock),
+}
+
+impl Judged {
+    fn kind(&self) -> &'static str {
+        match self {
+            Judged::Probe(_) => "probe",
+            Judged::Block(_) => "block",
+        }
+    }
 }
 
 impl Sim {
-    /// Judges a block answer as `net-tokio`'s `fetch_once` does: plan from the head, skip, read
-    /// at most `read_max`, judge the length.
-    fn judge_fetch(
+    /// Judges an origin answer as `net-tokio`'s `probe_once` / `fetch_once` do: classify the
+    /// probe; or plan from the head, skip, read at most `read_max`, judge the length.
+    fn judge(
         &self,
         object: usize,
-        start: u64,
-        end: u64,
-        answer: Result<OriginAnswer, CallFailure>,
-    ) -> Result<FetchedBlock, OriginError> {
-        let a = answer.map_err(transport)?;
+        key: &FlightKey,
+        answer: Result<CallAnswer, CallFailure>,
+    ) -> Result<Judged, OriginError> {
+        let a = origin_answer(answer)?;
         let cr = a.content_range.as_deref().map(str::as_bytes);
+        let (start, end) = match key {
+            FlightKey::Probe(_) => {
+                return classify_probe(a.status, cr, a.content_length).map(Judged::Probe)
+            }
+            FlightKey::Block(_, start, end) => (*start, *end),
+        };
         let plan = plan_range_response(start, end, a.status, cr, a.content_length)?;
         let skipped_all = a.body.len >= plan.skip;
         let take = a.body.len.saturating_sub(plan.skip).min(plan.read_max);
@@ -70,16 +94,11 @@ impl Sim {
         let data = self.contents.window(shape, a.body.start + plan.skip, take);
         debug_assert_eq!(data.len() as u64, take);
         let body = finish_range_body(&plan, skipped_all, take)?;
-        Ok(FetchedBlock { data, body, coalesced: false })
+        Ok(Judged::Block(FetchedBlock { data, body, coalesced: false }))
     }
 
     pub(crate) fn start_read(&mut self, record: usize) {
-        let safety = self.spec.workload.safety.len();
-        let spec = if record < safety {
-            self.spec.workload.safety[record]
-        } else {
-            self.spec.workload.liveness[record - safety]
-        };
+        let spec = self.read_spec(record);
         let n = spec.node % self.spec.cluster.nodes;
         let object = spec.object % self.spec.cluster.objects.len();
         let rid = ReadId(self.next_read);
@@ -101,20 +120,19 @@ impl Sim {
         let url = object_url(object, &format!("n{n}r{record}"), expires);
         let size = self.spec.cluster.objects[object].size;
         let expected = workload::expected(spec.range, size);
-        let request =
-            ReadRequest { url: url.clone(), method: spec.method, range: spec.range.header() };
+        let request = ReadRequest { url, method: spec.method, range: spec.range.header() };
         let node = &mut self.nodes[n];
         let read = node.engine.begin_read(request);
+        let kind =
+            ReadKind::Client { record, method: spec.method, next_offset: expected.start, expected };
         let active = ActiveRead {
             read,
-            record,
+            kind,
             object,
-            url,
-            method: spec.method,
-            next_offset: expected.start,
-            expected,
             waiting: None,
+            permit: None,
             last_range_ignored: false,
+            just_looked_up: false,
         };
         node.reads.insert(rid, active);
         self.touch(n);
@@ -139,24 +157,59 @@ impl Sim {
             return;
         };
         if active.waiting.is_none() {
-            let record = active.record;
-            self.violate(Some(n), format!("read {rid} (record {record}) waits for nothing"));
+            let what = format!("read {rid} ({:?}) waits for nothing", active.kind);
+            self.violate(Some(n), what);
         }
     }
 
     fn act(&mut self, n: usize, rid: ReadId, action: Action) {
+        let now = self.now;
         match action {
             Action::Probe { url } => self.ask_origin(n, rid, url, None),
             Action::Passthrough { url } => self.passthrough(n, rid, url),
             Action::Respond(head) => self.on_head(n, rid, head),
-            Action::Lookup { key } => self.on_lookup(n, rid, key),
+            Action::Lookup { key } => {
+                let node = &mut self.nodes[n];
+                let hit = node.cache.get(&key);
+                let active = node.reads.get_mut(&rid).expect("driven read");
+                if hit.is_some() && active.record().is_some() {
+                    self.blocks.push(BlockEvent { at: now, node: n, source: BlockSource::Cache });
+                }
+                active.just_looked_up = true;
+                active.last_range_ignored = false;
+                active.read.handle_lookup(&mut node.engine, hit, now);
+            }
+            Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+                let active = self.nodes[n].reads.get_mut(&rid).expect("driven read");
+                active.waiting = Some(Waiting::Peer);
+                active.permit = Some(permit);
+                let Some(j) = crate::node::node_of_addr(&peer.addr) else {
+                    self.violate(Some(n), format!("peer address {} of no node", peer.addr));
+                    return;
+                };
+                if j == n {
+                    self.violate(Some(n), "the engine routed a block to its own node".into());
+                    return;
+                }
+                let request =
+                    CallRequest::Peer(PeerRequest { key, url: url.clone(), hop, expected_len });
+                self.start_call(n, Endpoint::Node(j), url, request, Purpose::Peer(rid));
+            }
             Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
-                // A held block of the right length must be served, not fetched again (a wrong-length
-                // one is a miss to the core: that fetch is explained).
-                let held = self.nodes[n].cache.get(&key).map(|b| b.len() as u64);
-                if held == Some(expected_len) {
+                // Right after a look-up, a held block of the right length must be served, not
+                // fetched (a wrong-length one is a miss to the core: that fetch is explained).
+                // After a peer failover the read does not look again: a sibling may have cached
+                // the block meanwhile, and that refetch is counted, not forbidden.
+                let held =
+                    self.nodes[n].cache.get(&key).map(|b| b.len() as u64) == Some(expected_len);
+                let just_looked_up = self.nodes[n].reads[&rid].just_looked_up;
+                if held && just_looked_up {
                     self.violate(Some(n), format!("origin fetch of cached block {key}"));
                     return;
+                }
+                if held {
+                    self.stale_refetches += 1;
+                    self.trace.line(now, format_args!("stale-refetch {rid} n{n} {key}"));
                 }
                 let fill = Fill { key, expected_len, object_size, class };
                 self.ask_origin(n, rid, url, Some((start, end, fill)));
@@ -172,8 +225,8 @@ impl Sim {
                 self.cache_put(n, key, data, class);
             }
             Action::Emit(bytes) => self.on_emit(n, rid, bytes),
-            Action::Finish => self.on_end(n, rid, ReadOutcome::Finished),
-            Action::Fail(f) => self.on_fail(n, rid, f),
+            Action::Finish => self.on_end(n, rid, None),
+            Action::Fail(f) => self.on_end(n, rid, Some(f)),
         }
     }
 
@@ -195,6 +248,7 @@ impl Sim {
         active.waiting = Some(waiting);
         let role = node.flights.begin(&key, now);
         self.trace.line(now, format_args!("origin {rid} n{n} {key:?} {role:?}"));
+        let request = CallRequest::Origin(request);
         match role {
             Role::Lead(id) => {
                 let waiters = vec![Waiter { read: rid, url: url.clone() }];
@@ -217,25 +271,18 @@ impl Sim {
 
     fn passthrough(&mut self, n: usize, rid: ReadId, url: String) {
         let active = self.nodes[n].reads.get_mut(&rid).expect("driven read");
-        active.waiting = Some(Waiting::Passthrough);
-        let record = active.record;
-        let safety = self.spec.workload.safety.len();
-        let range = if record < safety {
-            self.spec.workload.safety[record].range
-        } else {
-            self.spec.workload.liveness[record - safety].range
+        let ReadKind::Client { record, .. } = active.kind else {
+            self.violate(Some(n), format!("relay read {rid} asked for a passthrough"));
+            return;
         };
-        self.start_call(
-            n,
-            Endpoint::Origin,
-            url,
-            OriginRequest::Passthrough { range },
-            Purpose::Passthrough(rid),
-        );
+        active.waiting = Some(Waiting::Passthrough);
+        let range = self.read_spec(record).range;
+        let request = CallRequest::Origin(OriginRequest::Passthrough { range });
+        self.start_call(n, Endpoint::Origin, url, request, Purpose::Passthrough(rid));
     }
 
-    /// An origin exchange of node `call.node` ended.
-    pub(crate) fn on_call_done(&mut self, call: Call, answer: Result<OriginAnswer, CallFailure>) {
+    /// An exchange of node `call.node` ended.
+    pub(crate) fn on_call_done(&mut self, call: Call, answer: Result<CallAnswer, CallFailure>) {
         let n = call.node;
         let object = crate::origin::parse_url(&call.url).map_or(0, |(o, _)| o);
         match call.purpose {
@@ -261,49 +308,34 @@ impl Sim {
                 if !finished {
                     self.violate(Some(n), format!("flight {id:?} was not in the table"));
                 }
-                self.publish(n, object, state, result);
+                self.publish(n, state, result);
             }
             Purpose::Alone(rid, key) => {
                 let result = self.judge(object, &key, answer);
                 self.deliver(n, rid, result, false);
             }
             Purpose::Passthrough(rid) => self.end_passthrough(n, rid, answer),
-        }
-    }
-
-    fn judge(
-        &self,
-        object: usize,
-        key: &FlightKey,
-        answer: Result<OriginAnswer, CallFailure>,
-    ) -> Result<Judged, OriginError> {
-        match key {
-            FlightKey::Probe(_) => judge_probe(answer).map(Judged::Probe),
-            FlightKey::Block(_, start, end) => {
-                self.judge_fetch(object, *start, *end, answer).map(Judged::Block)
+            Purpose::Peer(rid) => {
+                let CallRequest::Peer(req) = &call.request else {
+                    unreachable!("peer calls carry peer requests");
+                };
+                self.peer_done(n, rid, answer, req.expected_len);
             }
         }
     }
 
     /// Publishes a flight's result: the leader first, then joiners (a refusal sends a live
     /// joiner to retry alone with its own URL).
-    fn publish(
-        &mut self,
-        n: usize,
-        object: usize,
-        state: FlightState,
-        result: Result<Judged, OriginError>,
-    ) {
-        let _ = object;
+    fn publish(&mut self, n: usize, state: FlightState, result: Result<Judged, OriginError>) {
         for (i, w) in state.waiters.into_iter().enumerate() {
             let joiner = i > 0;
             let live = self.nodes[n].reads.contains_key(&w.read);
             match &result {
                 Err(e) if joiner && joiner_action(Some(e), live) == JoinerAction::RetryAlone => {
-                    let request = match &state.key {
+                    let request = CallRequest::Origin(match &state.key {
                         FlightKey::Probe(_) => OriginRequest::Probe,
                         FlightKey::Block(_, s, e) => OriginRequest::Range { start: *s, end: *e },
-                    };
+                    });
                     self.trace.line(self.now, format_args!("retry-alone {} n{n}", w.read));
                     let purpose = Purpose::Alone(w.read, state.key.clone());
                     self.start_call(n, Endpoint::Origin, w.url, request, purpose);
@@ -326,16 +358,24 @@ impl Sim {
         let node = &mut self.nodes[n];
         let Some(active) = node.reads.get_mut(&rid) else { return };
         let waiting = active.waiting.take();
+        active.just_looked_up = false;
+        active.last_range_ignored = false;
+        let client = active.record().is_some();
         match (waiting, result) {
             (Some(Waiting::Probe), Ok(Judged::Probe(p))) => {
-                active.read.handle_probe(&mut node.engine, Ok(p))
+                active.read.handle_probe(&mut node.engine, Ok(p), now)
             }
-            (Some(Waiting::Probe), Err(e)) => active.read.handle_probe(&mut node.engine, Err(e)),
+            (Some(Waiting::Probe), Err(e)) => {
+                active.read.handle_probe(&mut node.engine, Err(e), now)
+            }
             (Some(Waiting::Fetch), Ok(Judged::Block(mut b))) => {
                 b.coalesced = coalesced;
                 active.last_range_ignored = b.body.range_ignored;
-                let source = if coalesced { BlockSource::Coalesced } else { BlockSource::Origin };
-                self.blocks.push(BlockEvent { at: now, node: n, source });
+                if client {
+                    let source =
+                        if coalesced { BlockSource::Coalesced } else { BlockSource::Origin };
+                    self.blocks.push(BlockEvent { at: now, node: n, source });
+                }
                 active.read.handle_fetch(&mut node.engine, Ok(b));
             }
             (Some(Waiting::Fetch), Err(e)) => active.read.handle_fetch(&mut node.engine, Err(e)),
@@ -348,45 +388,54 @@ impl Sim {
         self.drive(n, rid);
     }
 
-    fn on_lookup(&mut self, n: usize, rid: ReadId, key: BlockKey) {
-        let now = self.now;
-        let node = &mut self.nodes[n];
-        let hit = node.cache.get(&key);
-        let active = node.reads.get_mut(&rid).expect("driven read");
-        if hit.is_some() {
-            self.blocks.push(BlockEvent { at: now, node: n, source: BlockSource::Cache });
-        }
-        active.read.handle_lookup(&mut node.engine, hit);
-    }
-
     fn on_head(&mut self, n: usize, rid: ReadId, head: ResponseHead) {
-        let active = &self.nodes[n].reads[&rid];
-        let e = &active.expected;
-        let record = active.record;
-        if head.status != e.status
-            || head.content_length != e.content_length
-            || head.content_range != e.content_range
-        {
-            let what = format!("read {rid} head {head:?}, oracle {e:?}");
-            self.violate(Some(n), what);
-            return;
+        let now = self.now;
+        let active = self.nodes[n].reads.get_mut(&rid).expect("driven read");
+        match &mut active.kind {
+            ReadKind::Client { record, expected, .. } => {
+                let (record, e) = (*record, expected.clone());
+                if head.status != e.status
+                    || head.content_length != e.content_length
+                    || head.content_range != e.content_range
+                {
+                    self.violate(Some(n), format!("read {rid} head {head:?}, oracle {e:?}"));
+                    return;
+                }
+                self.records[record].head_at = Some(now);
+                self.trace.line(
+                    now,
+                    format_args!("head {rid} n{n} {} {}", head.status, head.content_length),
+                );
+            }
+            ReadKind::Relay { head: slot, .. } => {
+                if slot.replace(head).is_some() {
+                    self.violate(Some(n), format!("relay {rid} sent two heads"));
+                }
+            }
         }
-        self.records[record].head_at = Some(self.now);
-        self.trace.line(
-            self.now,
-            format_args!("head {rid} n{n} {} {}", head.status, head.content_length),
-        );
     }
 
     fn on_emit(&mut self, n: usize, rid: ReadId, bytes: Bytes) {
         let active = self.nodes[n].reads.get_mut(&rid).expect("driven read");
-        let (object, at, record) = (active.object, active.next_offset, active.record);
-        active.next_offset += bytes.len() as u64;
+        let object = active.object;
+        let (record, at) = match &mut active.kind {
+            ReadKind::Client { record, method, next_offset, .. } => {
+                if *method == Method::Head {
+                    self.violate(Some(n), format!("read {rid} emitted body bytes for a HEAD"));
+                    return;
+                }
+                let at = *next_offset;
+                *next_offset += bytes.len() as u64;
+                (*record, at)
+            }
+            ReadKind::Relay { body, .. } => {
+                if body.replace(bytes).is_some() {
+                    self.violate(Some(n), format!("relay {rid} emitted twice"));
+                }
+                return;
+            }
+        };
         let shape = self.spec.cluster.objects[object].shape();
-        if active.method == Method::Head {
-            self.violate(Some(n), format!("read {rid} emitted body bytes for a HEAD"));
-            return;
-        }
         if let Err(m) = self.contents.check(shape, at, &bytes) {
             let what = format!("read {rid} delivered a wrong byte at offset {}", m.offset);
             self.violate(Some(n), what);
@@ -397,101 +446,95 @@ impl Sim {
         r.bytes += bytes.len() as u64;
     }
 
-    fn on_fail(&mut self, n: usize, rid: ReadId, f: ReadFailure) {
-        let error = f.error.to_string();
-        let outcome = ReadOutcome::Failed { status: f.status, committed: f.committed, error };
-        self.on_end(n, rid, outcome);
-    }
-
-    /// A terminal action: the read must be done and silent; its bytes must add up.
-    fn on_end(&mut self, n: usize, rid: ReadId, outcome: ReadOutcome) {
+    /// A terminal action (`failure` is `None` for `Finish`): the read must be done and silent;
+    /// a client's bytes must add up; a relay answers its caller.
+    fn on_end(&mut self, n: usize, rid: ReadId, failure: Option<ReadFailure>) {
         let mut active = self.nodes[n].reads.remove(&rid).expect("driven read");
-        let now = self.now;
         if !active.read.is_done() || active.read.poll_action().is_some() {
             self.violate(Some(n), format!("read {rid} acted after its terminal action"));
             return;
         }
-        let record = &mut self.records[active.record];
-        let delivered = active.next_offset - active.expected.start;
-        if outcome == ReadOutcome::Finished
-            && active.method == Method::Get
-            && delivered != active.expected.content_length
-        {
-            let what = format!(
-                "read {rid} finished after {delivered} of {} bytes",
-                active.expected.content_length
-            );
-            self.violate(Some(n), what);
-            return;
+        match active.kind {
+            ReadKind::Client { record, method, expected, next_offset } => {
+                let delivered = next_offset - expected.start;
+                let outcome = match failure {
+                    None => ReadOutcome::Finished,
+                    Some(f) => ReadOutcome::Failed {
+                        status: f.status,
+                        committed: f.committed,
+                        error: f.error.to_string(),
+                    },
+                };
+                if failure_is_none(&outcome)
+                    && method == Method::Get
+                    && delivered != expected.content_length
+                {
+                    let what = format!(
+                        "read {rid} finished after {delivered} of {} bytes",
+                        expected.content_length
+                    );
+                    self.violate(Some(n), what);
+                    return;
+                }
+                self.trace.line(self.now, format_args!("end {rid} n{n} {outcome:?} {delivered}B"));
+                self.close_record(record, outcome);
+            }
+            ReadKind::Relay { call, key, head, body } => {
+                self.relay_done(n, rid, call, key, active.object, head, body, failure)
+            }
         }
-        self.trace.line(now, format_args!("end {rid} n{n} {outcome:?} {}B", record.bytes));
-        self.close_record(active.record, outcome);
     }
 
-    fn end_passthrough(
-        &mut self,
-        n: usize,
-        rid: ReadId,
-        answer: Result<OriginAnswer, CallFailure>,
-    ) {
+    fn end_passthrough(&mut self, n: usize, rid: ReadId, answer: Result<CallAnswer, CallFailure>) {
         let Some(active) = self.nodes[n].reads.remove(&rid) else { return };
-        let outcome = match answer {
+        let ReadKind::Client { record, method, .. } = active.kind else {
+            unreachable!("only client reads pass through");
+        };
+        let outcome = match origin_answer(answer) {
             Ok(a) => {
-                if active.method == Method::Get {
-                    self.records[active.record].bytes = a.body.len;
+                if method == Method::Get {
+                    self.records[record].bytes = a.body.len;
                 }
                 ReadOutcome::Passthrough { status: a.status }
             }
-            Err(f) => ReadOutcome::PassthroughFailed { error: f.to_string() },
+            Err(e) => ReadOutcome::PassthroughFailed { error: e.to_string() },
         };
         self.trace.line(self.now, format_args!("end {rid} n{n} {outcome:?}"));
-        self.close_record(active.record, outcome);
+        self.close_record(record, outcome);
     }
 
     /// Offers a block to node `n`'s cache after checking it against the generator: exact
-    /// geometry length, exact bytes.
+    /// geometry length, exact bytes, never of a Range-blind object.
     pub(crate) fn cache_put(&mut self, n: usize, key: BlockKey, data: Bytes, class: BlockClass) {
-        let Some(&object) = self.chunk_objects.get(&key.chunk) else {
-            self.violate(Some(n), format!("store of block {key} of no known object"));
+        if let Err(what) = self.check_block(key, &data) {
+            self.violate(Some(n), format!("store: {what}"));
             return;
+        }
+        self.nodes[n].cache.put(key, data, class);
+    }
+
+    /// Whether `data` is exactly block `key` of its object.
+    pub(crate) fn check_block(&self, key: BlockKey, data: &Bytes) -> Result<(), String> {
+        let Some(&object) = self.chunk_objects.get(&key.chunk) else {
+            return Err(format!("block {key} of no known object"));
         };
         let def = self.spec.cluster.objects[object];
         let g = self.spec.cluster.geometry;
         let want = g.block_len(def.size, key.block);
         if want != Some(data.len() as u64) {
-            let what =
-                format!("store of block {key}: {} bytes, geometry says {want:?}", data.len());
-            self.violate(Some(n), what);
-            return;
+            return Err(format!("block {key}: {} bytes, geometry says {want:?}", data.len()));
         }
         let start = key.block * g.block_bytes();
-        if let Err(m) = self.contents.check(def.shape(), start, &data) {
-            self.violate(
-                Some(n),
-                format!("store of block {key} with a wrong byte at {}", m.offset),
-            );
-            return;
+        if let Err(m) = self.contents.check(def.shape(), start, data) {
+            return Err(format!("block {key} with a wrong byte at {}", m.offset));
         }
         if def.range_blind {
-            self.violate(Some(n), format!("store of block {key} of a Range-blind object"));
-            return;
+            return Err(format!("block {key} of a Range-blind object"));
         }
-        self.nodes[n].cache.put(key, data, class);
+        Ok(())
     }
 }
 
-/// A judged flight result.
-#[derive(Clone, Debug)]
-pub(crate) enum Judged {
-    Probe(ProbeOutcome),
-    Block(FetchedBlock),
-}
-
-impl Judged {
-    fn kind(&self) -> &'static str {
-        match self {
-            Judged::Probe(_) => "probe",
-            Judged::Block(_) => "block",
-        }
-    }
+fn failure_is_none(outcome: &ReadOutcome) -> bool {
+    *outcome == ReadOutcome::Finished
 }

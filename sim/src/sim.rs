@@ -2,7 +2,7 @@
 //! component's seed is drawn, the calls in flight between endpoints, fault application, phases,
 //! and the invariant checks run after every step.
 
-pub use crate::calls::{Call, CallFailure, CallId, Purpose};
+pub use crate::calls::{Call, CallFailure, CallId};
 use crate::config::{CheckLevel, SimSpec, FULL_CHECK_EVERY};
 use crate::content::Contents;
 use crate::fault::{FaultKind, ORIGIN_SIDE};
@@ -56,6 +56,7 @@ pub struct Sim {
     pub(crate) records: Vec<ReadRecord>,
     pub(crate) blocks: Vec<BlockEvent>,
     pub(crate) violation: Option<Violation>,
+    pub(crate) stale_refetches: u64,
     events: u64,
     fault_active: Vec<bool>,
     crashes: Vec<u32>,
@@ -72,12 +73,15 @@ impl Sim {
         let mut root = rng::from_seed(seed);
         let net_rng = rng::child(&mut root, "net");
         let origin_rng = rng::child(&mut root, "origin");
-        let _node_rngs: Vec<Rng> =
-            (0..spec.cluster.nodes).map(|i| rng::child(&mut root, &format!("n{i}"))).collect();
         let cluster = &spec.cluster;
         assert!(cluster.nodes > 0, "a cluster has nodes");
+        let view = crate::node::static_view(cluster.nodes);
         let nodes: Vec<Node> = (0..cluster.nodes)
-            .map(|i| Node::new(i, cluster.engine(), cluster.cache_blocks))
+            .map(|i| {
+                let rng: Rng = rng::child(&mut root, &format!("n{i}"));
+                let peer = cluster.peer.clone().map(|p| (p, view.clone()));
+                Node::new(i, cluster.engine(), cluster.cache_blocks, peer, rng)
+            })
             .collect();
         let chunk_objects = chunk_index(&nodes[0], cluster);
         let heal_at = Instant::ZERO + spec.phases.safety;
@@ -95,6 +99,7 @@ impl Sim {
             records: Vec::new(),
             blocks: Vec::new(),
             violation: None,
+            stale_refetches: 0,
             events: 0,
             fault_active: vec![false; spec.plan.faults.len()],
             crashes: vec![0; cluster.nodes],
@@ -183,7 +188,8 @@ impl Sim {
         if self.violation.is_some() {
             return; // the run stops here; the state is not expected to be consistent
         }
-        let full = self.spec.check == CheckLevel::Full || self.events.is_multiple_of(FULL_CHECK_EVERY);
+        let full =
+            self.spec.check == CheckLevel::Full || self.events.is_multiple_of(FULL_CHECK_EVERY);
         if full {
             self.check_all();
         } else if let Some(n) = self.touched {
@@ -191,7 +197,30 @@ impl Sim {
         }
         assert!(self.calls.len() <= CALLS_MAX, "calls above their bound");
         if let Some(n) = self.touched {
+            self.drain_circuit_events(n);
             self.arm_timer(n);
+        }
+    }
+
+    /// Moves node `n`'s breaker transitions into the trace and its history.
+    fn drain_circuit_events(&mut self, n: usize) {
+        let node = &mut self.nodes[n];
+        let before = node.circuit_events.len();
+        if node.drain_events() == 0 {
+            return;
+        }
+        for e in &self.nodes[n].circuit_events[before..] {
+            self.trace.line(self.now, format_args!("circuit n{n} {e}"));
+        }
+    }
+
+    /// The workload entry of read record `record`.
+    pub(crate) fn read_spec(&self, record: usize) -> crate::workload::ReadSpec {
+        let safety = self.spec.workload.safety.len();
+        if record < safety {
+            self.spec.workload.safety[record]
+        } else {
+            self.spec.workload.liveness[record - safety]
         }
     }
 
@@ -307,14 +336,14 @@ impl Sim {
         if !self.nodes[n].up {
             return;
         }
-        let config = self.spec.cluster.engine();
-        let cut = self.nodes[n].crash(keep_cache, config);
+        let cut = self.nodes[n].crash(keep_cache);
         for r in cut {
             self.close_record(r, ReadOutcome::Aborted);
         }
         self.crashes[n] += 1;
         self.net.set_down(Endpoint::Node(n), true);
         self.calls.retain(|_, c| c.node != n);
+        self.reset_calls_to(n);
         self.touch(n);
     }
 
@@ -322,7 +351,7 @@ impl Sim {
         if self.nodes[n].up {
             return;
         }
-        self.nodes[n].up = true;
+        self.nodes[n].restart();
         self.net.set_down(Endpoint::Node(n), false);
         self.touch(n);
     }
@@ -393,6 +422,7 @@ impl Sim {
             nodes,
             blocks: std::mem::take(&mut self.blocks),
             violation: self.violation.take(),
+            stale_refetches: self.stale_refetches,
             liveness_failures: std::mem::take(&mut self.liveness_failures),
             trace: self.trace.take_lines(),
         }
@@ -488,6 +518,6 @@ mod tests {
         let r = sim(vec![ReadSpec::whole(Duration::ZERO, 1, 0)]).run();
         let lines = r.trace.expect("recorded");
         assert!(lines.len() as u64 >= r.events);
-        assert!(lines.iter().any(|l| l.contains("call c0 n1 -> origin Probe")));
+        assert!(lines.iter().any(|l| l.contains("call c0 n1 -> origin probe")));
     }
 }

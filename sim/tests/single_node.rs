@@ -7,7 +7,7 @@ use std::time::Duration;
 
 fn spec(nodes: usize, objects: Vec<ObjectDef>, workload: Workload, plan: FaultPlan) -> SimSpec {
     SimSpec {
-        cluster: ClusterConfig::new(nodes, 64 << 10, objects),
+        cluster: ClusterConfig::new(nodes, 64 << 10, objects).origin_only(),
         workload,
         plan,
         phases: Phases { safety: Duration::from_secs(30), liveness: Duration::from_secs(60) },
