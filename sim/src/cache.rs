@@ -24,6 +24,7 @@ pub struct SimCache {
     order: BTreeMap<u64, BlockKey>,
     next_seq: u64,
     capacity: usize,
+    torn: std::collections::BTreeSet<BlockKey>,
     /// Puts refused because the key was already held (write-once).
     pub duplicate_puts: u64,
     /// Blocks evicted at capacity.
@@ -38,6 +39,7 @@ impl SimCache {
             order: BTreeMap::new(),
             next_seq: 0,
             capacity: capacity.clamp(1, CACHE_BLOCKS_MAX),
+            torn: std::collections::BTreeSet::new(),
             duplicate_puts: 0,
             evictions: 0,
         }
@@ -84,10 +86,34 @@ impl SimCache {
         }
     }
 
+    /// The crash tore the newest write: its slot now holds a prefix. Returns the block's key.
+    pub fn tear_newest(&mut self) -> Option<BlockKey> {
+        let (_, &key) = self.order.last_key_value()?;
+        let slot = self.blocks.get_mut(&key).expect("ordered keys are held");
+        if slot.data.len() < 2 {
+            return None;
+        }
+        slot.data = slot.data.slice(..slot.data.len() / 2);
+        self.torn.insert(key);
+        Some(key)
+    }
+
+    /// A warm start that verifies every slot (the store's `WarmStart::Verify`): torn writes are
+    /// dropped. Returns how many.
+    pub fn drop_torn(&mut self) -> usize {
+        let torn = std::mem::take(&mut self.torn);
+        for key in &torn {
+            self.blocks.remove(key);
+        }
+        self.order.retain(|_, k| !torn.contains(k));
+        torn.len()
+    }
+
     /// Empties the cache (a cold restart).
     pub fn clear(&mut self) {
         self.blocks.clear();
         self.order.clear();
+        self.torn.clear();
     }
 
     /// Blocks held.
@@ -105,11 +131,17 @@ impl SimCache {
         self.blocks.iter().map(|(k, s)| (k, &s.data, s.class))
     }
 
+    /// Asserts that no torn write is readable (a running process only sees verified slots).
+    pub fn check_no_torn(&self) {
+        assert!(self.torn.is_empty(), "a torn write survived the restart");
+    }
+
     /// Asserts the cache's structural invariants (content is checked by the simulator, which
     /// knows the objects).
     pub fn check_invariants(&self) {
         assert!(self.blocks.len() <= self.capacity, "cache above its capacity");
         assert_eq!(self.blocks.len(), self.order.len(), "order index drifted");
+        assert!(self.torn.iter().all(|k| self.blocks.contains_key(k)), "torn keys are held");
     }
 }
 

@@ -172,6 +172,19 @@ pub fn node_of_addr(addr: &str) -> Option<usize> {
     addr.strip_prefix('n')?.strip_suffix(":9000")?.parse().ok()
 }
 
+/// Node indices in the order the distribution tree of block `block` of object `object` (by
+/// index) ranks them: position 0 is the root that fetches from the origin.
+pub fn tree_order(cluster: &crate::ClusterConfig, object: usize, block: u64) -> Vec<usize> {
+    let engine = Engine::new(cluster.engine());
+    let key = engine.block_key(&engine.identify(&crate::origin::object_url(object, "x", 0)), block);
+    let placement = Placement::new(static_view(cluster.nodes), &member_id(0), 2, 1);
+    placement
+        .ranked(key.chunk)
+        .into_iter()
+        .map(|id| id.trim_start_matches('n').parse().expect("member ids are n<index>"))
+        .collect()
+}
+
 /// The static member list of `nodes` nodes.
 pub fn static_view(nodes: usize) -> View {
     View::new((0..nodes).map(|i| Member::ready(&member_id(i), &member_addr(i))).collect())
@@ -288,6 +301,7 @@ impl Node {
 
     /// Restarts the process with a fresh engine (its object table and breaker are gone).
     pub fn restart(&mut self) {
+        self.cache.drop_torn();
         self.up = true;
         self.engine = self.fresh_engine();
     }
@@ -303,7 +317,9 @@ impl Node {
         self.flight_state.clear();
         self.leading.clear();
         self.engine = Engine::new(self.config.clone());
-        if !keep_cache {
+        if keep_cache {
+            self.cache.tear_newest();
+        } else {
             self.cache.clear();
         }
         cut
@@ -319,6 +335,9 @@ impl Node {
         assert!(self.leading.values().all(|&n| n == 1), "two leaders for one window");
         if !self.up {
             assert!(self.reads.is_empty() && self.flight_state.is_empty());
+        }
+        if self.up {
+            self.cache.check_no_torn();
         }
         for r in self.reads.values() {
             match r.waiting {

@@ -192,6 +192,7 @@ impl Sim {
         rid: ReadId,
         answer: Result<CallAnswer, CallFailure>,
         expected: u64,
+        peer: usize,
     ) {
         let now = self.now;
         let node = &mut self.nodes[n];
@@ -204,7 +205,10 @@ impl Sim {
         active.just_looked_up = false;
         active.last_range_ignored = false;
         let answer = classify(answer, expected);
-        self.trace.line(now, format_args!("peer-answer {rid} n{n} {}", describe(&answer)));
+        let kind = describe(&answer);
+        self.trace.line(now, format_args!("peer-answer {rid} n{n} n{peer} {kind}"));
+        let kind = if kind.starts_with("block") { "Block".to_owned() } else { kind };
+        *self.peer_answers.entry((peer, kind)).or_default() += 1;
         if matches!(answer, PeerAnswer::Block(_)) && active.record().is_some() {
             self.blocks.push(BlockEvent { at: now, node: n, source: BlockSource::Peer });
         }

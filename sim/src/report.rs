@@ -3,6 +3,7 @@
 
 use crate::fault::FaultPlan;
 use crate::origin::OriginStats;
+use dart_core::breaker::{BreakerCounters, BreakerEvent, CircuitState};
 use dart_core::engine::EngineStats;
 use dart_core::time::Instant;
 use std::fmt;
@@ -142,6 +143,12 @@ pub struct NodeReport {
     pub cached_blocks: usize,
     /// Crashes.
     pub crashes: u32,
+    /// Every breaker transition, across incarnations.
+    pub circuit_events: Vec<BreakerEvent<String>>,
+    /// The breaker's counters (of its last incarnation).
+    pub breaker: Option<BreakerCounters>,
+    /// Peers whose circuit is not closed at the end, with their state.
+    pub unclosed: Vec<(String, CircuitState)>,
 }
 
 /// Everything a run produced.
@@ -174,6 +181,8 @@ pub struct RunReport {
     /// Origin fetches of a block the node already held, made by a read that failed over from a
     /// peer without looking at its cache again (explained by the peer fault, but wasted).
     pub stale_refetches: u64,
+    /// Peer answers by (answering node, how they ended: `Block` or an observation).
+    pub peer_answers: std::collections::BTreeMap<(usize, String), u64>,
     /// Liveness reads that did not complete in time, described.
     pub liveness_failures: Vec<String>,
     /// The trace lines, when recorded.

@@ -319,7 +319,10 @@ impl Sim {
                 let CallRequest::Peer(req) = &call.request else {
                     unreachable!("peer calls carry peer requests");
                 };
-                self.peer_done(n, rid, answer, req.expected_len);
+                let Endpoint::Node(peer) = call.to else {
+                    unreachable!("peer calls go to nodes");
+                };
+                self.peer_done(n, rid, answer, req.expected_len, peer);
             }
         }
     }

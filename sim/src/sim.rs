@@ -12,6 +12,7 @@ use crate::origin::Origin;
 use crate::queue::Queue;
 use crate::report::{BlockEvent, NodeReport, Phase, ReadOutcome, ReadRecord, RunReport, Violation};
 use crate::trace::Trace;
+use dart_core::breaker::CircuitState;
 use dart_core::hash::ChunkKey;
 use dart_core::rng::{self, Rng};
 use dart_core::time::Instant;
@@ -57,6 +58,7 @@ pub struct Sim {
     pub(crate) blocks: Vec<BlockEvent>,
     pub(crate) violation: Option<Violation>,
     pub(crate) stale_refetches: u64,
+    pub(crate) peer_answers: BTreeMap<(usize, String), u64>,
     events: u64,
     fault_active: Vec<bool>,
     crashes: Vec<u32>,
@@ -100,6 +102,7 @@ impl Sim {
             blocks: Vec::new(),
             violation: None,
             stale_refetches: 0,
+            peer_answers: BTreeMap::new(),
             events: 0,
             fault_active: vec![false; spec.plan.faults.len()],
             crashes: vec![0; cluster.nodes],
@@ -397,14 +400,29 @@ impl Sim {
     }
 
     fn report(mut self) -> RunReport {
+        let now = self.now;
+        let peers: Vec<String> = (0..self.nodes.len()).map(crate::node::member_addr).collect();
         let nodes = self
             .nodes
-            .iter()
+            .iter_mut()
             .zip(&self.crashes)
-            .map(|(n, &crashes)| NodeReport {
-                engine: n.engine.stats(),
-                cached_blocks: n.cache.len(),
-                crashes,
+            .map(|(n, &crashes)| {
+                let p2p = n.engine.p2p();
+                let unclosed = p2p.map_or(Vec::new(), |p| {
+                    peers
+                        .iter()
+                        .map(|a| (a.clone(), p.breaker.state(a, now)))
+                        .filter(|(_, s)| *s != CircuitState::Closed)
+                        .collect()
+                });
+                NodeReport {
+                    engine: n.engine.stats(),
+                    cached_blocks: n.cache.len(),
+                    crashes,
+                    breaker: p2p.map(|p| p.breaker.counters().clone()),
+                    unclosed,
+                    circuit_events: std::mem::take(&mut n.circuit_events),
+                }
             })
             .collect();
         let mut origin = self.origin.stats().clone();
@@ -423,6 +441,7 @@ impl Sim {
             blocks: std::mem::take(&mut self.blocks),
             violation: self.violation.take(),
             stale_refetches: self.stale_refetches,
+            peer_answers: std::mem::take(&mut self.peer_answers),
             liveness_failures: std::mem::take(&mut self.liveness_failures),
             trace: self.trace.take_lines(),
         }

@@ -1,0 +1,326 @@
+//! `dart-scenarios`: list, run, replay, shrink and report the seeded cluster scenarios.
+
+use clap::{Parser, Subcommand};
+use dart_scenarios::{catalogue, html, seeds, shrink, Outcome, Scale, Scenario};
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Parser)]
+#[command(name = "dart-scenarios", about = "Seeded cluster-failure scenarios for dart")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the scenarios.
+    List,
+    /// Run the committed seeds, then fresh ones, within a wall-clock budget.
+    Run {
+        /// Only this scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// Run only this seed.
+        #[arg(long, conflicts_with = "seeds")]
+        seed: Option<u64>,
+        /// Fresh seeds per scenario after the committed ones.
+        #[arg(long)]
+        seeds: Option<u64>,
+        /// First fresh seed (default: drawn from the clock and printed).
+        #[arg(long)]
+        first_seed: Option<u64>,
+        /// Stop starting runs after this many seconds.
+        #[arg(long)]
+        budget: Option<u64>,
+        /// Run at the test suite's small scale.
+        #[arg(long)]
+        small: bool,
+        /// Print every run's verdict and notes, not only failures.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Replay one run and print its verdict (and its trace with --trace).
+    Replay {
+        /// Scenario.
+        name: String,
+        /// Seed.
+        seed: u64,
+        /// Small scale.
+        #[arg(long)]
+        small: bool,
+        /// Print the trace, one line per event.
+        #[arg(long)]
+        trace: bool,
+    },
+    /// Shrink a failing run to a minimal fault plan and workload.
+    Shrink {
+        /// Scenario.
+        name: String,
+        /// Seed.
+        seed: u64,
+        /// Small scale.
+        #[arg(long)]
+        small: bool,
+        /// Most runs to spend.
+        #[arg(long, default_value_t = shrink::SHRINK_RUNS_MAX)]
+        runs: usize,
+    },
+    /// Write an HTML report (SVG plots) of one seed of each scenario.
+    Report {
+        /// Only this scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Small scale.
+        #[arg(long)]
+        small: bool,
+        /// Output file.
+        #[arg(long, default_value = "dart-scenarios.html")]
+        out: String,
+    },
+    /// Measure simulated seconds per wall second and events per second of `reference`.
+    Bench {
+        /// Small scale.
+        #[arg(long)]
+        small: bool,
+        /// Runs (seeds 1..=N).
+        #[arg(long, default_value_t = 3)]
+        runs: u64,
+    },
+}
+
+fn scale(small: bool) -> Scale {
+    if small {
+        Scale::Test
+    } else {
+        Scale::Full
+    }
+}
+
+fn select(name: Option<&str>) -> Result<Vec<Scenario>, String> {
+    match name {
+        None => Ok(catalogue::all()),
+        Some(n) => catalogue::find(n)
+            .map(|s| vec![s])
+            .ok_or_else(|| format!("no scenario {n:?} (see `list`)")),
+    }
+}
+
+fn main() -> ExitCode {
+    // Panics inside a run are caught and reported with their replay line; keep stderr readable.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("\npanic: {info}");
+    }));
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::List => {
+            for s in catalogue::all() {
+                let gap =
+                    s.violation_expected.map_or(String::new(), |w| format!(" [known gap: {w}]"));
+                println!("{:<20} {}{gap}", s.name, s.summary);
+            }
+            Ok(true)
+        }
+        Command::Run { scenario, seed, seeds, first_seed, budget, small, verbose } => {
+            let scale = scale(small);
+            run(scenario.as_deref(), seed, seeds, first_seed, budget, scale, verbose)
+        }
+        Command::Replay { name, seed, small, trace } => replay(&name, seed, scale(small), trace),
+        Command::Shrink { name, seed, small, runs } => shrink_cmd(&name, seed, scale(small), runs),
+        Command::Report { scenario, seed, small, out } => {
+            report(scenario.as_deref(), seed, scale(small), &out)
+        }
+        Command::Bench { small, runs } => bench(scale(small), runs),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs `scenario` under `seed`, and a second time for every eighth run to check determinism.
+fn run_checked(s: &Scenario, seed: u64, scale: Scale, index: usize) -> (Outcome, Option<String>) {
+    let outcome = s.run(seed, scale);
+    let mut drift = None;
+    if index.is_multiple_of(8) {
+        if let Some(first) = &outcome.report {
+            let again = s.run(seed, scale);
+            let second = again.report.as_ref().map(|r| (r.trace_hash, r.events));
+            if second != Some((first.trace_hash, first.events)) {
+                drift = Some(format!(
+                    "nondeterminism: {} seed {seed} gave trace {:016x}/{} then {second:?}",
+                    s.name, first.trace_hash, first.events
+                ));
+            }
+        }
+    }
+    (outcome, drift)
+}
+
+fn run(
+    scenario: Option<&str>,
+    seed: Option<u64>,
+    fresh: Option<u64>,
+    first_seed: Option<u64>,
+    budget: Option<u64>,
+    scale: Scale,
+    verbose: bool,
+) -> Result<bool, String> {
+    let scenarios = select(scenario)?;
+    let mut plan: Vec<(Scenario, u64)> = Vec::new();
+    match seed {
+        Some(seed) => plan.extend(scenarios.iter().map(|s| (s.clone(), seed))),
+        None => {
+            for s in &scenarios {
+                plan.extend(seeds::of(s.name).into_iter().map(|seed| (s.clone(), seed)));
+            }
+            if let Some(n) = fresh {
+                let base = first_seed.unwrap_or_else(|| {
+                    SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(1, |d| d.as_secs() % 1_000_000)
+                        * 1000
+                });
+                eprintln!("fresh seeds {base}..{}", base + n);
+                for s in &scenarios {
+                    plan.extend((base..base + n).map(|seed| (s.clone(), seed)));
+                }
+            }
+        }
+    }
+    let start = Instant::now();
+    let budget = budget.map(Duration::from_secs);
+    let (mut failed, mut ran, mut sim_secs, mut events) = (Vec::new(), 0usize, 0.0, 0u64);
+    let total = plan.len();
+    for (i, (s, seed)) in plan.iter().enumerate() {
+        if budget.is_some_and(|b| start.elapsed() > b) {
+            eprintln!("\nbudget spent after {ran} of {total} runs");
+            break;
+        }
+        eprint!("\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ", i + 1, s.name, failed.len());
+        let _ = std::io::stderr().flush();
+        let (outcome, drift) = run_checked(s, *seed, scale, i);
+        ran += 1;
+        if let Some(r) = &outcome.report {
+            sim_secs += r.end.as_nanos() as f64 / 1e9;
+            events += r.events;
+        }
+        if !outcome.passed() || drift.is_some() {
+            eprintln!();
+            println!("{}", outcome.describe());
+            if let Some(d) = &drift {
+                println!("      {d}\n      replay: {}", outcome.replay_line());
+            }
+            failed.push(outcome.replay_line());
+        } else if verbose
+            || (!outcome.check.gaps.is_empty()
+                && i == plan.iter().position(|(p, _)| p.name == s.name).unwrap_or(i))
+        {
+            eprintln!();
+            println!("{}", outcome.describe());
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    eprintln!();
+    println!(
+        "{ran} runs, {} failed, in {wall:.1} s wall ({sim_secs:.0} simulated seconds, {:.0}x, {:.0} events/s)",
+        failed.len(),
+        sim_secs / wall.max(1e-9),
+        events as f64 / wall.max(1e-9)
+    );
+    for line in &failed {
+        println!("replay: {line}");
+    }
+    Ok(failed.is_empty())
+}
+
+fn replay(name: &str, seed: u64, scale: Scale, trace: bool) -> Result<bool, String> {
+    let s = catalogue::find(name).ok_or_else(|| format!("no scenario {name:?}"))?;
+    let mut spec = s.spec(seed, scale);
+    spec.record_trace = trace;
+    let t0 = Instant::now();
+    let outcome = s.run_spec(spec, seed, scale);
+    let wall = t0.elapsed();
+    if let Some(lines) = outcome.report.as_ref().and_then(|r| r.trace.as_ref()) {
+        for l in lines {
+            println!("{l}");
+        }
+    }
+    println!("{}", outcome.describe());
+    if let Some(r) = &outcome.report {
+        println!("      {} (wall {wall:.2?})", r.summary());
+    }
+    Ok(outcome.passed())
+}
+
+fn shrink_cmd(name: &str, seed: u64, scale: Scale, runs: usize) -> Result<bool, String> {
+    let s = catalogue::find(name).ok_or_else(|| format!("no scenario {name:?}"))?;
+    let Some(shrunk) = shrink::shrink(&s, seed, scale, runs) else {
+        println!("{name} seed {seed} passes: nothing to shrink");
+        return Ok(true);
+    };
+    let before = s.spec(seed, scale);
+    println!(
+        "shrunk in {} steps ({} runs): {} -> {} faults, {} -> {} safety reads, {} -> {} liveness reads",
+        shrunk.steps,
+        shrunk.runs,
+        before.plan.faults.len(),
+        shrunk.spec.plan.faults.len(),
+        before.workload.safety.len(),
+        shrunk.spec.workload.safety.len(),
+        before.workload.liveness.len(),
+        shrunk.spec.workload.liveness.len(),
+    );
+    println!("minimal plan: {}", shrunk.spec.plan);
+    println!("as a value: {:?}", shrunk.spec.plan);
+    println!("reads: {:?}", shrunk.spec.workload);
+    println!("{}", shrunk.outcome.describe());
+    Ok(false)
+}
+
+fn report(scenario: Option<&str>, seed: u64, scale: Scale, out: &str) -> Result<bool, String> {
+    let scenarios = select(scenario)?;
+    let mut outcomes = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        eprint!("\r[{}/{}] {:<20}", i + 1, scenarios.len(), s.name);
+        let _ = std::io::stderr().flush();
+        outcomes.push(s.run(seed, scale));
+    }
+    eprintln!();
+    let page = html::page(&outcomes);
+    std::fs::write(out, page).map_err(|e| format!("writing {out}: {e}"))?;
+    println!("wrote {out}");
+    Ok(outcomes.iter().all(Outcome::passed))
+}
+
+fn bench(scale: Scale, runs: u64) -> Result<bool, String> {
+    let s = catalogue::find("reference").ok_or("no reference scenario")?;
+    let mut ok = true;
+    for seed in 1..=runs {
+        let t0 = Instant::now();
+        let outcome = s.run(seed, scale);
+        let wall = t0.elapsed().as_secs_f64();
+        let r = outcome.report.as_ref().ok_or("the reference run panicked")?;
+        let sim = r.end.as_nanos() as f64 / 1e9;
+        println!(
+            "reference seed {seed}: {sim:.1} simulated s in {wall:.3} wall s = {:.0}x; {} events = {:.0} events/s; trace {:016x}",
+            sim / wall,
+            r.events,
+            r.events as f64 / wall,
+            r.trace_hash
+        );
+        ok &= outcome.passed();
+        if !outcome.passed() {
+            println!("{}", outcome.describe());
+        }
+    }
+    Ok(ok)
+}
