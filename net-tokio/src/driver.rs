@@ -48,10 +48,13 @@ pub struct NodeCore<D: Dialer> {
 }
 
 /// Returns a breaker permit as abandoned if its request task is dropped before answering.
-struct PermitGuard<'a> {
-    permit: Option<Permit<String>>,
-    engine: &'a Mutex<Engine>,
-    clock: ShellClock,
+pub struct PermitGuard<'a> {
+    /// The permit, until it is answered.
+    pub permit: Option<Permit<String>>,
+    /// The engine whose breaker issued it.
+    pub engine: &'a Mutex<Engine>,
+    /// The core's clock.
+    pub clock: ShellClock,
 }
 
 impl Drop for PermitGuard<'_> {
@@ -75,6 +78,16 @@ impl<D: Dialer> NodeCore<D> {
             let Some(action) = read.poll_action() else {
                 unreachable!("a read waiting for nothing: every question is answered inline");
             };
+            if let Some(out) = self.perform(read, action).await {
+                return out;
+            }
+        }
+    }
+
+    /// Carries out one action: answers a question (returning `None`) or hands back what goes on
+    /// the wire.
+    pub async fn perform(&self, read: &mut Read, action: Action) -> Option<Outward> {
+        {
             match action {
                 Action::Probe { url } => {
                     let id = read.object().id.clone();
@@ -85,7 +98,7 @@ impl<D: Dialer> NodeCore<D> {
                     let hit = self.cache.get(&key);
                     read.handle_lookup(&mut self.engine(), hit, self.clock.now());
                 }
-                Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+                Action::FetchPeer { peer, key, url, hop, expected_len, permit, .. } => {
                     let Some(peers) = &self.peers else {
                         unreachable!("the engine routes to peers only when the peer path is on")
                     };
@@ -114,12 +127,13 @@ impl<D: Dialer> NodeCore<D> {
                     read.handle_fetch(&mut self.engine(), got);
                 }
                 Action::Store { key, data, class } => self.cache.put(key, &data, class),
-                Action::Respond(head) => return Outward::Respond(head),
-                Action::Emit(bytes) => return Outward::Emit(bytes),
-                Action::Finish => return Outward::Finish,
-                Action::Fail(f) => return Outward::Fail(f),
-                Action::Passthrough { url } => return Outward::Passthrough(url),
+                Action::Respond(head) => return Some(Outward::Respond(head)),
+                Action::Emit(bytes) => return Some(Outward::Emit(bytes)),
+                Action::Finish => return Some(Outward::Finish),
+                Action::Fail(f) => return Some(Outward::Fail(f)),
+                Action::Passthrough { url } => return Some(Outward::Passthrough(url)),
             }
         }
+        None
     }
 }

@@ -94,6 +94,23 @@ impl<D: Dialer> PeerClient<D> {
         hop: u64,
         expected: u64,
     ) -> PeerAnswer {
+        match self.open_block(addr, key, url, hop, expected).await {
+            Ok(body) => read_bounded(body, expected).await,
+            Err(observation) => PeerAnswer::Failed(observation),
+        }
+    }
+
+    /// Sends the request and waits for a 200 head (bounded by the dial and response-header
+    /// bounds); any other outcome is classified. The caller reads the body, bounded by the
+    /// request bound, with [`read_bounded`] or by streaming it (cut-through relays).
+    pub async fn open_block(
+        &self,
+        addr: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> Result<hyper::body::Incoming, Observation> {
         let uri = format!("http://{addr}{}", block_path(key));
         let mut req = Request::get(uri.as_str()).header(HEADER_HOP, hop);
         if let Ok(v) = HeaderValue::try_from(url) {
@@ -103,30 +120,30 @@ impl<D: Dialer> PeerClient<D> {
             req = req.header(HEADER_NODE, v);
         }
         let Ok(req) = req.body(Empty::new()) else {
-            return PeerAnswer::Failed(Observation::UnexpectedStatus(400));
+            return Err(Observation::UnexpectedStatus(400));
         };
         let bound = self.config.response_header_timeout;
         let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
-            Err(_) => return PeerAnswer::Failed(Observation::TimedOut),
-            Ok(Err(e)) if e.is_connect() => return PeerAnswer::Failed(Observation::DialFailed),
-            Ok(Err(_)) => return PeerAnswer::Failed(Observation::BodyInterrupted),
+            Err(_) => return Err(Observation::TimedOut),
+            Ok(Err(e)) if e.is_connect() => return Err(Observation::DialFailed),
+            Ok(Err(_)) => return Err(Observation::BodyInterrupted),
             Ok(Ok(resp)) => resp,
         };
         match resp.status() {
             StatusCode::OK => {}
-            StatusCode::NOT_FOUND => return PeerAnswer::Failed(Observation::Miss),
+            StatusCode::NOT_FOUND => return Err(Observation::Miss),
             StatusCode::BAD_GATEWAY => {
                 let upstream = resp
                     .headers()
                     .get(HEADER_UPSTREAM_STATUS)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u16>().ok());
-                return PeerAnswer::Failed(match upstream {
+                return Err(match upstream {
                     Some(status) => Observation::UpstreamRefused { status },
                     None => Observation::UnexpectedStatus(502),
                 });
             }
-            other => return PeerAnswer::Failed(Observation::UnexpectedStatus(other.as_u16())),
+            other => return Err(Observation::UnexpectedStatus(other.as_u16())),
         }
         let announced = resp
             .headers()
@@ -135,14 +152,14 @@ impl<D: Dialer> PeerClient<D> {
             .and_then(|v| v.parse::<u64>().ok());
         if announced.is_some_and(|n| n > expected) {
             // Refused before reading a byte: a peer cannot make us buffer more than a block.
-            return PeerAnswer::Failed(Observation::WrongLength);
+            return Err(Observation::WrongLength);
         }
-        read_bounded(resp.into_body(), expected).await
+        Ok(resp.into_body())
     }
 }
 
 /// Reads at most `expected + 1` bytes of a body and judges its length.
-async fn read_bounded(mut body: hyper::body::Incoming, expected: u64) -> PeerAnswer {
+pub async fn read_bounded(mut body: hyper::body::Incoming, expected: u64) -> PeerAnswer {
     let limit = expected.saturating_add(1);
     let mut buf = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0).min(64 << 20));
     while (buf.len() as u64) < limit {
