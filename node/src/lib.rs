@@ -159,7 +159,8 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     )
     .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
-    let mut engine = Engine::new(EngineConfig { geometry, namespace, layout });
+    let cut_through = !flags.store_and_forward;
+    let mut engine = Engine::new(EngineConfig { geometry, namespace, layout, cut_through });
     let clock = ShellClock::start();
     let peers = match p2p {
         Some((p2p, peer_config)) => {

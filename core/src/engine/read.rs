@@ -470,7 +470,7 @@ impl Read {
                         hop,
                         expected_len: job.expected,
                         permit,
-                        cut_through: self.is_relay(),
+                        cut_through: self.is_relay() && engine.config.cut_through,
                     });
                     self.state = State::AwaitPeer(job);
                     return;
