@@ -9,7 +9,8 @@ use crate::origin::{Fill, OriginFetcher};
 use crate::peer_client::PeerClient;
 use crate::seam::{Dialer, ShellClock};
 use bytes::Bytes;
-use dart_core::breaker::Permit;
+use dart_core::breaker::{Observation, Permit};
+use dart_core::codec::roster::Roster;
 use dart_core::engine::{
     block_verdict, Action, Engine, FetchedBlock, Read, ReadFailure, ResponseHead, Verdict,
 };
@@ -70,6 +71,35 @@ impl Drop for PermitGuard<'_> {
 impl<D: Dialer> NodeCore<D> {
     fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
         self.engine.lock().expect("engine lock")
+    }
+
+    /// Fetches a peer's roster. Roster requests bypass the breaker's admission (discovery must
+    /// reach peers whose circuit is open) but their outcome is recorded, so a successful one can
+    /// close a recovered peer's circuit and a failed dial opens it for the data path.
+    pub async fn fetch_roster(
+        &self,
+        addr: &str,
+        advertise: &str,
+    ) -> Result<(Roster, Option<String>), String> {
+        let Some(peers) = &self.peers else { return Err("the peer path is off".into()) };
+        let permit = {
+            let mut engine = self.engine();
+            let Some(p2p) = engine.p2p_mut() else { return Err("the peer path is off".into()) };
+            p2p.breaker.begin_roster(&addr.to_owned(), self.clock.now())
+        };
+        let mut guard =
+            PermitGuard { permit: Some(permit), engine: &self.engine, clock: self.clock };
+        let result = peers.fetch_roster(addr, advertise).await;
+        let permit = guard.permit.take().expect("taken once");
+        let observation = match &result {
+            Ok(_) => Observation::Served,
+            Err((o, _)) => *o,
+        };
+        let now = self.clock.now();
+        if let Some(p2p) = self.engine().p2p_mut() {
+            p2p.breaker.complete(permit, observation.outcome(), now);
+        }
+        result.map_err(|(_, e)| e)
     }
 
     /// Runs `read` until it has something for the wire. Never returns for an internal action.

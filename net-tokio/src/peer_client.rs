@@ -5,8 +5,10 @@
 use crate::seam::{Dialer, SeamConnector};
 use bytes::{Bytes, BytesMut};
 use dart_core::breaker::Observation;
+use dart_core::codec::roster::{decode_roster, Roster, ROSTER_BYTES_MAX};
 use dart_core::codec::wire::{
-    block_path, HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_UPSTREAM_STATUS,
+    block_path, HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS,
+    ROSTER_PATH,
 };
 use dart_core::engine::PeerAnswer;
 use dart_core::hash::BlockKey;
@@ -155,6 +157,62 @@ impl<D: Dialer> PeerClient<D> {
             return Err(Observation::WrongLength);
         }
         Ok(resp.into_body())
+    }
+}
+
+impl<D: Dialer> PeerClient<D> {
+    /// Fetches the roster of the peer at `addr`, identifying this node and its advertised address
+    /// so the peer can learn it. Returns the roster and the responder's self-reported id (credit
+    /// liveness to that id, never to the dialed address), or the observation for the breaker.
+    pub async fn fetch_roster(
+        &self,
+        addr: &str,
+        advertise: &str,
+    ) -> Result<(Roster, Option<String>), (Observation, String)> {
+        let bound = self.config.request_timeout;
+        match tokio::time::timeout(bound, self.roster_exchange(addr, advertise)).await {
+            Ok(r) => r,
+            Err(_) => Err((Observation::TimedOut, "roster request timed out".into())),
+        }
+    }
+
+    async fn roster_exchange(
+        &self,
+        addr: &str,
+        advertise: &str,
+    ) -> Result<(Roster, Option<String>), (Observation, String)> {
+        let uri = format!("http://{addr}{ROSTER_PATH}");
+        let mut req = Request::get(uri.as_str());
+        for (name, value) in [(HEADER_NODE, self.self_id.as_str()), (HEADER_PEER_ADDR, advertise)] {
+            if let Ok(v) = HeaderValue::try_from(value) {
+                req = req.header(name, v);
+            }
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| (Observation::UnexpectedStatus(400), e.to_string()))?;
+        let bound = self.config.response_header_timeout;
+        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
+            Err(_) => return Err((Observation::TimedOut, "no roster response head".into())),
+            Ok(Err(e)) if e.is_connect() => return Err((Observation::DialFailed, e.to_string())),
+            Ok(Err(e)) => return Err((Observation::BodyInterrupted, e.to_string())),
+            Ok(Ok(resp)) => resp,
+        };
+        if resp.status() != StatusCode::OK {
+            let status = resp.status().as_u16();
+            return Err((Observation::UnexpectedStatus(status), format!("roster status {status}")));
+        }
+        let responder =
+            resp.headers().get(HEADER_NODE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let limited = http_body_util::Limited::new(resp.into_body(), ROSTER_BYTES_MAX);
+        let body = limited
+            .collect()
+            .await
+            .map_err(|e| (Observation::BodyInterrupted, e.to_string()))?
+            .to_bytes();
+        let roster = decode_roster(&body, responder.as_deref(), addr)
+            .map_err(|e| (Observation::MalformedBody, e.to_string()))?;
+        Ok((roster, responder))
     }
 }
 

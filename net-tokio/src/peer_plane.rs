@@ -12,10 +12,15 @@ use crate::seam::Dialer;
 use bytes::Bytes;
 use bytes::BytesMut;
 use dart_core::breaker::{Observation, Permit};
+use dart_core::codec::roster::encode_roster;
 use dart_core::codec::wire::{
     parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_HOP, HEADER_NODE, HEADER_ORIGIN,
-    HEADER_UPSTREAM_STATUS,
+    HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, ROSTER_PATH,
 };
+use dart_core::membership::{validate_member_id, Member};
+
+/// Epoch header on roster responses (decimal u64).
+pub const HEADER_EPOCH: &str = "x-dart-epoch";
 use dart_core::engine::route::{relay_check, RelayPlan};
 use dart_core::engine::{Action, PeerAnswer, Read, ReadFailure};
 use dart_core::hash::BlockKey;
@@ -27,12 +32,21 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// Most callers remembered from inbound roster requests.
+pub const LEARNED_MAX: usize = 4096;
+
 /// The peer plane of one node.
 pub struct PeerPlane<D: Dialer> {
     /// The node's shared machinery.
     pub node: Arc<NodeCore<D>>,
     /// This node's member id, echoed as `X-DART-Node`.
     pub self_id: String,
+    /// The address peers dial to reach this node (sent in rosters).
+    pub advertise: String,
+    /// Callers that identified themselves on a roster request (`X-DART-Node` and
+    /// `X-DART-Peer-Addr`): the inbound half of the exchange, kept for discovery. With a static
+    /// member list nothing consumes it yet.
+    pub learned: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl<D: Dialer> PeerPlane<D> {
@@ -97,9 +111,47 @@ impl<D: Dialer> PeerPlane<D> {
         Ok(r)
     }
 
+    /// Serves `GET /peer/v1/roster`: this node's view as JSON, naming itself in `X-DART-Node`,
+    /// and learning a caller that identifies itself.
+    fn roster(&self, req: &Request<Incoming>) -> Response<ResponseBody> {
+        if req.method() != http::Method::GET {
+            let mut r = self.reply(StatusCode::METHOD_NOT_ALLOWED, "dart: method not allowed");
+            r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+            return r;
+        }
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        if let (Some(id), Some(addr)) = (header(HEADER_NODE), header(HEADER_PEER_ADDR)) {
+            if validate_member_id(id).is_ok() && id != self.self_id && !addr.is_empty() {
+                let mut learned = self.learned.lock().expect("learned lock");
+                if learned.len() < LEARNED_MAX || learned.contains_key(id) {
+                    learned.insert(id.to_owned(), addr.to_owned());
+                }
+            }
+        }
+        let engine = self.node.engine.lock().expect("engine lock");
+        let Some(p2p) = engine.p2p() else {
+            drop(engine);
+            return self.reply(StatusCode::INTERNAL_SERVER_ERROR, "dart: no membership");
+        };
+        let view = p2p.placement.view();
+        let me = Member::ready(&self.self_id, &self.advertise);
+        let body = encode_roster(view, &me);
+        let epoch = view.epoch();
+        drop(engine);
+        let mut r = Response::new(body::full(body.clone()));
+        r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r.headers_mut().insert(HEADER_EPOCH, HeaderValue::from(epoch));
+        self.name(&mut r);
+        r
+    }
+
     /// Serves one peer request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ResponseBody> {
         let path = req.uri().path();
+        if path == ROSTER_PATH {
+            return self.roster(&req);
+        }
         if !path.starts_with(BLOCK_PATH_PREFIX) {
             return self.reply(StatusCode::NOT_FOUND, "dart: unknown peer path");
         }

@@ -206,7 +206,13 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     let handler = move |req| p.clone().handle(req);
     servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
     if let Some(l) = peer {
-        let pp = Arc::new(PeerPlane { node: node.clone(), self_id: flags.self_id.clone() });
+        let advertise = peer_addr.map(|a| a.to_string()).unwrap_or_default();
+        let pp = Arc::new(PeerPlane {
+            node: node.clone(),
+            self_id: flags.self_id.clone(),
+            advertise,
+            learned: Default::default(),
+        });
         let handler = move |req| pp.clone().handle(req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
         let n = node.clone();
