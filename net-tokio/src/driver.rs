@@ -9,7 +9,8 @@ use crate::origin::{Fill, OriginFetcher};
 use crate::peer_client::PeerClient;
 use crate::seam::{Dialer, ShellClock};
 use bytes::Bytes;
-use dart_core::breaker::Permit;
+use dart_core::breaker::{Observation, Permit};
+use dart_core::codec::roster::Roster;
 use dart_core::engine::{
     block_verdict, Action, Engine, FetchedBlock, Read, ReadFailure, ResponseHead, Verdict,
 };
@@ -48,10 +49,13 @@ pub struct NodeCore<D: Dialer> {
 }
 
 /// Returns a breaker permit as abandoned if its request task is dropped before answering.
-struct PermitGuard<'a> {
-    permit: Option<Permit<String>>,
-    engine: &'a Mutex<Engine>,
-    clock: ShellClock,
+pub struct PermitGuard<'a> {
+    /// The permit, until it is answered.
+    pub permit: Option<Permit<String>>,
+    /// The engine whose breaker issued it.
+    pub engine: &'a Mutex<Engine>,
+    /// The core's clock.
+    pub clock: ShellClock,
 }
 
 impl Drop for PermitGuard<'_> {
@@ -69,12 +73,51 @@ impl<D: Dialer> NodeCore<D> {
         self.engine.lock().expect("engine lock")
     }
 
+    /// Fetches a peer's roster. Roster requests bypass the breaker's admission (discovery must
+    /// reach peers whose circuit is open) but their outcome is recorded, so a successful one can
+    /// close a recovered peer's circuit and a failed dial opens it for the data path.
+    pub async fn fetch_roster(
+        &self,
+        addr: &str,
+        advertise: &str,
+    ) -> Result<(Roster, Option<String>), String> {
+        let Some(peers) = &self.peers else { return Err("the peer path is off".into()) };
+        let permit = {
+            let mut engine = self.engine();
+            let Some(p2p) = engine.p2p_mut() else { return Err("the peer path is off".into()) };
+            p2p.breaker.begin_roster(&addr.to_owned(), self.clock.now())
+        };
+        let mut guard =
+            PermitGuard { permit: Some(permit), engine: &self.engine, clock: self.clock };
+        let result = peers.fetch_roster(addr, advertise).await;
+        let permit = guard.permit.take().expect("taken once");
+        let observation = match &result {
+            Ok(_) => Observation::Served,
+            Err((o, _)) => *o,
+        };
+        let now = self.clock.now();
+        if let Some(p2p) = self.engine().p2p_mut() {
+            p2p.breaker.complete(permit, observation.outcome(), now);
+        }
+        result.map_err(|(_, e)| e)
+    }
+
     /// Runs `read` until it has something for the wire. Never returns for an internal action.
     pub async fn next(&self, read: &mut Read) -> Outward {
         loop {
             let Some(action) = read.poll_action() else {
                 unreachable!("a read waiting for nothing: every question is answered inline");
             };
+            if let Some(out) = self.perform(read, action).await {
+                return out;
+            }
+        }
+    }
+
+    /// Carries out one action: answers a question (returning `None`) or hands back what goes on
+    /// the wire.
+    pub async fn perform(&self, read: &mut Read, action: Action) -> Option<Outward> {
+        {
             match action {
                 Action::Probe { url } => {
                     let id = read.object().id.clone();
@@ -85,7 +128,7 @@ impl<D: Dialer> NodeCore<D> {
                     let hit = self.cache.get(&key);
                     read.handle_lookup(&mut self.engine(), hit, self.clock.now());
                 }
-                Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+                Action::FetchPeer { peer, key, url, hop, expected_len, permit, .. } => {
                     let Some(peers) = &self.peers else {
                         unreachable!("the engine routes to peers only when the peer path is on")
                     };
@@ -114,12 +157,13 @@ impl<D: Dialer> NodeCore<D> {
                     read.handle_fetch(&mut self.engine(), got);
                 }
                 Action::Store { key, data, class } => self.cache.put(key, &data, class),
-                Action::Respond(head) => return Outward::Respond(head),
-                Action::Emit(bytes) => return Outward::Emit(bytes),
-                Action::Finish => return Outward::Finish,
-                Action::Fail(f) => return Outward::Fail(f),
-                Action::Passthrough { url } => return Outward::Passthrough(url),
+                Action::Respond(head) => return Some(Outward::Respond(head)),
+                Action::Emit(bytes) => return Some(Outward::Emit(bytes)),
+                Action::Finish => return Some(Outward::Finish),
+                Action::Fail(f) => return Some(Outward::Fail(f)),
+                Action::Passthrough { url } => return Some(Outward::Passthrough(url)),
             }
         }
+        None
     }
 }

@@ -5,8 +5,10 @@
 use crate::seam::{Dialer, SeamConnector};
 use bytes::{Bytes, BytesMut};
 use dart_core::breaker::Observation;
+use dart_core::codec::roster::{decode_roster, Roster, ROSTER_BYTES_MAX};
 use dart_core::codec::wire::{
-    block_path, HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_UPSTREAM_STATUS,
+    block_path, HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS,
+    ROSTER_PATH,
 };
 use dart_core::engine::PeerAnswer;
 use dart_core::hash::BlockKey;
@@ -94,6 +96,23 @@ impl<D: Dialer> PeerClient<D> {
         hop: u64,
         expected: u64,
     ) -> PeerAnswer {
+        match self.open_block(addr, key, url, hop, expected).await {
+            Ok(body) => read_bounded(body, expected).await,
+            Err(observation) => PeerAnswer::Failed(observation),
+        }
+    }
+
+    /// Sends the request and waits for a 200 head (bounded by the dial and response-header
+    /// bounds); any other outcome is classified. The caller reads the body, bounded by the
+    /// request bound, with [`read_bounded`] or by streaming it (cut-through relays).
+    pub async fn open_block(
+        &self,
+        addr: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> Result<hyper::body::Incoming, Observation> {
         let uri = format!("http://{addr}{}", block_path(key));
         let mut req = Request::get(uri.as_str()).header(HEADER_HOP, hop);
         if let Ok(v) = HeaderValue::try_from(url) {
@@ -103,30 +122,30 @@ impl<D: Dialer> PeerClient<D> {
             req = req.header(HEADER_NODE, v);
         }
         let Ok(req) = req.body(Empty::new()) else {
-            return PeerAnswer::Failed(Observation::UnexpectedStatus(400));
+            return Err(Observation::UnexpectedStatus(400));
         };
         let bound = self.config.response_header_timeout;
         let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
-            Err(_) => return PeerAnswer::Failed(Observation::TimedOut),
-            Ok(Err(e)) if e.is_connect() => return PeerAnswer::Failed(Observation::DialFailed),
-            Ok(Err(_)) => return PeerAnswer::Failed(Observation::BodyInterrupted),
+            Err(_) => return Err(Observation::TimedOut),
+            Ok(Err(e)) if e.is_connect() => return Err(Observation::DialFailed),
+            Ok(Err(_)) => return Err(Observation::BodyInterrupted),
             Ok(Ok(resp)) => resp,
         };
         match resp.status() {
             StatusCode::OK => {}
-            StatusCode::NOT_FOUND => return PeerAnswer::Failed(Observation::Miss),
+            StatusCode::NOT_FOUND => return Err(Observation::Miss),
             StatusCode::BAD_GATEWAY => {
                 let upstream = resp
                     .headers()
                     .get(HEADER_UPSTREAM_STATUS)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u16>().ok());
-                return PeerAnswer::Failed(match upstream {
+                return Err(match upstream {
                     Some(status) => Observation::UpstreamRefused { status },
                     None => Observation::UnexpectedStatus(502),
                 });
             }
-            other => return PeerAnswer::Failed(Observation::UnexpectedStatus(other.as_u16())),
+            other => return Err(Observation::UnexpectedStatus(other.as_u16())),
         }
         let announced = resp
             .headers()
@@ -135,14 +154,70 @@ impl<D: Dialer> PeerClient<D> {
             .and_then(|v| v.parse::<u64>().ok());
         if announced.is_some_and(|n| n > expected) {
             // Refused before reading a byte: a peer cannot make us buffer more than a block.
-            return PeerAnswer::Failed(Observation::WrongLength);
+            return Err(Observation::WrongLength);
         }
-        read_bounded(resp.into_body(), expected).await
+        Ok(resp.into_body())
+    }
+}
+
+impl<D: Dialer> PeerClient<D> {
+    /// Fetches the roster of the peer at `addr`, identifying this node and its advertised address
+    /// so the peer can learn it. Returns the roster and the responder's self-reported id (credit
+    /// liveness to that id, never to the dialed address), or the observation for the breaker.
+    pub async fn fetch_roster(
+        &self,
+        addr: &str,
+        advertise: &str,
+    ) -> Result<(Roster, Option<String>), (Observation, String)> {
+        let bound = self.config.request_timeout;
+        match tokio::time::timeout(bound, self.roster_exchange(addr, advertise)).await {
+            Ok(r) => r,
+            Err(_) => Err((Observation::TimedOut, "roster request timed out".into())),
+        }
+    }
+
+    async fn roster_exchange(
+        &self,
+        addr: &str,
+        advertise: &str,
+    ) -> Result<(Roster, Option<String>), (Observation, String)> {
+        let uri = format!("http://{addr}{ROSTER_PATH}");
+        let mut req = Request::get(uri.as_str());
+        for (name, value) in [(HEADER_NODE, self.self_id.as_str()), (HEADER_PEER_ADDR, advertise)] {
+            if let Ok(v) = HeaderValue::try_from(value) {
+                req = req.header(name, v);
+            }
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| (Observation::UnexpectedStatus(400), e.to_string()))?;
+        let bound = self.config.response_header_timeout;
+        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
+            Err(_) => return Err((Observation::TimedOut, "no roster response head".into())),
+            Ok(Err(e)) if e.is_connect() => return Err((Observation::DialFailed, e.to_string())),
+            Ok(Err(e)) => return Err((Observation::BodyInterrupted, e.to_string())),
+            Ok(Ok(resp)) => resp,
+        };
+        if resp.status() != StatusCode::OK {
+            let status = resp.status().as_u16();
+            return Err((Observation::UnexpectedStatus(status), format!("roster status {status}")));
+        }
+        let responder =
+            resp.headers().get(HEADER_NODE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let limited = http_body_util::Limited::new(resp.into_body(), ROSTER_BYTES_MAX);
+        let body = limited
+            .collect()
+            .await
+            .map_err(|e| (Observation::BodyInterrupted, e.to_string()))?
+            .to_bytes();
+        let roster = decode_roster(&body, responder.as_deref(), addr)
+            .map_err(|e| (Observation::MalformedBody, e.to_string()))?;
+        Ok((roster, responder))
     }
 }
 
 /// Reads at most `expected + 1` bytes of a body and judges its length.
-async fn read_bounded(mut body: hyper::body::Incoming, expected: u64) -> PeerAnswer {
+pub async fn read_bounded(mut body: hyper::body::Incoming, expected: u64) -> PeerAnswer {
     let limit = expected.saturating_add(1);
     let mut buf = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0).min(64 << 20));
     while (buf.len() as u64) < limit {

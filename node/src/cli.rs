@@ -103,6 +103,9 @@ pub struct NodeFlags {
     /// Whole-request bound of one peer request.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_timeout: std::time::Duration,
+    /// Relays store and forward whole blocks instead of cutting through (for comparisons).
+    #[arg(long, hide = true)]
+    pub store_and_forward: bool,
     /// How long in-flight responses may take to finish on SIGTERM/ctrl-c, in seconds.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,

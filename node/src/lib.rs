@@ -159,7 +159,8 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     )
     .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
-    let mut engine = Engine::new(EngineConfig { geometry, namespace, layout });
+    let cut_through = !flags.store_and_forward;
+    let mut engine = Engine::new(EngineConfig { geometry, namespace, layout, cut_through });
     let clock = ShellClock::start();
     let peers = match p2p {
         Some((p2p, peer_config)) => {
@@ -205,7 +206,13 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     let handler = move |req| p.clone().handle(req);
     servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
     if let Some(l) = peer {
-        let pp = Arc::new(PeerPlane { node: node.clone(), self_id: flags.self_id.clone() });
+        let advertise = peer_addr.map(|a| a.to_string()).unwrap_or_default();
+        let pp = Arc::new(PeerPlane {
+            node: node.clone(),
+            self_id: flags.self_id.clone(),
+            advertise,
+            learned: Default::default(),
+        });
         let handler = move |req| pp.clone().handle(req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
         let n = node.clone();

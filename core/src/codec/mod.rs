@@ -6,6 +6,7 @@ pub mod content_range;
 mod num;
 pub mod range;
 pub mod redact;
+pub mod roster;
 pub mod size;
 pub mod wire;
 

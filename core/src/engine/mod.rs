@@ -53,7 +53,7 @@ pub enum ObjectInfo {
 }
 
 /// Engine configuration.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Chunk and block sizes (identical on every node of a cluster).
     pub geometry: Geometry,
@@ -61,6 +61,20 @@ pub struct EngineConfig {
     pub namespace: Namespace,
     /// Object-identity layout.
     pub layout: IdLayout,
+    /// Relays stream a block from their upstream peer while receiving it (cut-through); off,
+    /// they store and forward whole blocks (kept for comparison benchmarks).
+    pub cut_through: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            geometry: Geometry::default(),
+            namespace: Namespace::default(),
+            layout: IdLayout::default(),
+            cut_through: true,
+        }
+    }
 }
 
 /// Counters of what the engine decided; the shell exports them as metrics.

@@ -110,8 +110,16 @@ impl Cluster {
                     let hit = self.nodes[at].cache.get(&key).cloned();
                     read.handle_lookup(&mut self.nodes[at].engine, hit, now);
                 }
-                Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+                Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
                     let answer = self.serve_peer(&peer.addr, key, &url, hop, expected_len);
+                    if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
+                        // The peer's 200 head arrived: commit ours and forward as bytes arrive.
+                        read.handle_peer_started(&mut self.nodes[at].engine);
+                        let Some(Action::Respond(_)) = read.poll_action() else {
+                            panic!("a started stream sends its head first");
+                        };
+                        body.extend_from_slice(&data[..data.len().min(expected_len as usize)]);
+                    }
                     read.handle_peer(&mut self.nodes[at].engine, permit, answer, now);
                 }
                 Action::FetchOrigin { start, end, .. } => {
@@ -167,6 +175,7 @@ impl Cluster {
         let read = self.nodes[j].engine.begin_relay(key, Some(url.to_owned()), next_hop);
         match self.drive(j, read) {
             End::Finish(bytes) => PeerAnswer::Block(Bytes::from(bytes)),
+            End::Fail(f) if f.committed => PeerAnswer::Failed(Observation::BodyInterrupted),
             End::Fail(f) => match (f.status, f.upstream_status) {
                 (404, _) => PeerAnswer::Failed(Observation::Miss),
                 (502, Some(status)) => PeerAnswer::Failed(Observation::UpstreamRefused { status }),
@@ -337,4 +346,37 @@ fn every_member_reading_every_range_gets_exact_bytes_and_the_origin_sees_each_bl
         }
     }
     assert_eq!(c.origin.fetches.len(), 10, "10 blocks, each fetched once cluster-wide");
+}
+
+#[test]
+fn a_cut_through_relay_forwards_a_correct_stream_and_caches_it() {
+    let mut c = Cluster::new(3, 1, 4, Mode::Honours);
+    let ranked = c.ranked(0);
+    assert_eq!(c.read(ranked[2], None), End::Finish(c.expected(0, 3)));
+    let middle = &c.nodes[ranked[1]];
+    assert_eq!(middle.cache.len(), 1, "the relay kept a copy of what it streamed");
+    assert_eq!(middle.engine.stats().relay_served, 1);
+    assert_eq!(middle.engine.stats().block_source_peer, 1, "streamed from the root");
+}
+
+#[test]
+fn a_cut_through_relay_never_caches_a_short_stream_and_the_reader_still_gets_exact_bytes() {
+    let mut c = Cluster::new(3, 1, 8, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (tail, middle, root) = (ranked[2], ranked[1], ranked[0]);
+    c.nodes[root].fault = Fault::Short;
+    assert_eq!(c.read(tail, Some("bytes=0-3")), End::Finish(c.expected(0, 3)));
+    assert!(c.nodes[middle].cache.is_empty(), "a short stream is forwarded, never cached");
+    assert_eq!(c.state_of(middle, root), CircuitState::Open, "the liar's circuit opened");
+    assert_eq!(c.nodes[middle].engine.stats().peer_wrong_length, 1);
+    let s = c.nodes[tail].engine.stats();
+    assert_eq!(s.block_source_origin, 1, "the tail fell through to the origin");
+    assert_eq!(s.peer_failover, 1, "a truncated relay is a failure, not a miss");
+    assert_eq!(
+        c.nodes[tail]
+            .cache
+            .get(&c.nodes[tail].cache.keys().next().copied().expect("one"))
+            .map(|b| b.to_vec()),
+        Some(c.expected(0, 3))
+    );
 }

@@ -63,6 +63,9 @@ pub enum ReadError {
     /// A relay does not hold the block and may not fetch it (no origin, past the object's end).
     #[error("block not held")]
     NotHeld,
+    /// A peer failed after a cut-through relay had started forwarding its bytes.
+    #[error("upstream peer failed mid-block ({0:?})")]
+    PeerFailed(Observation),
     /// The origin failed or refused (probe or block fetch).
     #[error(transparent)]
     Origin(#[from] OriginError),
@@ -149,6 +152,11 @@ pub enum Action {
         expected_len: u64,
         /// Breaker admission for this request.
         permit: Permit<String>,
+        /// A relay's fetch: the shell may stream it through (cut-through). When the peer's
+        /// 200 head arrives the shell calls [`Read::handle_peer_started`], sends the head this
+        /// read then emits, pipes the body to the requester while keeping a copy (at most
+        /// `expected_len + 1` bytes), and finally answers [`Read::handle_peer`] with the copy.
+        cut_through: bool,
     },
     /// Fetch `start..=end` of `url` from the origin (coalesced by the shell's flight table) and
     /// answer with [`Read::handle_fetch`].
@@ -222,6 +230,8 @@ struct Job {
     key: BlockKey,
     expected: u64,
     upstreams: VecDeque<PeerRef>,
+    /// A cut-through relay has committed its head to the upstream peer's stream.
+    streaming: bool,
 }
 
 #[derive(Debug)]
@@ -441,7 +451,7 @@ impl Read {
         self.content_length = expected;
         // The store was already consulted: go straight to the upstreams.
         let upstreams = engine.upstreams(key, now).into();
-        self.next_source(engine, Job { seg, key, expected, upstreams }, now);
+        self.next_source(engine, Job { seg, key, expected, upstreams, streaming: false }, now);
     }
 
     /// Tries the next upstream peer the breaker admits, else the origin.
@@ -460,6 +470,7 @@ impl Read {
                         hop,
                         expected_len: job.expected,
                         permit,
+                        cut_through: self.is_relay() && engine.config.cut_through,
                     });
                     self.state = State::AwaitPeer(job);
                     return;
@@ -480,6 +491,24 @@ impl Read {
         self.state = State::AwaitFetch(job);
     }
 
+    /// A cut-through relay's upstream peer answered 200: commit the head now. The read emits
+    /// [`Action::Respond`]; the shell forwards body bytes itself as they arrive, then answers
+    /// [`Read::handle_peer`]. After this, a failure can only truncate the response.
+    pub fn handle_peer_started(&mut self, _engine: &mut Engine) {
+        let State::AwaitPeer(job) = &mut self.state else {
+            panic!("peer stream start out of turn");
+        };
+        assert!(matches!(self.kind, Kind::Relay { .. }), "only relays cut through");
+        assert!(!job.streaming, "a stream starts once");
+        job.streaming = true;
+        self.head_sent = true;
+        self.out.push_back(Action::Respond(ResponseHead {
+            status: 200,
+            content_length: self.content_length,
+            content_range: None,
+        }));
+    }
+
     /// The answer to [`Action::FetchPeer`], with the permit it carried.
     pub fn handle_peer(
         &mut self,
@@ -491,6 +520,9 @@ impl Read {
         let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             panic!("peer answer out of turn");
         };
+        if job.streaming {
+            return self.finish_stream(engine, permit, job, answer, now);
+        }
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
                 engine.complete(permit, Outcome::Answered, now);
@@ -513,6 +545,41 @@ impl Read {
                     engine.stats.peer_failover += 1;
                 }
                 self.next_source(engine, job, now);
+            }
+        }
+    }
+
+    /// The end of a cut-through stream: the bytes were already forwarded; only a complete block of
+    /// the exact length is cached, anything else truncates the requester's response.
+    fn finish_stream(
+        &mut self,
+        engine: &mut Engine,
+        permit: Permit<String>,
+        job: Job,
+        answer: PeerAnswer,
+        now: Instant,
+    ) {
+        match answer {
+            PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
+                engine.complete(permit, Outcome::Answered, now);
+                engine.stats.block_source_peer += 1;
+                engine.stats.peer_bytes += data.len() as u64;
+                engine.stats.relay_served += 1;
+                let class = engine.class_of(&job.key);
+                self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
+                self.emitted = data.len() as u64;
+                self.finish();
+            }
+            PeerAnswer::Block(data) => {
+                engine.complete(permit, Outcome::HardFailure(HardReason::Validation), now);
+                engine.stats.peer_wrong_length += 1;
+                let got = data.len() as u64;
+                let want = job.expected;
+                self.fail(ReadError::BlockLength { block: job.key.block, want, got });
+            }
+            PeerAnswer::Failed(observation) => {
+                engine.complete(permit, observation.outcome(), now);
+                self.fail(ReadError::PeerFailed(observation));
             }
         }
     }
@@ -617,8 +684,13 @@ impl Read {
                     .expect("segments lie inside the object");
                 let key = engine.block_key(&self.object, seg.block_index);
                 self.out.push_back(Action::Lookup { key });
-                self.state =
-                    State::AwaitLookup(Job { seg, key, expected, upstreams: VecDeque::new() });
+                self.state = State::AwaitLookup(Job {
+                    seg,
+                    key,
+                    expected,
+                    upstreams: VecDeque::new(),
+                    streaming: false,
+                });
             }
             None => self.finish(),
         }
@@ -652,6 +724,7 @@ impl Read {
             ReadError::Origin(e) if e.is_refusal() => e.status(),
             ReadError::Origin(_)
             | ReadError::NotHeld
+            | ReadError::PeerFailed(_)
             | ReadError::BlockLength { .. }
             | ReadError::SizeChanged { .. } => None,
         };
@@ -662,6 +735,7 @@ impl Read {
             (ReadError::Origin(e), false) if e.status() == Some(404) => 404,
             (
                 ReadError::Origin(_)
+                | ReadError::PeerFailed(_)
                 | ReadError::BlockLength { .. }
                 | ReadError::SizeChanged { .. },
                 false,
