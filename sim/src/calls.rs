@@ -157,6 +157,17 @@ pub enum Stage {
         /// Last byte at the caller.
         done_at: Instant,
     },
+    /// A cut-through relay sent its head (arriving at `head_at`) and streams the body as its
+    /// own upstream delivers it; the body cannot arrive before `floor`; the caller gives up at
+    /// `deadline` (its request bound).
+    Streaming {
+        /// The head's arrival at the caller.
+        head_at: Instant,
+        /// Earliest arrival of the last byte (the link's own transfer time).
+        floor: Instant,
+        /// The caller's request bound.
+        deadline: Instant,
+    },
     /// The callee is working on it (a relay read); the caller gives up at `deadline`.
     Serving {
         /// The caller's response-head bound.
@@ -206,6 +217,10 @@ pub struct Call {
     pub stage: Stage,
     pub(crate) answer: Option<CallAnswer>,
     dialed: bool,
+    /// The caller streams the body through (a cut-through relay's upstream fetch).
+    pub cut_through: bool,
+    /// The caller was told of the 200 head.
+    pub head_delivered: bool,
 }
 
 /// The first retransmission at or after `now` of a schedule that began at `since` with `first`.
@@ -284,6 +299,8 @@ impl Sim {
             stage,
             answer: None,
             dialed: !warm,
+            cut_through: false,
+            head_delivered: false,
         };
         self.calls.insert(id, call);
         self.set_stage(id, stage);
@@ -309,9 +326,33 @@ impl Sim {
             },
             Stage::Failed { failure, at } => Stage::Failed { failure, at: at.max(now) },
             Stage::Serving { deadline } => Stage::Serving { deadline: deadline.max(now) },
+            Stage::Streaming { head_at, floor, deadline } => {
+                Stage::Streaming { head_at, floor, deadline: deadline.max(now) }
+            }
         };
+        let head = match stage {
+            Stage::Response { head_at, .. } | Stage::Streaming { head_at, .. } => Some(head_at),
+            Stage::Request { .. }
+            | Stage::Stalled { .. }
+            | Stage::Failed { .. }
+            | Stage::Serving { .. } => None,
+        };
+        let call = &self.calls[&id];
+        if let (Some(head_at), true) = (head, call.cut_through && !call.head_delivered) {
+            let streamable = match (&call.answer, &call.request) {
+                (None, _) => true,
+                (Some(CallAnswer::Peer(r)), CallRequest::Peer(q)) => {
+                    r.status == 200 && r.content_length.is_none_or(|n| n <= q.expected_len)
+                }
+                (Some(_), _) => false,
+            };
+            if streamable {
+                self.queue.push(head_at.max(now), Event::CallHead { call: id });
+            }
+        }
         let (at, event) = match stage {
             Stage::Serving { deadline } => (deadline, Event::CallError { call: id }),
+            Stage::Streaming { deadline, .. } => (deadline, Event::CallError { call: id }),
             Stage::Request { arrive_at } => (arrive_at, Event::CallArrive { call: id }),
             Stage::Response { done_at, .. } => (done_at, Event::CallReply { call: id }),
             Stage::Stalled { deadline, .. } => (deadline, Event::CallError { call: id }),
@@ -387,19 +428,91 @@ impl Sim {
     /// The callee of peer call `id` answers now with `reply` (its relay read ended). Ignored if
     /// the caller already gave up or crashed.
     pub(crate) fn peer_respond(&mut self, id: CallId, reply: PeerReply) {
+        let now = self.now;
+        let Some(call) = self.live_call(id) else {
+            self.calls.remove(&id);
+            return;
+        };
+        let (from, to, sent, stage) = (Endpoint::Node(call.node), call.to, call.sent, call.stage);
+        let has_answer = call.answer.is_some();
+        let stage = match stage {
+            Stage::Serving { .. } => {
+                let bytes = HEAD_BYTES + reply.body.len() as u64;
+                let (head_at, done_at) = self.net.transfer(to, from, bytes, now);
+                self.respond_stage(id, head_at, done_at)
+            }
+            Stage::Streaming { head_at, floor, .. } => {
+                let done_at = floor.max(now + self.net.latency(to, from));
+                self.within_bounds(sent, to, Stage::Response { head_at, done_at })
+            }
+            Stage::Stalled { leg: Leg::Response, .. } if !has_answer => {
+                // The stream's tail is ready while the path is silent: it resumes with the rest.
+                self.calls.get_mut(&id).expect("live call").answer = Some(CallAnswer::Peer(reply));
+                return;
+            }
+            Stage::Request { .. }
+            | Stage::Response { .. }
+            | Stage::Stalled { .. }
+            | Stage::Failed { .. } => return,
+        };
+        self.calls.get_mut(&id).expect("live call").answer = Some(CallAnswer::Peer(reply));
+        self.set_stage(id, stage);
+    }
+
+    /// A cut-through relay serving call `id` commits its head now and streams a body of
+    /// `len` bytes as its own upstream delivers it.
+    pub(crate) fn peer_stream_head(&mut self, id: CallId, len: u64) {
+        let now = self.now;
         let Some(call) = self.live_call(id) else {
             self.calls.remove(&id);
             return;
         };
         if !matches!(call.stage, Stage::Serving { .. }) {
+            return; // the caller gave up
+        }
+        let (from, to, sent) = (Endpoint::Node(call.node), call.to, call.sent);
+        let (_, header, total) = self.bounds_for(to);
+        let (head_at, floor) = self.net.transfer(to, from, HEAD_BYTES + len, now);
+        let stage = if head_at > sent + header {
+            Stage::Failed { failure: CallFailure::HeaderTimeout, at: sent + header }
+        } else if self.net.path(to, from) != PathState::Open {
+            Stage::Stalled {
+                since: now,
+                leg: Leg::Response,
+                head_at,
+                done_at: floor,
+                deadline: sent + header,
+                failure: CallFailure::HeaderTimeout,
+            }
+        } else {
+            Stage::Streaming { head_at, floor, deadline: sent + total }
+        };
+        self.trace.line(now, format_args!("stream {id} {stage:?}"));
+        self.set_stage(id, stage);
+    }
+
+    /// The 200 head of cut-through call `id` reached its caller.
+    pub(crate) fn call_head(&mut self, id: CallId) {
+        let now = self.now;
+        let Some(call) = self.live_call(id) else { return };
+        let at_head = match call.stage {
+            Stage::Response { head_at, .. } | Stage::Streaming { head_at, .. } => head_at == now,
+            Stage::Request { .. }
+            | Stage::Stalled { .. }
+            | Stage::Failed { .. }
+            | Stage::Serving { .. } => false,
+        };
+        if !at_head || call.head_delivered {
             return;
         }
-        let (from, to) = (Endpoint::Node(call.node), call.to);
-        let bytes = HEAD_BYTES + reply.body.len() as u64;
-        let (head_at, done_at) = self.net.transfer(to, from, bytes, self.now);
-        let stage = self.respond_stage(id, head_at, done_at);
-        self.calls.get_mut(&id).expect("live call").answer = Some(CallAnswer::Peer(reply));
-        self.set_stage(id, stage);
+        let Purpose::Peer(rid) = call.purpose else {
+            unreachable!("only peer fetches cut through");
+        };
+        let n = call.node;
+        self.calls.get_mut(&id).expect("live call").head_delivered = true;
+        self.trace.line(now, format_args!("head {id} n{n}"));
+        self.touch(n);
+        self.peer_started(n, rid);
     }
 
     /// The stage of call `id` once its response leaves now with these times: travelling, stalled
@@ -430,7 +543,12 @@ impl Sim {
             .calls
             .iter()
             .filter(|(_, c)| c.to == Endpoint::Node(n))
-            .filter(|(_, c)| matches!(c.stage, Stage::Request { .. } | Stage::Serving { .. }))
+            .filter(|(_, c)| {
+                matches!(
+                    c.stage,
+                    Stage::Request { .. } | Stage::Serving { .. } | Stage::Streaming { .. }
+                )
+            })
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
@@ -489,9 +607,11 @@ impl Sim {
                 failure
             }
             Stage::Serving { deadline } if deadline == now => CallFailure::HeaderTimeout,
+            Stage::Streaming { deadline, .. } if deadline == now => CallFailure::BodyTimeout,
             Stage::Failed { .. }
             | Stage::Stalled { .. }
             | Stage::Serving { .. }
+            | Stage::Streaming { .. }
             | Stage::Request { .. }
             | Stage::Response { .. } => return,
         };
@@ -540,8 +660,26 @@ impl Sim {
                         failure,
                     }
                 }
+                Stage::Streaming { head_at, floor, .. }
+                    if self.net.path(call.to, from) == PathState::Silent =>
+                {
+                    let (deadline, failure) = if head_at <= now {
+                        (call.sent + total, CallFailure::BodyTimeout)
+                    } else {
+                        (call.sent + header, CallFailure::HeaderTimeout)
+                    };
+                    Stage::Stalled {
+                        since: now,
+                        leg: Leg::Response,
+                        head_at,
+                        done_at: floor,
+                        deadline,
+                        failure,
+                    }
+                }
                 Stage::Request { .. }
                 | Stage::Response { .. }
+                | Stage::Streaming { .. }
                 | Stage::Serving { .. }
                 | Stage::Stalled { .. }
                 | Stage::Failed { .. } => continue,

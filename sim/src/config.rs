@@ -58,6 +58,9 @@ pub struct ClusterConfig {
     pub cache_blocks: usize,
     /// The peer path (`None`: every node reads the origin itself).
     pub peer: Option<crate::node::PeerConfig>,
+    /// Relays stream blocks through as they arrive (the engine's `cut_through`); off, they
+    /// store and forward whole blocks.
+    pub cut_through: bool,
 }
 
 impl ClusterConfig {
@@ -74,6 +77,7 @@ impl ClusterConfig {
             bounds: ShellBounds::default(),
             cache_blocks: 1 << 20,
             peer: Some(crate::node::PeerConfig::default()),
+            cut_through: true,
         }
     }
 
@@ -85,7 +89,11 @@ impl ClusterConfig {
 
     /// The engine configuration every node runs.
     pub fn engine(&self) -> EngineConfig {
-        EngineConfig { geometry: self.geometry, ..EngineConfig::default() }
+        EngineConfig {
+            geometry: self.geometry,
+            cut_through: self.cut_through,
+            ..EngineConfig::default()
+        }
     }
 }
 

@@ -109,6 +109,10 @@ pub enum ReadKind {
         head: Option<ResponseHead>,
         /// The body, once emitted.
         body: Option<Bytes>,
+        /// The head went out ahead of the body (cut-through from an upstream peer).
+        streaming: bool,
+        /// The copy a cut-through relay kept of the block it streamed.
+        copy: Option<Bytes>,
     },
 }
 

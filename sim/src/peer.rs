@@ -80,7 +80,14 @@ impl Sim {
         };
         let read = node.engine.begin_relay(req.key, url, next_hop);
         let object = crate::origin::parse_url(&req.url).map_or(0, |(o, _)| o);
-        let kind = ReadKind::Relay { call: id, key: req.key, head: None, body: None };
+        let kind = ReadKind::Relay {
+            call: id,
+            key: req.key,
+            head: None,
+            body: None,
+            streaming: false,
+            copy: None,
+        };
         let active = ActiveRead {
             read,
             kind,
@@ -106,12 +113,11 @@ impl Sim {
         rid: ReadId,
         call: CallId,
         key: BlockKey,
-        object: usize,
+        streaming: bool,
         head: Option<ResponseHead>,
         body: Option<Bytes>,
         failure: Option<ReadFailure>,
     ) {
-        let _ = object;
         let reply = match failure {
             None => {
                 let (Some(head), Some(body)) = (head, body) else {
@@ -137,6 +143,14 @@ impl Sim {
                     interrupted: false,
                 }
             }
+            // A stream already under way can only be cut short.
+            Some(f) if streaming && f.committed => PeerReply {
+                status: 200,
+                upstream_status: None,
+                content_length: head.map(|h| h.content_length),
+                body: Bytes::new(),
+                interrupted: true,
+            },
             Some(f) => PeerReply {
                 status: f.status,
                 upstream_status: f.upstream_status,
@@ -205,6 +219,11 @@ impl Sim {
         active.just_looked_up = false;
         active.last_range_ignored = false;
         let answer = classify(answer, expected);
+        if let (ReadKind::Relay { streaming: true, copy, .. }, PeerAnswer::Block(b)) =
+            (&mut active.kind, &answer)
+        {
+            *copy = Some(b.clone());
+        }
         let kind = describe(&answer);
         self.trace.line(now, format_args!("peer-answer {rid} n{n} n{peer} {kind}"));
         let kind = if kind.starts_with("block") { "Block".to_owned() } else { kind };
@@ -213,6 +232,22 @@ impl Sim {
             self.blocks.push(BlockEvent { at: now, node: n, source: BlockSource::Peer });
         }
         active.read.handle_peer(&mut node.engine, permit, answer, now);
+        self.drive(n, rid);
+    }
+}
+
+impl Sim {
+    /// The 200 head of read `rid`'s cut-through upstream fetch arrived: the relay commits its own
+    /// head (the requester's first byte now follows the upstream's first byte).
+    pub(crate) fn peer_started(&mut self, n: usize, rid: ReadId) {
+        let node = &mut self.nodes[n];
+        let Some(active) = node.reads.get_mut(&rid) else { return };
+        let ReadKind::Relay { streaming, .. } = &mut active.kind else {
+            self.violate(Some(n), format!("client read {rid} was offered a stream"));
+            return;
+        };
+        *streaming = true;
+        active.read.handle_peer_started(&mut node.engine);
         self.drive(n, rid);
     }
 }

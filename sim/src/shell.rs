@@ -179,7 +179,7 @@ impl Sim {
                 active.last_range_ignored = false;
                 active.read.handle_lookup(&mut node.engine, hit, now);
             }
-            Action::FetchPeer { peer, key, url, hop, expected_len, permit } => {
+            Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
                 let active = self.nodes[n].reads.get_mut(&rid).expect("driven read");
                 active.waiting = Some(Waiting::Peer);
                 active.permit = Some(permit);
@@ -193,7 +193,12 @@ impl Sim {
                 }
                 let request =
                     CallRequest::Peer(PeerRequest { key, url: url.clone(), hop, expected_len });
-                self.start_call(n, Endpoint::Node(j), url, request, Purpose::Peer(rid));
+                let id = self.start_call(n, Endpoint::Node(j), url, request, Purpose::Peer(rid));
+                // Only the response stages look at the flag, so setting it after the request
+                // left is in time.
+                if let Some(call) = self.calls.get_mut(&id) {
+                    call.cut_through = cut_through;
+                }
             }
             Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
                 // Right after a look-up, a held block of the right length must be served, not
@@ -410,9 +415,14 @@ impl Sim {
                     format_args!("head {rid} n{n} {} {}", head.status, head.content_length),
                 );
             }
-            ReadKind::Relay { head: slot, .. } => {
+            ReadKind::Relay { head: slot, streaming, call, .. } => {
+                let (streaming, call, len) = (*streaming, *call, head.content_length);
                 if slot.replace(head).is_some() {
                     self.violate(Some(n), format!("relay {rid} sent two heads"));
+                    return;
+                }
+                if streaming {
+                    self.peer_stream_head(call, len);
                 }
             }
         }
@@ -482,8 +492,9 @@ impl Sim {
                 self.trace.line(self.now, format_args!("end {rid} n{n} {outcome:?} {delivered}B"));
                 self.close_record(record, outcome);
             }
-            ReadKind::Relay { call, key, head, body } => {
-                self.relay_done(n, rid, call, key, active.object, head, body, failure)
+            ReadKind::Relay { call, key, head, body, streaming, copy } => {
+                let body = if streaming { copy } else { body };
+                self.relay_done(n, rid, call, key, streaming, head, body, failure)
             }
         }
     }
