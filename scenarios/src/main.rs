@@ -87,6 +87,9 @@ enum Command {
         /// Small scale.
         #[arg(long)]
         small: bool,
+        /// Check the touched node's state machines every N events instead of every event.
+        #[arg(long)]
+        check_every: Option<u64>,
         /// Runs (seeds 1..=N).
         #[arg(long, default_value_t = 3)]
         runs: u64,
@@ -134,7 +137,7 @@ fn main() -> ExitCode {
         Command::Report { scenario, seed, small, out } => {
             report(scenario.as_deref(), seed, scale(small), &out)
         }
-        Command::Bench { small, runs } => bench(scale(small), runs),
+        Command::Bench { small, runs, check_every } => bench(scale(small), runs, check_every),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -301,12 +304,16 @@ fn report(scenario: Option<&str>, seed: u64, scale: Scale, out: &str) -> Result<
     Ok(outcomes.iter().all(Outcome::passed))
 }
 
-fn bench(scale: Scale, runs: u64) -> Result<bool, String> {
+fn bench(scale: Scale, runs: u64, check_every: Option<u64>) -> Result<bool, String> {
     let s = catalogue::find("reference").ok_or("no reference scenario")?;
     let mut ok = true;
     for seed in 1..=runs {
+        let mut spec = s.spec(seed, scale);
+        if let Some(every) = check_every {
+            spec.check = dart_sim::CheckLevel::Sampled { every };
+        }
         let t0 = Instant::now();
-        let outcome = s.run(seed, scale);
+        let outcome = s.run_spec(spec, seed, scale);
         let wall = t0.elapsed().as_secs_f64();
         let r = outcome.report.as_ref().ok_or("the reference run panicked")?;
         let sim = r.end.as_nanos() as f64 / 1e9;

@@ -92,6 +92,26 @@ pub enum CallRequest {
     Peer(PeerRequest),
 }
 
+/// Compact, stable trace form: times in nanoseconds.
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Stage::Request { arrive_at } => write!(f, "arrives {}", arrive_at.as_nanos()),
+            Stage::Response { head_at, done_at } => {
+                write!(f, "response {}-{}", head_at.as_nanos(), done_at.as_nanos())
+            }
+            Stage::Streaming { head_at, floor, .. } => {
+                write!(f, "streaming {}-{}", head_at.as_nanos(), floor.as_nanos())
+            }
+            Stage::Serving { deadline } => write!(f, "serving until {}", deadline.as_nanos()),
+            Stage::Stalled { leg, deadline, .. } => {
+                write!(f, "stalled {leg:?} until {}", deadline.as_nanos())
+            }
+            Stage::Failed { failure, at } => write!(f, "failed ({failure}) at {}", at.as_nanos()),
+        }
+    }
+}
+
 impl fmt::Display for CallRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -286,7 +306,7 @@ impl Sim {
                 Stage::Stalled { since: now, leg, head_at: now, done_at: now, deadline, failure }
             }
         };
-        self.trace.line(now, format_args!("call {id} n{n} -> {to} {request} {stage:?}"));
+        self.trace.line(now, format_args!("call {id} n{n} -> {to} {request} {stage}"));
         let incarnation = self.nodes[n].incarnation;
         let call = Call {
             node: n,
@@ -487,7 +507,7 @@ impl Sim {
         } else {
             Stage::Streaming { head_at, floor, deadline: sent + total }
         };
-        self.trace.line(now, format_args!("stream {id} {stage:?}"));
+        self.trace.line(now, format_args!("stream {id} {stage}"));
         self.set_stage(id, stage);
     }
 
@@ -684,7 +704,7 @@ impl Sim {
                 | Stage::Stalled { .. }
                 | Stage::Failed { .. } => continue,
             };
-            self.trace.line(now, format_args!("stall {id} {stalled:?}"));
+            self.trace.line(now, format_args!("stall {id} {stalled}"));
             self.set_stage(id, stalled);
         }
     }
@@ -740,7 +760,7 @@ impl Sim {
                     continue;
                 }
             }
-            self.trace.line(now, format_args!("resume {id} {resumed:?}"));
+            self.trace.line(now, format_args!("resume {id} {resumed}"));
             self.set_stage(id, resumed);
         }
     }

@@ -105,6 +105,13 @@ pub enum CheckLevel {
     Touched,
     /// After every event, every state machine of every node.
     Full,
+    /// The touched node's state machines every `every` events, all of them every
+    /// [`FULL_CHECK_EVERY`] events and at the end (for speed runs; the other checks — every
+    /// delivered and cached byte, heads, coalescing, timers — still run on every step).
+    Sampled {
+        /// Events between checks of the touched node.
+        every: u64,
+    },
 }
 
 /// Events between full sweeps at [`CheckLevel::Touched`].

@@ -39,6 +39,16 @@ pub enum FlightKey {
     Block(String, u64, u64),
 }
 
+/// Compact trace form (the identity is the same for every window of an object).
+impl std::fmt::Display for FlightKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FlightKey::Probe(_) => f.write_str("probe"),
+            FlightKey::Block(_, s, e) => write!(f, "{s}-{e}"),
+        }
+    }
+}
+
 /// How the leader of a block flight fills the cache before the flight ends.
 #[derive(Clone, Copy, Debug)]
 pub struct Fill {

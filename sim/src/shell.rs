@@ -252,7 +252,7 @@ impl Sim {
         };
         active.waiting = Some(waiting);
         let role = node.flights.begin(&key, now);
-        self.trace.line(now, format_args!("origin {rid} n{n} {key:?} {role:?}"));
+        self.trace.line(now, format_args!("origin {rid} n{n} {key} {role:?}"));
         let request = CallRequest::Origin(request);
         match role {
             Role::Lead(id) => {

@@ -195,9 +195,13 @@ impl Sim {
         }
         let full =
             self.spec.check == CheckLevel::Full || self.events.is_multiple_of(FULL_CHECK_EVERY);
+        let touched = match self.spec.check {
+            CheckLevel::Full | CheckLevel::Touched => true,
+            CheckLevel::Sampled { every } => self.events.is_multiple_of(every.max(1)),
+        };
         if full {
             self.check_all();
-        } else if let Some(n) = self.touched {
+        } else if let (Some(n), true) = (self.touched, touched) {
             self.nodes[n].check_invariants();
         }
         assert!(self.calls.len() <= CALLS_MAX, "calls above their bound");
