@@ -604,7 +604,10 @@ impl Sim {
             return;
         }
         let call = self.calls.remove(&id).expect("live call");
-        let answer = call.answer.clone().expect("a response has an answer");
+        let Some(answer) = call.answer.clone() else {
+            self.violate(Some(call.node), format!("call {id} delivered a response it never got"));
+            return;
+        };
         let (status, len) = match &answer {
             CallAnswer::Origin(a) => (a.status, a.body.len),
             CallAnswer::Peer(p) => (p.status, p.body.len() as u64),
@@ -748,11 +751,14 @@ impl Sim {
                     let at = next_retransmission(since, RETRANSMIT_DELAY, now);
                     let shift = at.saturating_duration_since(since);
                     let head_at = if head_at > since { head_at + shift } else { head_at };
-                    self.within_bounds(
-                        sent,
-                        to,
-                        Stage::Response { head_at, done_at: done_at + shift },
-                    )
+                    if self.calls[&id].answer.is_none() {
+                        // A stream whose relay has not finished: it keeps streaming.
+                        let (_, _, total) = self.bounds_for(to);
+                        Stage::Streaming { head_at, floor: done_at + shift, deadline: sent + total }
+                    } else {
+                        let stage = Stage::Response { head_at, done_at: done_at + shift };
+                        self.within_bounds(sent, to, stage)
+                    }
                 }
             };
             if let Stage::Request { arrive_at } = resumed {
