@@ -21,8 +21,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::sync::{Arc, Mutex};
-use std::time::Instant as WallInstant;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 /// Frames buffered between the read task and the socket (backpressure bound).
 pub const BODY_CHANNEL_DEPTH: usize = 4;
@@ -98,7 +98,16 @@ impl<D: Dialer> ClientPlane<D> {
             Err(e) => return plain(StatusCode::BAD_REQUEST, &format!("dart: {e}")),
         };
         let span = tracing::info_span!("read", url = %redact_url(&url), ?method);
-        let _guard = span.enter();
+        // Instrumented, not entered: a guard held across an await would tag other tasks' logs.
+        self.read(req, method, url).instrument(span).await
+    }
+
+    async fn read(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        method: Method,
+        url: String,
+    ) -> Response<ResponseBody> {
         let range = req.headers().get(http::header::RANGE).map(|v| v.as_bytes().to_vec());
         let request = ReadRequest { url: url.clone(), method, range };
         let mut read = self.engine.lock().expect("engine lock").begin_read(request);
@@ -120,7 +129,8 @@ impl<D: Dialer> ClientPlane<D> {
                     }
                     let (tx, body) = ChannelBody::channel(head.content_length, BODY_CHANNEL_DEPTH);
                     let this = self.clone();
-                    tokio::spawn(async move { this.stream(read, tx).await });
+                    let span = tracing::Span::current();
+                    tokio::spawn(async move { this.stream(read, tx).await }.instrument(span));
                     return head_response(&head, body);
                 }
                 Action::Fail(f) => return failure_response(&f, &url),
@@ -149,7 +159,8 @@ impl<D: Dialer> ClientPlane<D> {
                             cache.put(key, &b.data, class);
                         }
                     });
-                    let t0 = WallInstant::now();
+                    // tokio's clock, not std's: virtual under turmoil like every other timer.
+                    let t0 = tokio::time::Instant::now();
                     let got = self.origin.fetch(&id, &url, start, end, Some(fill)).await;
                     self.metrics.observe_fetch("origin", t0.elapsed().as_secs_f64());
                     read.handle_fetch(&mut self.engine.lock().expect("engine lock"), got);
