@@ -38,10 +38,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn init_tracing() {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("DART_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colour codes only for a person at a terminal; never in files, pipes or journald.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
