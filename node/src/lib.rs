@@ -54,8 +54,13 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
     println!("{}", node.banner);
     shutdown_signal().await;
     println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
-    let drained = node.shutdown().await;
-    println!("dart: stopped ({drained:?})");
+    match node.shutdown().await {
+        Drained::Clean => println!("dart: stopped (drained cleanly)"),
+        Drained::TimedOut => println!(
+            "dart: stopped (drain exceeded {}s: remaining connections force-closed)",
+            flags.drain_secs
+        ),
+    }
     Ok(())
 }
 
