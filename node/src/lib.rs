@@ -29,7 +29,9 @@ use tokio::task::JoinSet;
 
 /// Runs the command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    init_tracing();
+    // The demo prints a report; routine start-up logs would only interleave with it.
+    let default_level = if matches!(cli.command, Some(Command::Demo(_))) { "warn" } else { "info" };
+    init_tracing(default_level);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
@@ -37,10 +39,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default_level: &str) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("DART_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Colour codes only for a person at a terminal; never in files, pipes or journald.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
