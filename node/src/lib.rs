@@ -36,7 +36,9 @@ use tokio::task::JoinSet;
 
 /// Runs the command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    init_tracing();
+    // The demo prints a report; routine start-up logs would only interleave with it.
+    let default_level = if matches!(cli.command, Some(Command::Demo(_))) { "warn" } else { "info" };
+    init_tracing(default_level);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
@@ -44,11 +46,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default_level: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("DART_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colour codes only for a person at a terminal; never in files, pipes or journald.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
@@ -56,8 +63,13 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
     println!("{}", node.banner);
     shutdown_signal().await;
     println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
-    let drained = node.shutdown().await;
-    println!("dart: stopped ({drained:?})");
+    match node.shutdown().await {
+        Drained::Clean => println!("dart: stopped (drained cleanly)"),
+        Drained::TimedOut => println!(
+            "dart: stopped (drain exceeded {}s: remaining connections force-closed)",
+            flags.drain_secs
+        ),
+    }
     Ok(())
 }
 
