@@ -5,9 +5,11 @@ use crate::support::*;
 use dart_core::breaker::Observation;
 use dart_core::codec::wire::block_path;
 use dart_core::engine::{BlockClass, EngineStats, PeerAnswer};
+use dart_core::hash::{BlockKey, ChunkKey};
 use dart_net_tokio::cache::BlockCache;
 use dart_net_tokio::origin_server::Behaviour;
 use dart_net_tokio::peer_client::PeerConfig;
+use tokio::io::AsyncWriteExt;
 
 const SIZE: u64 = 5 * BLOCK + 100;
 
@@ -203,4 +205,62 @@ async fn whitespace_around_a_hop_is_http_framing_and_never_part_of_the_value() {
     assert_eq!(raw_status(server.addr, &request(" -1 ")).await, 400);
     assert_eq!(raw_status(server.addr, &request(" 1 1 ")).await, 400);
     assert_eq!(server.stats().relay_declined, 2);
+}
+
+#[tokio::test]
+async fn a_transport_only_fetch_is_served_from_the_cache_and_a_block_not_held_is_a_miss() {
+    // An empty URL means transport-only (peer.md §3.1): any key, nothing to fetch on behalf.
+    let server = peer_server("holder").await;
+    let client = peer_client(PeerConfig::default());
+    let held = BlockKey { chunk: ChunkKey(0xabc), block: 7 };
+    let data = bytes::Bytes::from(block_bytes(SIZE, 0));
+    server.cache.put(held, &data, BlockClass::Owned);
+    let answer = client.fetch_block(&server.peer_addr(), held, "", 0, BLOCK).await;
+    assert_eq!(answer, PeerAnswer::Block(data));
+    let missing = BlockKey { chunk: ChunkKey(0xabc), block: 8 };
+    let answer = client.fetch_block(&server.peer_addr(), missing, "", 0, BLOCK).await;
+    assert_eq!(answer, PeerAnswer::Failed(Observation::Miss));
+    let stats = server.stats();
+    assert_eq!((stats.relay_served, stats.relay_declined), (1, 1));
+}
+
+#[tokio::test]
+async fn a_transport_only_fetch_sends_no_origin_header() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let peer = hostile(move |_, mut s| {
+        let tx = tx.clone();
+        async move {
+            while let Some(head) = read_head(&mut s).await {
+                let _ = tx.send(head.to_ascii_lowercase());
+                let reply = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+                if s.write_all(reply).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let client = peer_client(PeerConfig::default());
+    let key = BlockKey { chunk: ChunkKey(0xabc), block: 7 };
+    client.fetch_block(&peer.peer_addr(), key, "", 0, BLOCK).await;
+    let head = rx.recv().await.expect("request head");
+    assert!(!head.contains("x-dart-origin"), "{head:?}");
+    client.fetch_block(&peer.peer_addr(), key, "http://o.test/a", 0, BLOCK).await;
+    let head = rx.recv().await.expect("request head");
+    assert!(head.contains("\r\nx-dart-origin: http://o.test/a\r\n"), "{head:?}");
+}
+
+#[tokio::test]
+async fn an_empty_origin_header_means_cache_only_like_an_absent_one() {
+    let server = peer_server("holder").await;
+    let held = BlockKey { chunk: ChunkKey(0xabc), block: 7 };
+    let data = bytes::Bytes::from(block_bytes(SIZE, 0));
+    server.cache.put(held, &data, BlockClass::Owned);
+    let got = get(server.addr, &block_path(held), &[("x-dart-origin", "")]).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, data);
+    let missing = BlockKey { chunk: ChunkKey(0xabc), block: 8 };
+    let got = get(server.addr, &block_path(missing), &[("x-dart-origin", "")]).await;
+    assert_eq!(got.status, 404);
+    assert_eq!(got.body, &b"dart: block not held\n"[..]);
 }
