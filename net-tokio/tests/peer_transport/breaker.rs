@@ -347,3 +347,61 @@ async fn a_late_success_from_before_the_quarantine_cannot_clear_it() {
     let counters = breaker_counters(&reader);
     assert_eq!((counters.answered, counters.validation, counters.stale), (0, 1, 1));
 }
+
+#[tokio::test]
+async fn a_failed_probe_reopens_the_circuit_and_requests_stop_again() {
+    let origin = origin(Behaviour::Honours, SIZE).await;
+    let url = origin.url("a");
+    let parent = scripted(|_| Step::Short).await;
+    let addr = parent.peer.peer_addr();
+    let reader = reader_node(TokioDialer, &addr, breaker_config(3, SHORT), PeerConfig::default());
+    read_block(&reader, &url, 0).await;
+    assert_eq!(circuit(&reader, &addr), CircuitState::Open);
+    wait_until_healthy(&reader, &addr).await;
+    read_block(&reader, &url, 1).await;
+    assert_eq!(circuit(&reader, &addr), CircuitState::Open, "the lying probe reopened it");
+    read_block(&reader, &url, 2).await;
+    assert_eq!(parent.requests(), 2, "the reopened circuit admits nothing");
+    let counters = breaker_counters(&reader);
+    assert_eq!((counters.opened, counters.probe_failed, counters.validation), (2, 1, 2));
+}
+
+#[tokio::test]
+async fn faults_interleaved_with_answers_never_open_the_circuit() {
+    let origin = origin(Behaviour::Honours, SIZE).await;
+    let url = origin.url("a");
+    let parent = scripted(|n| if n % 3 == 2 { Step::Good } else { Step::Fail }).await;
+    let addr = parent.peer.peer_addr();
+    let reader = reader_node(TokioDialer, &addr, breaker_config(3, LONG), PeerConfig::default());
+    for block in 0..12 {
+        read_block(&reader, &url, block).await;
+        assert_eq!(circuit(&reader, &addr), CircuitState::Closed, "after block {block}");
+    }
+    assert_eq!(parent.requests(), 12);
+    let counters = breaker_counters(&reader);
+    assert_eq!((counters.soft, counters.answered, counters.opened), (8, 4, 0));
+}
+
+#[tokio::test]
+async fn one_dead_parent_does_not_stop_another_from_serving_its_chunks() {
+    let origin = origin(Behaviour::Honours, SIZE).await;
+    let url = origin.url("a");
+    let dead = closed_addr().to_string();
+    let alive = peer_server("alive").await;
+    let alive_addr = alive.peer_addr();
+    let parents = [dead.as_str(), alive_addr.as_str()];
+    let dialer = CountingDialer::default();
+    let reader =
+        reader_of(dialer.clone(), &parents, breaker_config(5, LONG), PeerConfig::default());
+    let blocks = 0..40;
+    let to_alive = blocks.clone().filter(|&b| parent_for(&parents, &url, b) == 1).count() as u64;
+    assert!((1..40).contains(&to_alive), "both parents own chunks ({to_alive} of 40 blocks)");
+    for block in blocks {
+        read_block(&reader, &url, block).await;
+    }
+    assert_eq!(dialer.dials(&dead), 1);
+    assert_eq!(circuit(&reader, &dead), CircuitState::Open);
+    assert_eq!(circuit(&reader, &alive_addr), CircuitState::Closed);
+    assert_eq!(engine_stats(&reader).block_source_peer, to_alive);
+    assert_eq!(alive.stats().relay_served, to_alive);
+}

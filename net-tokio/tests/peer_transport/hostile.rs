@@ -93,6 +93,25 @@ async fn an_endless_chunked_body_is_a_wrong_length_after_at_most_one_byte_past_t
 }
 
 #[tokio::test]
+async fn an_over_long_chunked_body_is_judged_at_one_byte_past_the_block_without_its_end() {
+    // The peer sends exactly expected + 1 bytes and then nothing, not even the last chunk: the
+    // client must decide on those bytes alone, or it would wait out the request bound.
+    let peer = hostile(|_, mut s| async move {
+        read_head(&mut s).await.expect("request");
+        let mut reply = ok_head("Transfer-Encoding: chunked\r\n").into_bytes();
+        reply.extend_from_slice(b"1000\r\n");
+        reply.extend_from_slice(&seeded_bytes(8, 4096));
+        reply.extend_from_slice(b"\r\n1\r\nX\r\n");
+        s.write_all(&reply).await.expect("reply");
+        wait_for_close(&mut s).await;
+    })
+    .await;
+    let started = Instant::now();
+    assert_eq!(fetch(&peer, 4096).await, PeerAnswer::Failed(Observation::WrongLength));
+    assert!(started.elapsed() < Duration::from_secs(5), "waited for the end of the body");
+}
+
+#[tokio::test]
 async fn chunked_bodies_from_older_peers_are_judged_by_their_length() {
     let block = seeded_bytes(2, 4096);
     let chunked = |body: &[u8]| {

@@ -168,3 +168,54 @@ async fn five_credential_refusals_relayed_by_a_healthy_peer_leave_its_circuit_cl
     assert_eq!((counters.answered, counters.soft, counters.opened), (6, 0, 0));
     assert_eq!(engine_stats(&reader).peer_failover, 5, "each refusal still escalated");
 }
+
+#[tokio::test]
+async fn a_miss_relayed_down_a_three_node_chain_is_cached_by_every_node() {
+    let origin = origin(Behaviour::Honours, SIZE).await;
+    let url = origin.url("a");
+    let root = peer_server("root").await;
+    let middle = relay_with_parent("middle", &root.peer_addr()).await;
+    let reader = reader_node(
+        TokioDialer,
+        &middle.peer_addr(),
+        breaker_config(3, Duration::from_secs(60)),
+        PeerConfig::default(),
+    );
+    let got = read(&reader, &url, block_range(SIZE, 6)).await.expect("tail read");
+    assert_eq!(got, block_bytes(SIZE, 6));
+    let key = key_of(&url, 6);
+    for (name, cache) in [("root", &root.cache), ("middle", &middle.cache)] {
+        assert_eq!(cache.get(&key).as_deref(), Some(&got[..]), "{name} cached the block");
+    }
+    assert_eq!(reader.cache.get(&key).as_deref(), Some(&got[..]), "the reader cached it");
+    assert_eq!(engine_stats(&reader).block_source_peer, 1);
+    assert_eq!(middle.stats().block_source_peer, 1, "the middle got it from the root");
+    assert_eq!(root.stats().block_source_origin, 1, "only the root went to the origin");
+    assert_eq!(origin.requests(), 4, "three size probes and one block fetch");
+}
+
+#[tokio::test]
+async fn a_relay_sends_hop_plus_one_so_the_bound_stops_the_chain_at_the_next_node() {
+    let origin = origin(Behaviour::Honours, SIZE).await;
+    let url = origin.url("a");
+    let root = peer_server("root").await;
+    let middle = relay_with_parent("middle", &root.peer_addr()).await;
+    let client = peer_client(PeerConfig::default());
+
+    // Hop 63 is below the bound at the middle, which asks the root with 64: declined there, so
+    // the middle fetches the origin itself.
+    let key = key_of(&url, 1);
+    let answer = client.fetch_block(&middle.peer_addr(), key, &url, 63, BLOCK).await;
+    assert_eq!(answer, PeerAnswer::Block(block_bytes(SIZE, 1).into()));
+    assert_eq!(root.stats().relay_declined, 1);
+    assert_eq!(root.stats().relay_served, 0);
+    assert!(root.cache.is_empty());
+    assert_eq!(middle.stats().block_source_origin, 1);
+
+    // Hop 62 reaches the root as 63: it relays.
+    let key = key_of(&url, 2);
+    let answer = client.fetch_block(&middle.peer_addr(), key, &url, 62, BLOCK).await;
+    assert_eq!(answer, PeerAnswer::Block(block_bytes(SIZE, 2).into()));
+    assert_eq!(root.stats().relay_served, 1);
+    assert!(root.cache.get(&key).is_some());
+}

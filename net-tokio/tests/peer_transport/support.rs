@@ -157,14 +157,21 @@ pub async fn peer_server(self_id: &str) -> PeerServer {
 
 /// A peer server named `self_id` on `listener`.
 pub fn peer_server_on(listener: TcpListener, self_id: &str) -> PeerServer {
+    serve_peer(listener, self_id, &[])
+}
+
+/// A relay named `self_id` outside the view whose own misses go to `parent`.
+pub async fn relay_with_parent(self_id: &str, parent: &str) -> PeerServer {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind peer");
+    serve_peer(l, self_id, &[parent])
+}
+
+fn serve_peer(listener: TcpListener, self_id: &str, parents: &[&str]) -> PeerServer {
     let addr = listener.local_addr().expect("addr");
     let cache = Arc::new(MemCache::default());
-    let engine = Arc::new(Mutex::new(Engine::new(engine_config())));
-    let clock = ShellClock::start();
-    let shared: Arc<dyn BlockCache> = cache.clone();
-    let metrics = Arc::new(Metrics::new(engine.clone(), shared.clone(), clock));
-    let origin = OriginFetcher::new(TokioDialer, OriginConfig::default());
-    let node = Arc::new(NodeCore { engine, cache: shared, origin, peers: None, metrics, clock });
+    let breaker = breaker_config(3, Duration::from_secs(60));
+    let node =
+        node_core(TokioDialer, self_id, cache.clone(), parents, breaker, PeerConfig::default());
     let plane = Arc::new(PeerPlane { node: node.clone(), self_id: self_id.to_owned() });
     let handler = move |req| plane.clone().handle(req);
     let accepts = Arc::new(AtomicU64::new(0));
@@ -187,26 +194,61 @@ pub fn breaker_config(threshold: u32, cooldown: Duration) -> BreakerConfig {
     }
 }
 
-/// A reader node outside the cluster view: every miss goes to the view's rank-0 member for the
-/// chunk, which with a single-member view is always `parent`.
+/// A node's machinery over `cache`: a tree root without `parents`; with them, a node outside
+/// the cluster view (members `parent-0`, `parent-1`, ...), so every miss goes to the rank-0
+/// member for its chunk — with a single parent, always that parent.
+fn node_core<D: Dialer>(
+    dialer: D,
+    self_id: &str,
+    cache: Arc<dyn BlockCache>,
+    parents: &[&str],
+    breaker: BreakerConfig,
+    peer: PeerConfig,
+) -> Arc<NodeCore<D>> {
+    let mut engine = Engine::new(engine_config());
+    let mut peers = None;
+    if !parents.is_empty() {
+        let members =
+            parents.iter().enumerate().map(|(i, a)| Member::ready(&format!("parent-{i}"), a));
+        let placement = Placement::new(View::new(members.collect()), self_id, 2, 1);
+        let breaker = Breaker::new(breaker).expect("breaker config");
+        engine.enable_p2p(P2p { placement, breaker });
+        peers = Some(PeerClient::new(dialer.clone(), peer, self_id));
+    }
+    let engine = Arc::new(Mutex::new(engine));
+    let clock = ShellClock::start();
+    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
+    let origin = OriginFetcher::new(dialer, OriginConfig::default());
+    Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock })
+}
+
+/// A reader node whose every miss goes to `parent` (see [`node_core`]).
 pub fn reader_node<D: Dialer>(
     dialer: D,
     parent: &str,
     breaker: BreakerConfig,
     peer: PeerConfig,
 ) -> Arc<NodeCore<D>> {
-    let view = View::new(vec![Member::ready("parent", parent)]);
-    let placement = Placement::new(view, "reader", 2, 1);
-    let breaker = Breaker::new(breaker).expect("breaker config");
-    let mut engine = Engine::new(engine_config());
-    engine.enable_p2p(P2p { placement, breaker });
-    let engine = Arc::new(Mutex::new(engine));
-    let clock = ShellClock::start();
-    let cache: Arc<dyn BlockCache> = Arc::new(MemCache::default());
-    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
-    let origin = OriginFetcher::new(dialer.clone(), OriginConfig::default());
-    let peers = Some(PeerClient::new(dialer, peer, "reader"));
-    Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock })
+    reader_of(dialer, &[parent], breaker, peer)
+}
+
+/// A reader node whose misses go to the rank-0 parent of each chunk (see [`node_core`]).
+pub fn reader_of<D: Dialer>(
+    dialer: D,
+    parents: &[&str],
+    breaker: BreakerConfig,
+    peer: PeerConfig,
+) -> Arc<NodeCore<D>> {
+    let cache = Arc::new(MemCache::default());
+    node_core(dialer, "reader", cache, parents, breaker, peer)
+}
+
+/// Which of `parents` a reader outside the view asks for block `block` of `url`.
+pub fn parent_for(parents: &[&str], url: &str, block: u64) -> usize {
+    let members = parents.iter().enumerate().map(|(i, a)| Member::ready(&format!("parent-{i}"), a));
+    let placement = Placement::new(View::new(members.collect()), "reader", 2, 1);
+    let ranked = placement.ranked(key_of(url, block).chunk);
+    ranked[0].trim_start_matches("parent-").parse().expect("parent index")
 }
 
 /// The reader's view of its parent's circuit.
