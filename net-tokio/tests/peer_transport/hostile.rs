@@ -35,6 +35,12 @@ async fn a_short_body_with_a_matching_short_content_length_is_a_wrong_length() {
     let body = seeded_bytes(1, 4095);
     let peer = hostile(answer_with(with_body(&ok_head("Content-Length: 4095\r\n"), &body))).await;
     assert_eq!(fetch(&peer, 4096).await, PeerAnswer::Failed(Observation::WrongLength));
+    // A body running past its short Content-Length: the framing wins, the extra byte is not
+    // taken to make up the block.
+    let longer = seeded_bytes(1, 4096);
+    let reply = with_body(&ok_head("Content-Length: 4095\r\n"), &longer);
+    let peer = hostile(answer_once(reply)).await;
+    assert_eq!(fetch(&peer, 4096).await, PeerAnswer::Failed(Observation::WrongLength));
     assert_eq!(
         Observation::WrongLength.outcome(),
         Outcome::HardFailure(HardReason::Validation),
@@ -225,6 +231,7 @@ async fn broken_http_is_a_classified_failure_and_never_a_block() {
         let text = String::from_utf8_lossy(&reply[..reply.len().min(60)]).into_owned();
         assert!(matches!(answer, PeerAnswer::Failed(_)), "{text:?} -> {answer:?}");
         assert_ne!(answer, PeerAnswer::Failed(Observation::Miss), "{text:?}");
+        println!("{text:?} -> {answer:?}");
     }
 }
 
