@@ -72,7 +72,7 @@ impl<D: Dialer> PeerClient<D> {
     }
 
     /// Asks the peer at `addr` for block `key` of `url` at relay depth `hop`, reading at most
-    /// `expected + 1` body bytes.
+    /// `expected + 1` body bytes. An empty `url` asks for the peer's cached copy only.
     pub async fn fetch_block(
         &self,
         addr: &str,
@@ -115,8 +115,11 @@ impl<D: Dialer> PeerClient<D> {
     ) -> Result<hyper::body::Incoming, Observation> {
         let uri = format!("http://{addr}{}", block_path(key));
         let mut req = Request::get(uri.as_str()).header(HEADER_HOP, hop);
-        if let Ok(v) = HeaderValue::try_from(url) {
-            req = req.header(HEADER_ORIGIN, v);
+        // An empty URL is a transport-only request: the header is absent, never empty.
+        if !url.is_empty() {
+            if let Ok(v) = HeaderValue::try_from(url) {
+                req = req.header(HEADER_ORIGIN, v);
+            }
         }
         if let Ok(v) = HeaderValue::try_from(self.self_id.as_str()) {
             req = req.header(HEADER_NODE, v);

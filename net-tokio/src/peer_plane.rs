@@ -168,8 +168,9 @@ impl<D: Dialer> PeerPlane<D> {
             Ok(h) => h,
             Err(e) => return self.reply(StatusCode::BAD_REQUEST, &format!("dart: bad hop: {e}")),
         };
+        // An empty value means cache-only, as an absent header does (peer.md §3.1).
         let origin = match req.headers().get(HEADER_ORIGIN).map(|v| v.to_str()) {
-            None => None,
+            None | Some(Ok("")) => None,
             Some(Ok(url)) => Some(url.to_owned()),
             Some(Err(_)) => {
                 return self.reply(StatusCode::BAD_REQUEST, "dart: origin header is not ASCII")
