@@ -50,6 +50,16 @@ pub struct PeerPlane<D: Dialer> {
 }
 
 impl<D: Dialer> PeerPlane<D> {
+    /// The peer plane of `node`, named `self_id`, reached by peers at `advertise`.
+    pub fn new(node: Arc<NodeCore<D>>, self_id: &str, advertise: &str) -> Self {
+        PeerPlane {
+            node,
+            self_id: self_id.to_owned(),
+            advertise: advertise.to_owned(),
+            learned: Default::default(),
+        }
+    }
+
     fn reply(&self, status: StatusCode, msg: &str) -> Response<ResponseBody> {
         let mut r = Response::new(body::full(format!("{msg}\n")));
         *r.status_mut() = status;

@@ -219,12 +219,7 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
     if let Some(l) = peer {
         let advertise = peer_addr.map(|a| a.to_string()).unwrap_or_default();
-        let pp = Arc::new(PeerPlane {
-            node: node.clone(),
-            self_id: flags.self_id.clone(),
-            advertise,
-            learned: Default::default(),
-        });
+        let pp = Arc::new(PeerPlane::new(node.clone(), &flags.self_id, &advertise));
         let handler = move |req| pp.clone().handle(req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
         let n = node.clone();

@@ -172,7 +172,7 @@ fn serve_peer(listener: TcpListener, self_id: &str, parents: &[&str]) -> PeerSer
     let breaker = breaker_config(3, Duration::from_secs(60));
     let node =
         node_core(TokioDialer, self_id, cache.clone(), parents, breaker, PeerConfig::default());
-    let plane = Arc::new(PeerPlane { node: node.clone(), self_id: self_id.to_owned() });
+    let plane = Arc::new(PeerPlane::new(node.clone(), self_id, &addr.to_string()));
     let handler = move |req| plane.clone().handle(req);
     let accepts = Arc::new(AtomicU64::new(0));
     let counting = CountingListener { inner: listener, accepts: accepts.clone() };

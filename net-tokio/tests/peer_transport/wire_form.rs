@@ -81,7 +81,7 @@ async fn malformed_block_paths_are_400_unknown_paths_404_and_the_source_never_ru
         assert_eq!(got.header("x-dart-node"), Some("holder"), "{path}");
     }
     let unknown =
-        ["/", "/peer/v1/block", "/peer/v1/roster", "/peer/v2/block/ff/0", "/PEER/v1/block/ff/0"];
+        ["/", "/peer/v1/block", "/peer/v1/rosters", "/peer/v2/block/ff/0", "/PEER/v1/block/ff/0"];
     for path in unknown {
         let got = get(server.addr, path, &[("x-dart-origin", &url)]).await;
         assert_eq!(got.status, 404, "{path}");
