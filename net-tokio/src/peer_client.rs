@@ -143,9 +143,11 @@ impl<D: Dialer> PeerClient<D> {
                     .get(HEADER_UPSTREAM_STATUS)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u16>().ok());
+                // Only a credential refusal is the requester's fault; any other "upstream status"
+                // is a relay fault and spends budget.
                 return Err(match upstream {
-                    Some(status) => Observation::UpstreamRefused { status },
-                    None => Observation::UnexpectedStatus(502),
+                    Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
+                    Some(_) | None => Observation::UnexpectedStatus(502),
                 });
             }
             other => return Err(Observation::UnexpectedStatus(other.as_u16())),

@@ -228,7 +228,8 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     }
     if let Some(l) = admin {
         let p = plane.clone();
-        let handler = move |req| admin_handle(p.clone(), req);
+        let id: Arc<str> = flags.self_id.as_str().into();
+        let handler = move |req| admin_handle(p.clone(), id.clone(), req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
     }
     let mode_text = match &plane.mode {
@@ -302,6 +303,7 @@ async fn breaker_timers(node: Arc<NodeCore<TokioDialer>>, mut stop: watch::Recei
 
 async fn admin_handle(
     plane: Arc<ClientPlane<TokioDialer>>,
+    self_id: Arc<str>,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
@@ -314,7 +316,9 @@ async fn admin_handle(
         (&http::Method::GET, "/admin/stats") => {
             let s = plane.node.cache.stats();
             let n = s.owned_blocks + s.borrowed_blocks;
-            (StatusCode::OK, "application/json", format!("{{\n  \"cached_blocks\": {n}\n}}\n"))
+            let id = serde_json::to_string(&*self_id).unwrap_or_default();
+            let json = format!("{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n}\n}}\n");
+            (StatusCode::OK, "application/json", json)
         }
         (_, "/healthz" | "/metrics" | "/admin/stats") => {
             (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".into())
