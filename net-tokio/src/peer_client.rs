@@ -81,24 +81,30 @@ impl<D: Dialer> PeerClient<D> {
         hop: u64,
         expected: u64,
     ) -> PeerAnswer {
+        let exchange = async {
+            match self.open_block(addr, key, url, hop, expected).await {
+                Ok(body) => read_bounded(body, expected).await,
+                Err(observation) => PeerAnswer::Failed(observation),
+            }
+        };
         let bound = self.config.request_timeout;
-        match tokio::time::timeout(bound, self.exchange(addr, key, url, hop, expected)).await {
-            Ok(answer) => answer,
-            Err(_) => PeerAnswer::Failed(Observation::TimedOut),
-        }
+        tokio::time::timeout(bound, exchange)
+            .await
+            .unwrap_or(PeerAnswer::Failed(Observation::TimedOut))
     }
 
-    async fn exchange(
+    /// Sends `req` and waits for its head within the response-header bound; a failure is
+    /// classified for the breaker (a failed or timed-out dial is a dial failure).
+    async fn send(
         &self,
-        addr: &str,
-        key: BlockKey,
-        url: &str,
-        hop: u64,
-        expected: u64,
-    ) -> PeerAnswer {
-        match self.open_block(addr, key, url, hop, expected).await {
-            Ok(body) => read_bounded(body, expected).await,
-            Err(observation) => PeerAnswer::Failed(observation),
+        req: Request<Empty<Bytes>>,
+    ) -> Result<http::Response<hyper::body::Incoming>, (Observation, String)> {
+        let bound = self.config.response_header_timeout;
+        match tokio::time::timeout(bound, self.client.request(req)).await {
+            Err(_) => Err((Observation::TimedOut, format!("no response head within {bound:?}"))),
+            Ok(Err(e)) if e.is_connect() => Err((Observation::DialFailed, e.to_string())),
+            Ok(Err(e)) => Err((Observation::BodyInterrupted, e.to_string())),
+            Ok(Ok(resp)) => Ok(resp),
         }
     }
 
@@ -127,13 +133,7 @@ impl<D: Dialer> PeerClient<D> {
         let Ok(req) = req.body(Empty::new()) else {
             return Err(Observation::UnexpectedStatus(400));
         };
-        let bound = self.config.response_header_timeout;
-        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
-            Err(_) => return Err(Observation::TimedOut),
-            Ok(Err(e)) if e.is_connect() => return Err(Observation::DialFailed),
-            Ok(Err(_)) => return Err(Observation::BodyInterrupted),
-            Ok(Ok(resp)) => resp,
-        };
+        let resp = self.send(req).await.map_err(|(observation, _)| observation)?;
         match resp.status() {
             StatusCode::OK => {}
             StatusCode::NOT_FOUND => return Err(Observation::Miss),
@@ -196,13 +196,7 @@ impl<D: Dialer> PeerClient<D> {
         let req = req
             .body(Empty::new())
             .map_err(|e| (Observation::UnexpectedStatus(400), e.to_string()))?;
-        let bound = self.config.response_header_timeout;
-        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
-            Err(_) => return Err((Observation::TimedOut, "no roster response head".into())),
-            Ok(Err(e)) if e.is_connect() => return Err((Observation::DialFailed, e.to_string())),
-            Ok(Err(e)) => return Err((Observation::BodyInterrupted, e.to_string())),
-            Ok(Ok(resp)) => resp,
-        };
+        let resp = self.send(req).await?;
         if resp.status() != StatusCode::OK {
             let status = resp.status().as_u16();
             return Err((Observation::UnexpectedStatus(status), format!("roster status {status}")));
