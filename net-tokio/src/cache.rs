@@ -7,24 +7,8 @@ use dart_core::hash::BlockKey;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-/// Occupancy figures exported as `dart_store_*` metrics.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Blocks in the owned budget.
-    pub owned_blocks: u64,
-    /// Slots of the owned budget.
-    pub owned_slots: u64,
-    /// Blocks in the borrowed budget.
-    pub borrowed_blocks: u64,
-    /// Slots of the borrowed budget.
-    pub borrowed_slots: u64,
-    /// Blocks in the RAM tier.
-    pub mem_blocks: u64,
-    /// Slots of the RAM tier.
-    pub mem_slots: u64,
-    /// Borrowed insertions refused by admission.
-    pub admit_rejected: u64,
-}
+/// Occupancy figures exported as `dart_store_*` metrics (the store's own figures).
+pub use crate::store::StoreStats as CacheStats;
 
 /// A write-once block cache.
 pub trait BlockCache: Send + Sync + 'static {
@@ -82,16 +66,7 @@ impl BlockCache for crate::store::BlockStore {
     }
 
     fn stats(&self) -> CacheStats {
-        let s = crate::store::BlockStore::stats(self);
-        CacheStats {
-            owned_blocks: s.owned_blocks,
-            owned_slots: s.owned_slots,
-            borrowed_blocks: s.borrowed_blocks,
-            borrowed_slots: s.borrowed_slots,
-            mem_blocks: s.mem_blocks,
-            mem_slots: s.mem_slots,
-            admit_rejected: s.admit_rejected,
-        }
+        crate::store::BlockStore::stats(self)
     }
 }
 

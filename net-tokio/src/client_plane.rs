@@ -17,6 +17,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::sync::Arc;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 /// Frames buffered between the read task and the socket (backpressure bound).
 pub const BODY_CHANNEL_DEPTH: usize = 4;
@@ -85,6 +86,17 @@ impl<D: Dialer> ClientPlane<D> {
             Ok(u) => u,
             Err(e) => return plain(StatusCode::BAD_REQUEST, &format!("dart: {e}")),
         };
+        let span = tracing::info_span!("read", url = %redact_url(&url), ?method);
+        // Instrumented, not entered: a guard held across an await would tag other tasks' logs.
+        self.read(req, method, url).instrument(span).await
+    }
+
+    async fn read(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        method: Method,
+        url: String,
+    ) -> Response<ResponseBody> {
         let range = req.headers().get(http::header::RANGE).map(|v| v.as_bytes().to_vec());
         let request = ReadRequest { url: url.clone(), method, range };
         let mut read = self.node.engine.lock().expect("engine lock").begin_read(request);
@@ -97,7 +109,8 @@ impl<D: Dialer> ClientPlane<D> {
                 }
                 let (tx, body) = ChannelBody::channel(head.content_length, BODY_CHANNEL_DEPTH);
                 let node = self.node.clone();
-                tokio::spawn(async move { stream(&node, read, tx).await });
+                let span = tracing::Span::current();
+                tokio::spawn(async move { stream(&node, read, tx).await }.instrument(span));
                 head_response(&head, body)
             }
             Outward::Fail(f) => failure_response(&f, &url),

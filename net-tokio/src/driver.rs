@@ -15,7 +15,6 @@ use dart_core::engine::{
     block_verdict, Action, Engine, FetchedBlock, Read, ReadFailure, ResponseHead, Verdict,
 };
 use std::sync::{Arc, Mutex};
-use std::time::Instant as WallInstant;
 
 /// What a read asks its caller to put on the wire.
 #[derive(Debug)]
@@ -137,7 +136,7 @@ impl<D: Dialer> NodeCore<D> {
                         engine: &self.engine,
                         clock: self.clock,
                     };
-                    let t0 = WallInstant::now();
+                    let t0 = tokio::time::Instant::now();
                     let answer = peers.fetch_block(&peer.addr, key, &url, hop, expected_len).await;
                     self.metrics.observe_fetch("peer", t0.elapsed().as_secs_f64());
                     let permit = guard.permit.take().expect("taken once");
@@ -151,7 +150,7 @@ impl<D: Dialer> NodeCore<D> {
                             cache.put(key, &b.data, class);
                         }
                     });
-                    let t0 = WallInstant::now();
+                    let t0 = tokio::time::Instant::now();
                     let got = self.origin.fetch(&id, &url, start, end, Some(fill)).await;
                     self.metrics.observe_fetch("origin", t0.elapsed().as_secs_f64());
                     read.handle_fetch(&mut self.engine(), got);

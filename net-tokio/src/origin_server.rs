@@ -2,7 +2,7 @@
 //! pure function of `(object, offset)`, so every byte a client receives can be checked, and it can
 //! misbehave in the ways real origins do.
 
-use crate::body::{self, ResponseBody};
+use crate::body::{self, ChannelBody, ResponseBody};
 use crate::seam::Listener;
 use crate::server::{serve, Drained, ServeOptions};
 use bytes::Bytes;
@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The byte at `offset` of generated object `seed`.
 pub fn byte_at(seed: u64, offset: u64) -> u8 {
@@ -39,7 +40,16 @@ pub enum Behaviour {
     Truncates,
     /// Answers GET only when the URL carries `?sig=good`; 403 otherwise and for every other verb.
     PresignedGetOnly,
+    /// Honours Range but trickles every body out at about `bytes_per_second`, in
+    /// [`SLOW_CHUNK_BYTES`] pieces (a far-away or throttled origin; keeps a read in flight).
+    Slow {
+        /// Body rate; 0 is treated as 1.
+        bytes_per_second: u64,
+    },
 }
+
+/// Piece size of a [`Behaviour::Slow`] body: the first piece goes at once, the rest are paced.
+pub const SLOW_CHUNK_BYTES: usize = 16 * 1024;
 
 /// Counters of what the origin served.
 #[derive(Debug, Default)]
@@ -116,7 +126,8 @@ fn respond(
         Behaviour::Honours
         | Behaviour::IgnoresRange
         | Behaviour::HidesTotal
-        | Behaviour::Truncates => {}
+        | Behaviour::Truncates
+        | Behaviour::Slow { .. } => {}
     }
     let size = obj.size;
     let window = match (obj.behaviour, range) {
@@ -146,7 +157,16 @@ fn respond(
         Bytes::from(generate(obj.seed, start, len as usize))
     };
     stats.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-    let mut r = Response::new(body::full(data));
+    let body = match obj.behaviour {
+        Behaviour::Slow { bytes_per_second } => trickle(data, bytes_per_second),
+        Behaviour::Honours
+        | Behaviour::IgnoresRange
+        | Behaviour::NotFound
+        | Behaviour::HidesTotal
+        | Behaviour::Truncates
+        | Behaviour::PresignedGetOnly => body::full(data),
+    };
+    let mut r = Response::new(body);
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(CONTENT_LENGTH, HeaderValue::from(len));
@@ -157,6 +177,27 @@ fn respond(
         h.insert(CONTENT_RANGE, HeaderValue::try_from(cr).expect("ascii"));
     }
     r
+}
+
+/// A body that sends `data` in [`SLOW_CHUNK_BYTES`] pieces at about `bytes_per_second`, paced on
+/// tokio's clock (virtual under turmoil). Must be called inside a tokio runtime.
+fn trickle(data: Bytes, bytes_per_second: u64) -> ResponseBody {
+    let (tx, body) = ChannelBody::channel(data.len() as u64, 1);
+    let pause =
+        Duration::from_nanos(SLOW_CHUNK_BYTES as u64 * 1_000_000_000 / bytes_per_second.max(1));
+    tokio::spawn(async move {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let piece = rest.split_to(rest.len().min(SLOW_CHUNK_BYTES));
+            if tx.send(Ok(piece)).await.is_err() {
+                return; // The client went away.
+            }
+            if !rest.is_empty() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    });
+    body
 }
 
 /// Serves `object` on `listener` until `shutdown` resolves.

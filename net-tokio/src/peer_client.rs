@@ -72,7 +72,7 @@ impl<D: Dialer> PeerClient<D> {
     }
 
     /// Asks the peer at `addr` for block `key` of `url` at relay depth `hop`, reading at most
-    /// `expected + 1` body bytes.
+    /// `expected + 1` body bytes. An empty `url` asks for the peer's cached copy only.
     pub async fn fetch_block(
         &self,
         addr: &str,
@@ -81,24 +81,30 @@ impl<D: Dialer> PeerClient<D> {
         hop: u64,
         expected: u64,
     ) -> PeerAnswer {
+        let exchange = async {
+            match self.open_block(addr, key, url, hop, expected).await {
+                Ok(body) => read_bounded(body, expected).await,
+                Err(observation) => PeerAnswer::Failed(observation),
+            }
+        };
         let bound = self.config.request_timeout;
-        match tokio::time::timeout(bound, self.exchange(addr, key, url, hop, expected)).await {
-            Ok(answer) => answer,
-            Err(_) => PeerAnswer::Failed(Observation::TimedOut),
-        }
+        tokio::time::timeout(bound, exchange)
+            .await
+            .unwrap_or(PeerAnswer::Failed(Observation::TimedOut))
     }
 
-    async fn exchange(
+    /// Sends `req` and waits for its head within the response-header bound; a failure is
+    /// classified for the breaker (a failed or timed-out dial is a dial failure).
+    async fn send(
         &self,
-        addr: &str,
-        key: BlockKey,
-        url: &str,
-        hop: u64,
-        expected: u64,
-    ) -> PeerAnswer {
-        match self.open_block(addr, key, url, hop, expected).await {
-            Ok(body) => read_bounded(body, expected).await,
-            Err(observation) => PeerAnswer::Failed(observation),
+        req: Request<Empty<Bytes>>,
+    ) -> Result<http::Response<hyper::body::Incoming>, (Observation, String)> {
+        let bound = self.config.response_header_timeout;
+        match tokio::time::timeout(bound, self.client.request(req)).await {
+            Err(_) => Err((Observation::TimedOut, format!("no response head within {bound:?}"))),
+            Ok(Err(e)) if e.is_connect() => Err((Observation::DialFailed, e.to_string())),
+            Ok(Err(e)) => Err((Observation::BodyInterrupted, e.to_string())),
+            Ok(Ok(resp)) => Ok(resp),
         }
     }
 
@@ -115,8 +121,11 @@ impl<D: Dialer> PeerClient<D> {
     ) -> Result<hyper::body::Incoming, Observation> {
         let uri = format!("http://{addr}{}", block_path(key));
         let mut req = Request::get(uri.as_str()).header(HEADER_HOP, hop);
-        if let Ok(v) = HeaderValue::try_from(url) {
-            req = req.header(HEADER_ORIGIN, v);
+        // An empty URL is a transport-only request: the header is absent, never empty.
+        if !url.is_empty() {
+            if let Ok(v) = HeaderValue::try_from(url) {
+                req = req.header(HEADER_ORIGIN, v);
+            }
         }
         if let Ok(v) = HeaderValue::try_from(self.self_id.as_str()) {
             req = req.header(HEADER_NODE, v);
@@ -124,13 +133,7 @@ impl<D: Dialer> PeerClient<D> {
         let Ok(req) = req.body(Empty::new()) else {
             return Err(Observation::UnexpectedStatus(400));
         };
-        let bound = self.config.response_header_timeout;
-        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
-            Err(_) => return Err(Observation::TimedOut),
-            Ok(Err(e)) if e.is_connect() => return Err(Observation::DialFailed),
-            Ok(Err(_)) => return Err(Observation::BodyInterrupted),
-            Ok(Ok(resp)) => resp,
-        };
+        let resp = self.send(req).await.map_err(|(observation, _)| observation)?;
         match resp.status() {
             StatusCode::OK => {}
             StatusCode::NOT_FOUND => return Err(Observation::Miss),
@@ -140,9 +143,11 @@ impl<D: Dialer> PeerClient<D> {
                     .get(HEADER_UPSTREAM_STATUS)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u16>().ok());
+                // Only a credential refusal is the requester's fault; any other "upstream status"
+                // is a relay fault and spends budget.
                 return Err(match upstream {
-                    Some(status) => Observation::UpstreamRefused { status },
-                    None => Observation::UnexpectedStatus(502),
+                    Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
+                    Some(_) | None => Observation::UnexpectedStatus(502),
                 });
             }
             other => return Err(Observation::UnexpectedStatus(other.as_u16())),
@@ -191,13 +196,7 @@ impl<D: Dialer> PeerClient<D> {
         let req = req
             .body(Empty::new())
             .map_err(|e| (Observation::UnexpectedStatus(400), e.to_string()))?;
-        let bound = self.config.response_header_timeout;
-        let resp = match tokio::time::timeout(bound, self.client.request(req)).await {
-            Err(_) => return Err((Observation::TimedOut, "no roster response head".into())),
-            Ok(Err(e)) if e.is_connect() => return Err((Observation::DialFailed, e.to_string())),
-            Ok(Err(e)) => return Err((Observation::BodyInterrupted, e.to_string())),
-            Ok(Ok(resp)) => resp,
-        };
+        let resp = self.send(req).await?;
         if resp.status() != StatusCode::OK {
             let status = resp.status().as_u16();
             return Err((Observation::UnexpectedStatus(status), format!("roster status {status}")));

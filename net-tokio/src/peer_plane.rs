@@ -50,6 +50,16 @@ pub struct PeerPlane<D: Dialer> {
 }
 
 impl<D: Dialer> PeerPlane<D> {
+    /// The peer plane of `node`, named `self_id`, reached by peers at `advertise`.
+    pub fn new(node: Arc<NodeCore<D>>, self_id: &str, advertise: &str) -> Self {
+        PeerPlane {
+            node,
+            self_id: self_id.to_owned(),
+            advertise: advertise.to_owned(),
+            learned: Default::default(),
+        }
+    }
+
     fn reply(&self, status: StatusCode, msg: &str) -> Response<ResponseBody> {
         let mut r = Response::new(body::full(format!("{msg}\n")));
         *r.status_mut() = status;
@@ -168,8 +178,9 @@ impl<D: Dialer> PeerPlane<D> {
             Ok(h) => h,
             Err(e) => return self.reply(StatusCode::BAD_REQUEST, &format!("dart: bad hop: {e}")),
         };
+        // An empty value means cache-only, as an absent header does (peer.md §3.1).
         let origin = match req.headers().get(HEADER_ORIGIN).map(|v| v.to_str()) {
-            None => None,
+            None | Some(Ok("")) => None,
             Some(Ok(url)) => Some(url.to_owned()),
             Some(Err(_)) => {
                 return self.reply(StatusCode::BAD_REQUEST, "dart: origin header is not ASCII")

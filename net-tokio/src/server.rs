@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 /// Most connections one listener serves at once; further accepts wait for a free slot.
 pub const CONNECTIONS_MAX: usize = 4096;
@@ -38,12 +39,17 @@ impl Default for ServeOptions {
 pub enum Drained {
     /// Every connection finished within the drain timeout.
     Clean,
-    /// The drain timed out; remaining connections were dropped.
+    /// The drain timed out; the connections still open were force-closed.
     TimedOut,
 }
 
 /// Serves `handler` on `listener` until `shutdown` resolves, then drains in-flight connections for
 /// at most `options.drain_timeout`.
+///
+/// On shutdown the listener is closed at once (new connections are refused, not queued), idle
+/// keep-alive connections close, and a connection with a response in flight finishes that
+/// response and then closes. Connections still open when the drain bound passes are aborted:
+/// their sockets close and their clients see a truncated body.
 pub async fn serve<L, H, F>(
     mut listener: L,
     handler: H,
@@ -57,6 +63,10 @@ where
 {
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    // Holds every connection task so a drain that times out can abort them; finished tasks are
+    // reaped on each accept, so it never holds more than CONNECTIONS_MAX live ones plus those
+    // that ended since the last accept.
+    let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -88,15 +98,28 @@ where
             .auto_date_header(options.date_header)
             .serve_connection(TokioIo::new(stream), service);
         let watched = graceful.watch(conn);
-        tokio::spawn(async move {
+        while connections.try_join_next().is_some() {}
+        connections.spawn(async move {
             if let Err(e) = watched.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(permit);
         });
     }
+    drop(listener);
     match tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await {
         Ok(()) => Drained::Clean,
-        Err(_) => Drained::TimedOut,
+        Err(_) => {
+            while connections.try_join_next().is_some() {}
+            let open = connections.len();
+            connections.abort_all();
+            while connections.join_next().await.is_some() {}
+            tracing::warn!(
+                connections = open,
+                bound = ?options.drain_timeout,
+                "drain timed out: force-closed the connections still open"
+            );
+            Drained::TimedOut
+        }
     }
 }

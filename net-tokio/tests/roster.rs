@@ -37,12 +37,7 @@ fn node(self_id: &str, members: Vec<Member>) -> Arc<NodeCore<TokioDialer>> {
 async fn server(self_id: &str, members: Vec<Member>) -> (SocketAddr, Arc<PeerPlane<TokioDialer>>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
-    let plane = Arc::new(PeerPlane {
-        node: node(self_id, members),
-        self_id: self_id.into(),
-        advertise: addr.to_string(),
-        learned: Default::default(),
-    });
+    let plane = Arc::new(PeerPlane::new(node(self_id, members), self_id, &addr.to_string()));
     let p = plane.clone();
     let handler = move |req| p.clone().handle(req);
     tokio::spawn(serve(l, handler, std::future::pending(), ServeOptions::default()));

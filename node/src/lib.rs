@@ -36,7 +36,9 @@ use tokio::task::JoinSet;
 
 /// Runs the command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    init_tracing();
+    // The demo prints a report; routine start-up logs would only interleave with it.
+    let default_level = if matches!(cli.command, Some(Command::Demo(_))) { "warn" } else { "info" };
+    init_tracing(default_level);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
@@ -44,11 +46,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default_level: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("DART_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colour codes only for a person at a terminal; never in files, pipes or journald.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
@@ -56,8 +63,13 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
     println!("{}", node.banner);
     shutdown_signal().await;
     println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
-    let drained = node.shutdown().await;
-    println!("dart: stopped ({drained:?})");
+    match node.shutdown().await {
+        Drained::Clean => println!("dart: stopped (drained cleanly)"),
+        Drained::TimedOut => println!(
+            "dart: stopped (drain exceeded {}s: remaining connections force-closed)",
+            flags.drain_secs
+        ),
+    }
     Ok(())
 }
 
@@ -207,12 +219,7 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
     if let Some(l) = peer {
         let advertise = peer_addr.map(|a| a.to_string()).unwrap_or_default();
-        let pp = Arc::new(PeerPlane {
-            node: node.clone(),
-            self_id: flags.self_id.clone(),
-            advertise,
-            learned: Default::default(),
-        });
+        let pp = Arc::new(PeerPlane::new(node.clone(), &flags.self_id, &advertise));
         let handler = move |req| pp.clone().handle(req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
         let n = node.clone();
@@ -221,7 +228,8 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     }
     if let Some(l) = admin {
         let p = plane.clone();
-        let handler = move |req| admin_handle(p.clone(), req);
+        let id: Arc<str> = flags.self_id.as_str().into();
+        let handler = move |req| admin_handle(p.clone(), id.clone(), req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
     }
     let mode_text = match &plane.mode {
@@ -295,6 +303,7 @@ async fn breaker_timers(node: Arc<NodeCore<TokioDialer>>, mut stop: watch::Recei
 
 async fn admin_handle(
     plane: Arc<ClientPlane<TokioDialer>>,
+    self_id: Arc<str>,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
@@ -307,7 +316,9 @@ async fn admin_handle(
         (&http::Method::GET, "/admin/stats") => {
             let s = plane.node.cache.stats();
             let n = s.owned_blocks + s.borrowed_blocks;
-            (StatusCode::OK, "application/json", format!("{{\n  \"cached_blocks\": {n}\n}}\n"))
+            let id = serde_json::to_string(&*self_id).unwrap_or_default();
+            let json = format!("{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n}\n}}\n");
+            (StatusCode::OK, "application/json", json)
         }
         (_, "/healthz" | "/metrics" | "/admin/stats") => {
             (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".into())

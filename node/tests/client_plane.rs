@@ -282,3 +282,25 @@ async fn metrics_and_health_are_served_on_the_admin_plane() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn shutdown_force_closes_a_response_that_outlasts_the_drain_bound() {
+    // 32 blocks at 512 KiB/s: about 4 s of body against the helper node's 2 s drain.
+    let size = 32 * BLOCK;
+    let o = origin(Behaviour::Slow { bytes_per_second: 512 * 1024 }, size).await;
+    let d = temp_dir("force");
+    let n = node(&d).await;
+    let req = http::Request::get(url(&n, &o, "")).body(Empty::new()).expect("request");
+    let resp = client().request(req).await.expect("response head");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a first frame").expect("no error yet");
+    assert!(first.is_data());
+
+    assert_eq!(n.shutdown().await, dart_net_tokio::server::Drained::TimedOut);
+    // The runtime lives on, so only an explicit abort can have closed the connection by now.
+    let rest = tokio::time::timeout(Duration::from_secs(5), body.collect())
+        .await
+        .expect("the connection is already closed");
+    assert!(rest.is_err(), "a force-closed response must not look complete");
+}
