@@ -30,10 +30,11 @@ pub fn classify(answer: Result<CallAnswer, CallFailure>, expected: u64) -> PeerA
         200 => {}
         404 => return PeerAnswer::Failed(Observation::Miss),
         502 => {
+            // Only a credential refusal spares the relay (net-tokio's peer client).
             return PeerAnswer::Failed(match reply.upstream_status {
-                Some(status) => Observation::UpstreamRefused { status },
-                None => Observation::UnexpectedStatus(502),
-            })
+                Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
+                Some(_) | None => Observation::UnexpectedStatus(502),
+            });
         }
         other => return PeerAnswer::Failed(Observation::UnexpectedStatus(other)),
     }
