@@ -35,6 +35,7 @@ pub fn all() -> Vec<Scenario> {
         herd(),
         dead_root(),
         black_hole(),
+        stalled_peer(),
         flapping(),
         expired_credential(),
         range_blind(),
@@ -267,6 +268,43 @@ fn black_hole() -> Scenario {
         check.note(format!(
             "{} nodes opened the hole's circuit on a dial failure; slowest read {worst:?} vs {base_worst:?} without it",
             first.len()
+        ));
+    })
+}
+
+fn stalled_peer() -> Scenario {
+    Scenario::new(
+        "stalled-peer",
+        "an interior node accepts requests and never answers them: what does routing around it cost?",
+        |seed, scale| {
+            let nodes = pick(scale, 12, 60) as usize;
+            let size = pick(scale, 2, 64) * MIB;
+            let block = pick(scale, 128 << 10, 4 * MIB);
+            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+            let stalled = tree_order(&spec.cluster, 0, 0)[1];
+            spec.plan = FaultPlan { faults: vec![fault(ms(0), secs(120), FaultKind::Stall { node: stalled })] };
+            spec.phases.safety = secs(200);
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        safety_reads_finish(run, check, &[]);
+        let stalled = tree_order(&run.spec.cluster, 0, 0)[1];
+        let base = baseline(run);
+        let worst = latencies(r, Phase::Safety, &[]).last().copied().unwrap_or_default();
+        let base_worst = latencies(&base, Phase::Safety, &[]).last().copied().unwrap_or_default();
+        let timeouts = r.peer_answers.get(&(stalled, "TimedOut".to_owned())).copied().unwrap_or(0);
+        let opens = circuits_to(r, &member_addr(stalled)).filter(|(_, e)| e.to == CircuitState::Open).count();
+        let header = run.spec.cluster.bounds.peer_header;
+        check.gap(
+            worst <= base_worst + header + secs(2),
+            format!("a stalled peer costs a read at most one head bound (slowest {worst:?}, {base_worst:?} without)"),
+            "a stall is a soft failure: every request pays the 10 s head bound and only the fifth in a row opens the circuit",
+        );
+        check.note(format!(
+            "{timeouts} requests timed out on the stalled node, {opens} circuits opened on it; slowest read {worst:?} vs {base_worst:?}; {} timeouts charged to its honest descendants",
+            blamed_relays(r, stalled)
         ));
     })
 }

@@ -72,3 +72,33 @@ fn peer_path_runs_replay_from_their_seed() {
     assert_eq!((a.trace_hash, a.events), (b.trace_hash, b.events));
     assert!(a.passed(), "{}", a.summary());
 }
+
+#[test]
+fn breaker_probe_deadlines_fire_as_node_timers_without_busy_loops() {
+    // A probe deadline (2 s) shorter than the peer head bound (10 s): probes sent to a stalled
+    // peer are reclaimed by the breaker's timer, and their late answers are stale.
+    let mut s = spec(10, 2 << 20, FaultPlan::none());
+    let stalled = dart_sim::node::tree_order(&s.cluster, 0, 0)[1];
+    let mut peer = dart_sim::node::PeerConfig::default();
+    peer.breaker.probe_deadline = Duration::from_secs(2);
+    peer.breaker.failure_threshold = 1;
+    peer.breaker.backoff =
+        dart_core::breaker::BackoffPolicy::Fixed { cooldown: Duration::from_secs(1) };
+    s.cluster.peer = Some(peer);
+    let mut rng = dart_core::rng::from_seed(3);
+    s.workload.safety =
+        Workload::everyone_reads_everything(&mut rng, 10, 1, Duration::from_secs(25));
+    s.plan = one(FaultKind::Stall { node: stalled });
+    s.plan.faults[0].at = Duration::ZERO;
+    s.plan.faults[0].lasts = Duration::from_secs(60);
+    let r = run(s, 5);
+    assert!(r.passed(), "{}", r.summary());
+    let expired: u64 =
+        r.nodes.iter().filter_map(|n| n.breaker.as_ref()).map(|b| b.probe_expired).sum();
+    let reasons: Vec<String> = r
+        .nodes
+        .iter()
+        .flat_map(|n| n.circuit_events.iter().map(|e| e.reason.to_string()))
+        .collect();
+    assert!(expired > 0 || reasons.iter().any(|x| x == "probe expired"), "{reasons:?}");
+}
