@@ -96,49 +96,68 @@ fn axis(out: &mut String, end: f64, y: f64, unit: &str) {
     }
 }
 
+/// The time the plots span: a little past the last read, circuit transition or the heal.
+fn horizon(r: &RunReport) -> f64 {
+    let last_read = r.reads.iter().filter_map(|x| x.done_at).max().unwrap_or(r.end);
+    let last_circuit = r
+        .nodes
+        .iter()
+        .flat_map(|n| n.circuit_events.iter().map(|e| e.at))
+        .max()
+        .unwrap_or(Instant::ZERO);
+    let last = last_read.max(last_circuit).max(r.heal_at).min(r.end);
+    (secs(last) * 1.05).max(1e-3)
+}
+
+/// A circuit's state between two of its transitions: an open circuit counts as half-open (it
+/// admits a probe) once its cooldown has run out.
+fn bands(
+    events: &[&dart_core::breaker::BreakerEvent<String>],
+    end: f64,
+) -> Vec<(f64, f64, CircuitState)> {
+    let mut out = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let next = events.get(i + 1).map_or(end, |n| secs(n.at));
+        let start = secs(e.at);
+        match (e.to, e.reopen_at) {
+            (CircuitState::Open, Some(until)) => {
+                let until = secs(until).min(next);
+                out.push((start, until, CircuitState::Open));
+                if until < next {
+                    out.push((until, next, CircuitState::HalfOpen));
+                }
+            }
+            (CircuitState::Open | CircuitState::HalfOpen, _) => out.push((start, next, e.to)),
+            (CircuitState::Closed, _) => {}
+        }
+    }
+    out
+}
+
 fn timeline(out: &mut String, r: &RunReport) {
     let nodes = r.nodes.len().min(ROWS_MAX);
-    let end = secs(r.end);
+    let end = horizon(r);
     let height = 20.0 + nodes as f64 * ROW + 20.0;
     let _ = write!(out, "<svg width=\"{WIDTH}\" height=\"{height:.0}\">");
     for (i, n) in r.nodes.iter().take(nodes).enumerate() {
         let y = 10.0 + i as f64 * ROW;
-        // Circuit state bands: the worst state among the node's circuits over time.
-        let mut state: BTreeMap<&str, CircuitState> = BTreeMap::new();
-        let mut band_start: Option<(f64, CircuitState)> = None;
-        let worst = |s: &BTreeMap<&str, CircuitState>| {
-            if s.values().any(|&c| c == CircuitState::Open) {
-                Some(CircuitState::Open)
-            } else if s.values().any(|&c| c == CircuitState::HalfOpen) {
-                Some(CircuitState::HalfOpen)
-            } else {
-                None
-            }
-        };
-        let mut events = n.circuit_events.iter().collect::<Vec<_>>();
-        events.sort_by_key(|e| e.at);
-        let close = |out: &mut String, from: (f64, CircuitState), to: f64| {
-            let color = if from.1 == CircuitState::Open { "#fcc" } else { "#ffe8a0" };
-            let (x0, x1) = (x_of(from.0, end), x_of(to, end));
+        let mut per_peer: BTreeMap<&str, Vec<&dart_core::breaker::BreakerEvent<String>>> =
+            BTreeMap::new();
+        for e in &n.circuit_events {
+            per_peer.entry(e.addr.as_str()).or_default().push(e);
+        }
+        let mut all: Vec<(f64, f64, CircuitState)> =
+            per_peer.values().flat_map(|evs| bands(evs, end)).collect();
+        // Half-open first so that open bands, drawn after, win where they overlap.
+        all.sort_by_key(|band| band.2 == CircuitState::Open);
+        for (from, to, state) in all {
+            let color = if state == CircuitState::Open { "#fcc" } else { "#ffe8a0" };
+            let (x0, x1) = (x_of(from, end), x_of(to, end));
             let _ = write!(
                 out,
                 "<rect x=\"{x0:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{ROW}\" fill=\"{color}\"/>",
                 (x1 - x0).max(0.5)
             );
-        };
-        for e in events {
-            state.insert(e.addr.as_str(), e.to);
-            state.retain(|_, s| *s != CircuitState::Closed);
-            let now = worst(&state);
-            if band_start.map(|b| b.1) != now {
-                if let Some(b) = band_start.take() {
-                    close(out, b, secs(e.at));
-                }
-                band_start = now.map(|s| (secs(e.at), s));
-            }
-        }
-        if let Some(b) = band_start {
-            close(out, b, end);
         }
         let _ = write!(out, "<text x=\"2\" y=\"{:.1}\" font-size=\"7\">n{i}</text>", y + ROW - 1.0);
     }
@@ -209,7 +228,7 @@ fn latency_cdf(out: &mut String, r: &RunReport) {
 
 fn origin_bytes(out: &mut String, r: &RunReport) {
     let height = 200.0;
-    let end = secs(r.end);
+    let end = horizon(r);
     let total = r.origin.bytes_timeline.last().map_or(1, |p| p.1).max(1) as f64;
     let _ = write!(out, "<svg width=\"{WIDTH}\" height=\"{height}\">");
     let mut pts = format!("{:.1},{:.1} ", x_of(0.0, end), height - 30.0);
