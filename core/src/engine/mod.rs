@@ -251,7 +251,6 @@ impl Engine {
             ProbeOutcome::Size(n) => ObjectInfo::Sized(n),
             ProbeOutcome::RangeBlind { .. } => ObjectInfo::RangeBlind,
         };
-        self.stats.probes += 1;
         if let Some(old) = self.objects.remove(&id.id) {
             self.object_order.remove(&old.seq);
         }

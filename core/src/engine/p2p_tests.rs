@@ -380,3 +380,44 @@ fn a_cut_through_relay_never_caches_a_short_stream_and_the_reader_still_gets_exa
         Some(c.expected(0, 3))
     );
 }
+
+#[test]
+fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin() {
+    let mut c = Cluster::new(2, 1, 4, Mode::Honours);
+    let leaf = c.ranked(0)[1];
+    let now = c.now;
+    let request = ReadRequest { url: c.url.clone(), method: Method::Get, range: None };
+    let mut read = c.nodes[leaf].engine.begin_read(request);
+    let Some(Action::Probe { .. }) = read.poll_action() else { panic!("probe first") };
+    let answer = c.origin.probe();
+    read.handle_probe(&mut c.nodes[leaf].engine, answer, now);
+    let Some(Action::Respond(_)) = read.poll_action() else { panic!("head") };
+    let Some(Action::Lookup { key }) = read.poll_action() else { panic!("lookup") };
+    read.handle_lookup(&mut c.nodes[leaf].engine, None, now);
+    let Some(Action::FetchPeer { permit, .. }) = read.poll_action() else { panic!("ask the root") };
+    // While the root fails, a sibling read of this node caches the block.
+    let sibling_copy = Bytes::from(c.expected(0, 3));
+    let dead = PeerAnswer::Failed(Observation::DialFailed);
+    read.handle_peer(&mut c.nodes[leaf].engine, permit, dead, now);
+    let Some(Action::Lookup { key: again }) = read.poll_action() else {
+        panic!("the store is consulted again before the origin");
+    };
+    assert_eq!(again, key);
+    read.handle_lookup(&mut c.nodes[leaf].engine, Some(sibling_copy), now);
+    let Some(Action::Emit(b)) = read.poll_action() else { panic!("served from the store") };
+    assert_eq!(b[..], c.expected(0, 3)[..]);
+    assert!(matches!(read.poll_action(), Some(Action::Finish)));
+    assert!(c.origin.fetches.is_empty(), "no origin request");
+    assert_eq!(c.nodes[leaf].engine.stats().block_source_cache, 1);
+}
+
+#[test]
+fn a_recheck_that_still_misses_goes_to_the_origin_without_asking_the_peers_again() {
+    let mut c = Cluster::new(3, 1, 4, Mode::Honours);
+    let ranked = c.ranked(0);
+    c.nodes[ranked[1]].fault = Fault::Dead;
+    c.nodes[ranked[0]].fault = Fault::Dead;
+    assert_eq!(c.read(ranked[2], None), End::Finish(c.expected(0, 3)));
+    assert_eq!(c.nodes[ranked[1]].relay_requests + c.nodes[ranked[0]].relay_requests, 2);
+    assert_eq!(c.origin.fetches.len(), 1);
+}

@@ -232,6 +232,10 @@ struct Job {
     upstreams: VecDeque<PeerRef>,
     /// A cut-through relay has committed its head to the upstream peer's stream.
     streaming: bool,
+    /// A peer was asked for this block (so a concurrent read may have cached it meanwhile).
+    tried_peer: bool,
+    /// The store was consulted again after the peers failed, just before the origin.
+    rechecked: bool,
 }
 
 #[derive(Debug)]
@@ -361,6 +365,7 @@ impl Read {
         assert!(matches!(self.state, State::AwaitProbe), "probe answer out of turn");
         match answer {
             Ok(outcome) => {
+                engine.stats.probes += 1;
                 engine.learn(&self.object, outcome);
                 match (outcome, &self.kind) {
                     (ProbeOutcome::Size(size), Kind::Client { .. }) => self.respond(engine, size),
@@ -393,7 +398,9 @@ impl Read {
                     if cached.is_some() {
                         engine.stats.cache_corrupt += 1;
                     }
-                    job.upstreams = engine.upstreams(job.key, now).into();
+                    if !job.rechecked {
+                        job.upstreams = engine.upstreams(job.key, now).into();
+                    }
                     self.next_source(engine, job, now);
                 }
             },
@@ -451,7 +458,19 @@ impl Read {
         self.content_length = expected;
         // The store was already consulted: go straight to the upstreams.
         let upstreams = engine.upstreams(key, now).into();
-        self.next_source(engine, Job { seg, key, expected, upstreams, streaming: false }, now);
+        self.next_source(
+            engine,
+            Job {
+                seg,
+                key,
+                expected,
+                upstreams,
+                streaming: false,
+                tried_peer: false,
+                rechecked: false,
+            },
+            now,
+        );
     }
 
     /// Tries the next upstream peer the breaker admits, else the origin.
@@ -463,6 +482,7 @@ impl Read {
         while let Some(peer) = job.upstreams.pop_front() {
             match engine.admit(&peer.addr, now) {
                 Some(permit) => {
+                    job.tried_peer = true;
                     self.out.push_back(Action::FetchPeer {
                         peer,
                         key: job.key,
@@ -477,6 +497,14 @@ impl Read {
                 }
                 None => engine.stats.peer_skipped_open += 1,
             }
+        }
+        if job.tried_peer && !job.rechecked {
+            // While the peers failed, a concurrent read may have cached the block: look again
+            // before paying the origin.
+            job.rechecked = true;
+            self.out.push_back(Action::Lookup { key: job.key });
+            self.state = State::AwaitLookup(job);
+            return;
         }
         let start = job.seg.block_index * engine.config.geometry.block_bytes();
         self.out.push_back(Action::FetchOrigin {
@@ -605,7 +633,14 @@ impl Read {
                 let class = engine.class_of(&job.key);
                 self.out.push_back(Action::Store { key: job.key, data: block.data.clone(), class });
             }
-            Verdict::ServeOnly => engine.stats.uncacheable += 1,
+            Verdict::ServeOnly => {
+                // The origin ignores Range after all: later reads proxy it, relays decline it.
+                engine.stats.uncacheable += 1;
+                engine.learn(
+                    &self.object,
+                    ProbeOutcome::RangeBlind { content_length: block.body.total },
+                );
+            }
             Verdict::Reject(err) => {
                 let err = match err {
                     ReadError::BlockLength { want, got, .. } => {
@@ -690,6 +725,8 @@ impl Read {
                     expected,
                     upstreams: VecDeque::new(),
                     streaming: false,
+                    tried_peer: false,
+                    rechecked: false,
                 });
             }
             None => self.finish(),

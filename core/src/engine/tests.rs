@@ -329,6 +329,11 @@ fn bytes_sliced_from_a_range_ignored_200_are_served_but_never_cached() {
     assert!(w.cache.is_empty());
     assert_eq!(w.stores, 0);
     assert_eq!(w.engine.stats().uncacheable, 5);
+    // The block fetch revealed what the probe did not: later reads are proxied verbatim.
+    let id = w.engine.identify("https://origin.example/obj");
+    assert_eq!(w.engine.object(&id), Some(ObjectInfo::RangeBlind));
+    assert_eq!(w.read(Method::Get, Some("bytes=0-3")).end, End::Passthrough);
+    assert_eq!(w.engine.stats().probes, 1, "marking is not probing");
 }
 
 #[test]
