@@ -26,6 +26,10 @@ pub struct PeerRef {
     pub addr: String,
 }
 
+/// Most chunk rankings a placement remembers; past it the memo is cleared (rankings are pure
+/// functions of the view, so forgetting costs only recomputation).
+pub const RANKINGS_MAX: usize = 1024;
+
 /// This node's place in a cluster: the view, its own id, and the tree parameters.
 #[derive(Clone, Debug)]
 pub struct Placement {
@@ -33,13 +37,22 @@ pub struct Placement {
     self_id: String,
     fanout: usize,
     replicas: usize,
+    /// Memo of HRW rankings (indices into the Ready list) by chunk: a miss, its store class and a
+    /// relay of the same chunk all need the same ranking.
+    rankings: std::cell::RefCell<std::collections::BTreeMap<ChunkKey, std::sync::Arc<[u32]>>>,
 }
 
 impl Placement {
     /// A placement for `self_id` over `view`; fanout < 1 becomes 2, replicas < 1 becomes 1.
     pub fn new(view: View, self_id: &str, fanout: usize, replicas: usize) -> Self {
         let fanout = if fanout < 1 { DEFAULT_FANOUT } else { fanout };
-        Placement { view, self_id: self_id.to_owned(), fanout, replicas: replicas.max(1) }
+        Placement {
+            view,
+            self_id: self_id.to_owned(),
+            fanout,
+            replicas: replicas.max(1),
+            rankings: Default::default(),
+        }
     }
 
     /// The view.
@@ -54,9 +67,28 @@ impl Placement {
 
     /// Ready members ranked for `chunk`, best first (ids).
     pub fn ranked(&self, chunk: ChunkKey) -> Vec<&str> {
+        let order = self.ranking(chunk);
+        let ready: Vec<&str> = self.view.ready().map(|m| m.id.as_str()).collect();
+        order.iter().map(|&i| ready[i as usize]).collect()
+    }
+
+    fn ranking(&self, chunk: ChunkKey) -> std::sync::Arc<[u32]> {
+        if let Some(order) = self.rankings.borrow().get(&chunk) {
+            return order.clone();
+        }
         let ready: Vec<(&str, f64)> =
             self.view.ready().map(|m| (m.id.as_str(), m.weight)).collect();
-        hrw::rank(chunk.0, &ready).into_iter().map(|i| ready[i].0).collect()
+        let order: std::sync::Arc<[u32]> = hrw::rank(chunk.0, &ready)
+            .into_iter()
+            .map(|i| u32::try_from(i).expect("fewer than 2^32 members"))
+            .collect();
+        let mut memo = self.rankings.borrow_mut();
+        if memo.len() >= RANKINGS_MAX {
+            memo.clear();
+        }
+        memo.insert(chunk, order.clone());
+        debug_assert!(memo.len() <= RANKINGS_MAX);
+        order
     }
 
     /// Owned iff this node is among the first `replicas` of the ranking over all Ready members.
