@@ -42,6 +42,8 @@ pub struct OriginConfig {
     pub idle_per_host: usize,
     /// Idle connections are closed after this long.
     pub idle_timeout: Duration,
+    /// DER certificates of private CAs trusted for `https://` origins, besides the Mozilla roots.
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl Default for OriginConfig {
@@ -53,6 +55,7 @@ impl Default for OriginConfig {
             max_flight: dart_core::engine::flight::DEFAULT_MAX_FLIGHT,
             idle_per_host: 32,
             idle_timeout: Duration::from_secs(90),
+            extra_roots: Vec::new(),
         }
     }
 }
@@ -126,9 +129,11 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 impl<D: Dialer> OriginFetcher<D> {
-    /// A fetcher dialing through `dialer`. Must be called inside a tokio runtime.
-    pub fn new(dialer: D, config: OriginConfig) -> Self {
-        let connector = SeamConnector::new(dialer, config.dial_timeout);
+    /// A fetcher dialing through `dialer`, speaking TLS to `https://` origins. Must be called
+    /// inside a tokio runtime. Fails only when an extra root certificate is malformed.
+    pub fn new(dialer: D, config: OriginConfig) -> Result<Self, rustls::Error> {
+        let tls = crate::seam::tls_client_config(&config.extra_roots)?;
+        let connector = SeamConnector::with_tls(dialer, config.dial_timeout, tls);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -137,13 +142,13 @@ impl<D: Dialer> OriginFetcher<D> {
             .build(connector);
         let flights =
             Flights { table: FlightTable::new(config.max_flight), senders: BTreeMap::new() };
-        OriginFetcher {
+        Ok(OriginFetcher {
             client,
             config,
             clock: ShellClock::start(),
             flights: Arc::new(Mutex::new(flights)),
             counters: Arc::new(Mutex::new(OriginCounters::default())),
-        }
+        })
     }
 
     /// Origin traffic so far.
@@ -160,12 +165,8 @@ impl<D: Dialer> OriginFetcher<D> {
         let uri: http::Uri = url
             .parse()
             .map_err(|_| OriginError::InvalidRequest("upstream URL is not a valid URI"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(OriginError::InvalidRequest("https origins are not supported yet"))
-            }
-            _ => return Err(OriginError::InvalidRequest("upstream URL must be http")),
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
+            return Err(OriginError::InvalidRequest("upstream URL must be http or https"));
         }
         let mut req = Request::get(uri);
         for (k, v) in headers {

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -116,24 +117,115 @@ pub enum DialError {
     /// Connecting did not finish within the dial bound.
     #[error("dial timed out after {0:?}")]
     Timeout(Duration),
+    /// An `https://` URI on a connector without TLS (the peer plane is plaintext by design).
+    #[error("https is not enabled on this connector")]
+    NoTls,
+    /// The host is not a valid TLS server name.
+    #[error("invalid TLS server name {0:?}")]
+    BadServerName(String),
 }
 
-/// A hyper-util connector over a [`Dialer`], bounding every dial.
-#[derive(Clone, Debug)]
+/// A dialed stream, plain or wrapped in TLS (for `https://` origins).
+#[derive(Debug)]
+pub enum MaybeTls<S> {
+    /// Plaintext.
+    Plain(S),
+    /// TLS over the stream.
+    Tls(Box<tokio_rustls::client::TlsStream<S>>),
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for MaybeTls<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MaybeTls::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for MaybeTls<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MaybeTls::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MaybeTls::Plain(s) => Pin::new(s).poll_flush(cx),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MaybeTls::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A TLS client configuration trusting the Mozilla root set (webpki-roots) plus `extra_roots`
+/// (DER certificates of private CAs), HTTP/1.1 only.
+pub fn tls_client_config(
+    extra_roots: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    for cert in extra_roots {
+        roots.add(cert.clone())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A hyper-util connector over a [`Dialer`], bounding every dial (TLS handshake included) and
+/// speaking TLS to `https://` URIs when it has a TLS configuration.
+#[derive(Clone)]
 pub struct SeamConnector<D> {
     dialer: D,
     dial_timeout: Duration,
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl<D: std::fmt::Debug> std::fmt::Debug for SeamConnector<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeamConnector")
+            .field("dialer", &self.dialer)
+            .field("dial_timeout", &self.dial_timeout)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl<D: Dialer> SeamConnector<D> {
-    /// A connector whose dials give up after `dial_timeout`.
+    /// A plaintext connector whose dials give up after `dial_timeout`.
     pub fn new(dialer: D, dial_timeout: Duration) -> Self {
-        SeamConnector { dialer, dial_timeout }
+        SeamConnector { dialer, dial_timeout, tls: None }
+    }
+
+    /// A connector that also speaks TLS to `https://` URIs with `config`.
+    pub fn with_tls(dialer: D, dial_timeout: Duration, config: Arc<rustls::ClientConfig>) -> Self {
+        SeamConnector { dialer, dial_timeout, tls: Some(tokio_rustls::TlsConnector::from(config)) }
     }
 }
 
 impl<D: Dialer> tower_service::Service<http::Uri> for SeamConnector<D> {
-    type Response = TokioIo<SeamStream<D::Io>>;
+    type Response = TokioIo<SeamStream<MaybeTls<D::Io>>>;
     type Error = DialError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, DialError>> + Send>>;
 
@@ -144,14 +236,26 @@ impl<D: Dialer> tower_service::Service<http::Uri> for SeamConnector<D> {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let dialer = self.dialer.clone();
         let bound = self.dial_timeout;
+        let tls = self.tls.clone();
         Box::pin(async move {
             let host = uri.host().ok_or(DialError::NoHost)?;
             let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
-            let default_port = if uri.scheme_str() == Some("https") { 443 } else { 80 };
-            let port = uri.port_u16().unwrap_or(default_port);
-            match tokio::time::timeout(bound, dialer.dial(&host, port)).await {
+            let https = uri.scheme_str() == Some("https");
+            let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+            let connect = async {
+                let stream = dialer.dial(&host, port).await?;
+                if !https {
+                    return Ok(MaybeTls::Plain(stream));
+                }
+                let tls = tls.ok_or(DialError::NoTls)?;
+                let name = rustls::pki_types::ServerName::try_from(host.clone())
+                    .map_err(|_| DialError::BadServerName(host.clone()))?;
+                let stream = tls.connect(name, stream).await?;
+                Ok(MaybeTls::Tls(Box::new(stream)))
+            };
+            match tokio::time::timeout(bound, connect).await {
                 Ok(Ok(s)) => Ok(TokioIo::new(SeamStream(s))),
-                Ok(Err(e)) => Err(DialError::Io(e)),
+                Ok(Err(e)) => Err(e),
                 Err(_) => Err(DialError::Timeout(bound)),
             }
         })

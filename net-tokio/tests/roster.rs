@@ -27,7 +27,7 @@ fn node(self_id: &str, members: Vec<Member>) -> Arc<NodeCore<TokioDialer>> {
     Arc::new(NodeCore {
         engine,
         cache,
-        origin: OriginFetcher::new(TokioDialer, OriginConfig::default()),
+        origin: OriginFetcher::new(TokioDialer, OriginConfig::default()).expect("origin client"),
         peers: Some(PeerClient::new(TokioDialer, PeerConfig::default(), self_id)),
         metrics,
         clock,

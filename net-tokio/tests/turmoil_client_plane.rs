@@ -218,6 +218,7 @@ fn origin_config() -> OriginConfig {
         max_flight: Duration::from_secs(10),
         idle_per_host: 4,
         idle_timeout: Duration::from_secs(30),
+        ..OriginConfig::default()
     }
 }
 
@@ -262,7 +263,7 @@ fn simulate(seed: u64) -> String {
         async move {
             let clock = ShellClock::start();
             let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
-            let origin = OriginFetcher::new(TurmoilDialer, origin_config());
+            let origin = OriginFetcher::new(TurmoilDialer, origin_config()).expect("origin client");
             let mode = UpstreamMode::prefix("dart");
             let node = Arc::new(NodeCore { engine, cache, origin, peers: None, metrics, clock });
             let plane = Arc::new(ClientPlane { node, mode });

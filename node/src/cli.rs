@@ -49,6 +49,10 @@ pub struct NodeFlags {
     /// Fixed upstream URL: every request reads it. Empty selects the prefix API.
     #[arg(long, default_value = "")]
     pub origin: String,
+    /// PEM file of private CA certificates trusted for `https://` origins (besides the Mozilla
+    /// root set built in).
+    #[arg(long)]
+    pub origin_ca_file: Option<std::path::PathBuf>,
     /// Prefix API path segment: `GET /<prefix>/<upstream-url>`.
     #[arg(long, default_value = "dart")]
     pub prefix: String,

@@ -183,7 +183,12 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     };
     let engine = Arc::new(Mutex::new(engine));
     let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
-    let origin = OriginFetcher::new(TokioDialer, OriginConfig::default());
+    let extra_roots = match &flags.origin_ca_file {
+        Some(path) => load_ca_file(path)?,
+        None => Vec::new(),
+    };
+    let origin_config = OriginConfig { extra_roots, ..OriginConfig::default() };
+    let origin = OriginFetcher::new(TokioDialer, origin_config).context("TLS set-up")?;
     let node = Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock });
     let plane = Arc::new(ClientPlane { node: node.clone(), mode });
 
@@ -253,6 +258,21 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
         flags.cache_size >> 20,
     );
     Ok(Running { client_addr, admin_addr, peer_addr, banner, plane, stop, servers })
+}
+
+/// Reads PEM certificates of private CAs trusted for `https://` origins.
+fn load_ca_file(
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::pem::PemObject;
+    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("reading --origin-ca-file {}", path.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("parsing --origin-ca-file {}", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("--origin-ca-file {} holds no PEM certificate", path.display());
+    }
+    Ok(certs)
 }
 
 /// Validates the peer flags and builds the engine's peer half and the peer client's bounds.

@@ -218,7 +218,7 @@ fn node_core<D: Dialer>(
     let engine = Arc::new(Mutex::new(engine));
     let clock = ShellClock::start();
     let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
-    let origin = OriginFetcher::new(dialer, OriginConfig::default());
+    let origin = OriginFetcher::new(dialer, OriginConfig::default()).expect("origin client");
     Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock })
 }
 
