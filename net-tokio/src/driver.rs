@@ -5,12 +5,13 @@
 
 use crate::cache::BlockCache;
 use crate::metrics::Metrics;
-use crate::origin::{Fill, OriginFetcher};
+use crate::origin::{Fill, OriginFetcher, ProbeFill};
 use crate::peer_client::PeerClient;
 use crate::seam::{Dialer, ShellClock};
 use bytes::Bytes;
 use dart_core::breaker::{Observation, Permit};
 use dart_core::codec::roster::Roster;
+use dart_core::engine::origin::ProbeOutcome;
 use dart_core::engine::{
     block_verdict, Action, Engine, FetchedBlock, Read, ReadFailure, ResponseHead, Verdict,
 };
@@ -119,8 +120,15 @@ impl<D: Dialer> NodeCore<D> {
         {
             match action {
                 Action::Probe { url } => {
+                    let object = read.object().clone();
+                    let engine = self.engine.clone();
+                    let fill: ProbeFill = Box::new(move |outcome: &ProbeOutcome| {
+                        if let Ok(mut engine) = engine.lock() {
+                            engine.record_probe(&object, *outcome);
+                        }
+                    });
                     let id = read.object().id.clone();
-                    let answer = self.origin.probe(&id, &url).await;
+                    let answer = self.origin.probe(&id, &url, Some(fill)).await;
                     read.handle_probe(&mut self.engine(), answer, self.clock.now());
                 }
                 Action::Lookup { key } => {

@@ -84,6 +84,15 @@ struct Flights {
 /// starting a second fetch).
 pub type Fill = Box<dyn FnOnce(&FetchedBlock) + Send>;
 
+/// Work a probe flight's leader does with a successful probe before the flight ends (the driver
+/// records the size in the engine here, so a read arriving after the flight never probes again).
+pub type ProbeFill = Box<dyn FnOnce(&ProbeOutcome) + Send>;
+
+enum FlightFill {
+    Block(Fill),
+    Probe(ProbeFill),
+}
+
 /// Counters of origin traffic, for metrics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OriginCounters {
@@ -251,10 +260,16 @@ impl<D: Dialer> OriginFetcher<D> {
     }
 
     /// Probes the size of the object at `url` (a `bytes=0-0` GET, never HEAD), coalesced with
-    /// concurrent probes of the same object identity.
-    pub async fn probe(&self, identity: &str, url: &str) -> Result<ProbeOutcome, OriginError> {
+    /// concurrent probes of the same object identity. If this caller leads the flight, `fill` runs
+    /// on a successful outcome before the flight ends.
+    pub async fn probe(
+        &self,
+        identity: &str,
+        url: &str,
+        fill: Option<ProbeFill>,
+    ) -> Result<ProbeOutcome, OriginError> {
         let key = FlightKey::Probe(identity.to_owned());
-        let out = self.coalesced(key, url, None).await?;
+        let out = self.coalesced(key, url, fill.map(FlightFill::Probe)).await?;
         match out {
             (FlightOutput::Probe(p), _) => Ok(p),
             (FlightOutput::Block(_), _) => unreachable!("probe key yields probe output"),
@@ -273,7 +288,7 @@ impl<D: Dialer> OriginFetcher<D> {
         fill: Option<Fill>,
     ) -> Result<FetchedBlock, OriginError> {
         let key = FlightKey::Block(identity.to_owned(), start, end);
-        match self.coalesced(key, url, fill).await? {
+        match self.coalesced(key, url, fill.map(FlightFill::Block)).await? {
             (FlightOutput::Block(mut b), coalesced) => {
                 b.coalesced = coalesced;
                 Ok(b)
@@ -297,7 +312,7 @@ impl<D: Dialer> OriginFetcher<D> {
         &self,
         key: FlightKey,
         url: &str,
-        fill: Option<Fill>,
+        fill: Option<FlightFill>,
     ) -> Result<(FlightOutput, bool), OriginError> {
         let (role, rx) = {
             let mut f = self.flights.lock().expect("flights lock");
@@ -334,7 +349,7 @@ impl<D: Dialer> OriginFetcher<D> {
         }
     }
 
-    fn spawn_flight(&self, key: FlightKey, id: FlightId, url: String, fill: Option<Fill>) {
+    fn spawn_flight(&self, key: FlightKey, id: FlightId, url: String, fill: Option<FlightFill>) {
         let this = self.clone();
         let bound = self.config.max_flight;
         tokio::spawn(async move {
@@ -342,8 +357,10 @@ impl<D: Dialer> OriginFetcher<D> {
                 Ok(r) => r,
                 Err(_) => Err(transport(&url, "flight", format!("exceeded {bound:?}"))),
             };
-            if let (Ok(FlightOutput::Block(b)), Some(fill)) = (&result, fill) {
-                fill(b);
+            match (&result, fill) {
+                (Ok(FlightOutput::Block(b)), Some(FlightFill::Block(fill))) => fill(b),
+                (Ok(FlightOutput::Probe(p)), Some(FlightFill::Probe(fill))) => fill(p),
+                _ => {}
             }
             // Remove the flight before publishing: a caller arriving after this point starts a
             // fresh fetch instead of joining a finished one (no error replay).

@@ -246,6 +246,13 @@ impl Engine {
         Read::new(self, request)
     }
 
+    /// Records what a probe of object `id` established, as a read's own probe answer does. The
+    /// shell's probe flight calls this before the flight ends, so that a read arriving after the
+    /// flight finds the size instead of probing again.
+    pub fn record_probe(&mut self, id: &ObjectId, outcome: ProbeOutcome) {
+        self.learn(id, outcome);
+    }
+
     fn learn(&mut self, id: &ObjectId, outcome: ProbeOutcome) {
         let info = match outcome {
             ProbeOutcome::Size(n) => ObjectInfo::Sized(n),
