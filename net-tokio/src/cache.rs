@@ -70,15 +70,20 @@ impl BlockCache for crate::store::BlockStore {
     }
 }
 
-/// Opens the disk-backed store for a node (cold start: see [`crate::store`]).
+/// Opens the disk-backed store for a node: cold (arenas truncated) unless `warm_start`, which
+/// keeps verified blocks and drops torn ones (see [`crate::store`]).
 pub fn open_disk_cache(
     dir: &std::path::Path,
     cache_bytes: u64,
     mem_bytes: u64,
     block_bytes: u64,
     owned_fraction: Option<f64>,
+    warm_start: bool,
 ) -> Result<std::sync::Arc<crate::store::BlockStore>, crate::store::StoreError> {
     let mut config = crate::store::StoreConfig::new(dir, cache_bytes, mem_bytes, block_bytes);
     config.owned_fraction = owned_fraction;
+    if warm_start {
+        config.warm_start = crate::store::WarmStart::Verify;
+    }
     crate::store::BlockStore::open(config).map(std::sync::Arc::new)
 }

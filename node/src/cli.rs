@@ -71,6 +71,11 @@ pub struct NodeFlags {
     /// Share of the disk budget for owned blocks, strictly between 0 and 1 (default 0.8).
     #[arg(long)]
     pub owned_fraction: Option<f64>,
+    /// Keep verified blocks across a restart (each slot carries a checksummed header; torn or
+    /// corrupt slots are dropped at start). Off: every start is cold. Note that kept blocks
+    /// include bytes fetched with credentials.
+    #[arg(long)]
+    pub warm_start: bool,
     /// Chunk size (placement unit).
     #[arg(long, default_value = "256MiB", value_parser = size)]
     pub chunk_size: u64,

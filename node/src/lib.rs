@@ -168,6 +168,7 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
         flags.mem_size,
         flags.block_size,
         flags.owned_fraction,
+        flags.warm_start,
     )
     .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
@@ -321,6 +322,66 @@ async fn breaker_timers(node: Arc<NodeCore<TokioDialer>>, mut stop: watch::Recei
     }
 }
 
+type AdminAnswer = (StatusCode, &'static str, String);
+
+fn json_answer(value: &serde_json::Value) -> AdminAnswer {
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
+    text.push('\n');
+    (StatusCode::OK, "application/json", text)
+}
+
+fn no_cluster() -> AdminAnswer {
+    (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no cluster: single-node mode\n".into())
+}
+
+/// `GET /admin/members`: this node's view (epoch as a decimal string).
+fn members_json(plane: &ClientPlane<TokioDialer>, self_id: &str) -> AdminAnswer {
+    let engine = plane.node.engine.lock().expect("engine lock");
+    let Some(p2p) = engine.p2p() else { return no_cluster() };
+    let view = p2p.placement.view();
+    let members: Vec<serde_json::Value> = view
+        .members()
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "id": m.id, "addr": m.addr, "weight": m.weight, "state": m.state.to_string(),
+            })
+        })
+        .collect();
+    json_answer(&serde_json::json!({
+        "self_id": self_id, "epoch": view.epoch().to_string(), "members": members,
+    }))
+}
+
+/// `GET /admin/ring?key=<u64>&n=<N>`: the HRW order of the Ready members for a key.
+fn ring_json(plane: &ClientPlane<TokioDialer>, query: Option<&str>) -> AdminAnswer {
+    let param =
+        |name: &str| query?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
+    let Some(Ok(key)) = param("key").map(str::parse::<u64>) else {
+        return (StatusCode::BAD_REQUEST, "text/plain", "key must be a decimal u64\n".into());
+    };
+    let n = param("n").and_then(|v| v.parse::<usize>().ok()).filter(|n| *n > 0).unwrap_or(8);
+    let engine = plane.node.engine.lock().expect("engine lock");
+    let Some(p2p) = engine.p2p() else { return no_cluster() };
+    let view = p2p.placement.view();
+    let order: Vec<serde_json::Value> = p2p
+        .placement
+        .ranked(dart_core::hash::ChunkKey(key))
+        .into_iter()
+        .take(n)
+        .enumerate()
+        .filter_map(|(rank, id)| {
+            let m = view.get(id)?;
+            Some(
+                serde_json::json!({ "rank": rank, "id": m.id, "addr": m.addr, "weight": m.weight }),
+            )
+        })
+        .collect();
+    json_answer(&serde_json::json!({
+        "key": key.to_string(), "epoch": view.epoch().to_string(), "order": order,
+    }))
+}
+
 async fn admin_handle(
     plane: Arc<ClientPlane<TokioDialer>>,
     self_id: Arc<str>,
@@ -340,7 +401,9 @@ async fn admin_handle(
             let json = format!("{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n}\n}}\n");
             (StatusCode::OK, "application/json", json)
         }
-        (_, "/healthz" | "/metrics" | "/admin/stats") => {
+        (&http::Method::GET, "/admin/members") => members_json(&plane, &self_id),
+        (&http::Method::GET, "/admin/ring") => ring_json(&plane, req.uri().query()),
+        (_, "/healthz" | "/metrics" | "/admin/stats" | "/admin/members" | "/admin/ring") => {
             (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".into())
         }
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
