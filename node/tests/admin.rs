@@ -11,18 +11,8 @@ use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Dir(std::path::PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir(name: &str) -> Dir {
-    let p = std::env::temp_dir().join(format!("dart-admin-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    Dir(p)
-}
+mod support;
+use support::TempDir;
 
 async fn get_bytes(url: &str) -> (u16, Bytes) {
     let c: Client<SeamConnector<TokioDialer>, Empty<Bytes>> = Client::builder(TokioExecutor::new())
@@ -37,7 +27,7 @@ async fn get(url: &str) -> (u16, String) {
     (status, String::from_utf8(body.to_vec()).expect("admin answers are text"))
 }
 
-fn flags(d: &Dir) -> NodeFlags {
+fn flags(d: &TempDir) -> NodeFlags {
     NodeFlags {
         listen: "127.0.0.1:0".into(),
         admin: "127.0.0.1:0".into(),
@@ -53,7 +43,7 @@ fn flags(d: &Dir) -> NodeFlags {
 
 #[tokio::test]
 async fn members_and_ring_show_the_view_with_string_epochs_and_single_nodes_answer_503() {
-    let d = dir("cluster");
+    let d = support::temp_dir("admin", "cluster");
     let peer =
         std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
     let f = NodeFlags {
@@ -93,7 +83,7 @@ async fn members_and_ring_show_the_view_with_string_epochs_and_single_nodes_answ
     );
     n.shutdown().await;
 
-    let d2 = dir("single");
+    let d2 = support::temp_dir("admin", "single");
     let single = dart_node::start(&flags(&d2)).await.expect("start");
     let admin = single.admin_addr.expect("admin");
     assert_eq!(get(&format!("http://{admin}/admin/members")).await.0, 503);
@@ -115,7 +105,7 @@ async fn with_warm_start_a_restarted_node_serves_its_kept_blocks_without_the_ori
         std::future::pending(),
         ServeOptions::default(),
     ));
-    let d = dir("warm");
+    let d = support::temp_dir("admin", "warm");
     let f = NodeFlags { warm_start: true, ..flags(&d) };
     let want = generate(5, 0, size as usize);
 

@@ -2,19 +2,28 @@
 //! found through the banner it prints, read through, scraped, and stopped with SIGTERM.
 
 use bytes::Bytes;
-use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
+use dart_net_tokio::origin_server::{generate, Behaviour};
 use dart_net_tokio::seam::{SeamConnector, TokioDialer};
-use dart_net_tokio::server::ServeOptions;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::process::{ExitStatus, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
+
+mod support;
+use support::{Origin, TempDir};
+
+async fn origin(behaviour: Behaviour, size: u64) -> Origin {
+    support::origin(SEED, behaviour, size).await
+}
+
+fn temp_dir(name: &str) -> TempDir {
+    support::temp_dir("bin", name)
+}
 
 const SEED: u64 = 0xB1_0B;
 const BLOCK: u64 = 256 * 1024;
@@ -22,38 +31,6 @@ const BLOCK: u64 = 256 * 1024;
 const STARTUP_BOUND: Duration = Duration::from_secs(20);
 /// Slack over `--drain-secs` for signal delivery, runtime teardown and process exit.
 const EXIT_SLACK: Duration = Duration::from_secs(3);
-
-struct Origin {
-    addr: SocketAddr,
-    stats: Arc<OriginStats>,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-async fn origin(behaviour: Behaviour, size: u64) -> Origin {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
-    let addr = l.local_addr().expect("addr");
-    let stats = Arc::new(OriginStats::default());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let object = OriginObject { seed: SEED, size, behaviour };
-    let stop = async {
-        let _ = rx.await;
-    };
-    tokio::spawn(serve_origin(l, object, stats.clone(), stop, ServeOptions::default()));
-    Origin { addr, stats, _stop: tx }
-}
-
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp_dir(name: &str) -> TempDir {
-    let p = std::env::temp_dir().join(format!("dart-bin-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    TempDir(p)
-}
 
 /// The flags every test node runs with: loopback, ephemeral ports, a small geometry.
 fn node_args(dir: &TempDir, drain_secs: u64) -> Vec<String> {

@@ -2,57 +2,28 @@
 //! ignore it, 404, hide the total, truncate, or accept only presigned GETs.
 
 use bytes::Bytes;
-use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
+use dart_net_tokio::origin_server::{generate, Behaviour};
 use dart_net_tokio::seam::{SeamConnector, TokioDialer};
-use dart_net_tokio::server::ServeOptions;
 use dart_node::cli::NodeFlags;
 use http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, TRANSFER_ENCODING};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-const SEED: u64 = 42;
-const BLOCK: u64 = 64 * 1024;
-
-struct Origin {
-    addr: SocketAddr,
-    stats: Arc<OriginStats>,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
+mod support;
+use support::{Origin, TempDir};
 
 async fn origin(behaviour: Behaviour, size: u64) -> Origin {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
-    let addr = l.local_addr().expect("addr");
-    let stats = Arc::new(OriginStats::default());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let object = OriginObject { seed: SEED, size, behaviour };
-    tokio::spawn(serve_origin(
-        l,
-        object,
-        stats.clone(),
-        async {
-            let _ = rx.await;
-        },
-        ServeOptions::default(),
-    ));
-    Origin { addr, stats, _stop: tx }
-}
-
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    support::origin(SEED, behaviour, size).await
 }
 
 fn temp_dir(name: &str) -> TempDir {
-    let p = std::env::temp_dir().join(format!("dart-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    TempDir(p)
+    support::temp_dir("it", name)
 }
+
+const SEED: u64 = 42;
+const BLOCK: u64 = 64 * 1024;
 
 async fn node(dir: &TempDir) -> dart_node::Running {
     let flags = NodeFlags {

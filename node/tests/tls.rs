@@ -13,6 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod support;
+use support::TempDir;
+
 const SEED: u64 = 11;
 const SIZE: u64 = 3 * (64 << 10) + 5;
 
@@ -72,14 +75,7 @@ async fn tls_origin() -> TlsOrigin {
     TlsOrigin { port, ca_pem: key.cert.pem(), stats, _stop: tx }
 }
 
-struct Dir(std::path::PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn node(name: &str, ca_file: Option<std::path::PathBuf>) -> (dart_node::Running, Dir) {
+async fn node(name: &str, ca_file: Option<std::path::PathBuf>) -> (dart_node::Running, TempDir) {
     let dir = std::env::temp_dir().join(format!("dart-tls-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let flags = NodeFlags {
@@ -94,7 +90,7 @@ async fn node(name: &str, ca_file: Option<std::path::PathBuf>) -> (dart_node::Ru
         drain_secs: 1,
         ..NodeFlags::default()
     };
-    (dart_node::start(&flags).await.expect("node starts"), Dir(dir))
+    (dart_node::start(&flags).await.expect("node starts"), TempDir(dir))
 }
 
 async fn get(addr: SocketAddr, url: &str) -> (u16, Bytes) {
