@@ -127,9 +127,15 @@ impl Cluster {
                     read.handle_fetch(&mut self.nodes[at].engine, got);
                 }
                 Action::Store { key, data, .. } => {
-                    let expected = data.len();
-                    let slot = self.nodes[at].cache.entry(key).or_insert(data);
-                    assert_eq!(slot.len(), expected, "write-once cache keeps exact lengths");
+                    // Everything the engine offers for storage is exactly the origin's block.
+                    let start = key.block * 4;
+                    let want = self.expected(start, start + data.len() as u64 - 1);
+                    assert_eq!(data[..], want[..], "a stored block is the origin's bytes");
+                    assert!(
+                        data.len() == 4
+                            || start + data.len() as u64 == self.origin.data.len() as u64
+                    );
+                    self.nodes[at].cache.entry(key).or_insert(data);
                 }
                 Action::Emit(b) => body.extend_from_slice(&b),
                 Action::Respond(_) => {}
@@ -419,5 +425,26 @@ fn a_recheck_that_still_misses_goes_to_the_origin_without_asking_the_peers_again
     c.nodes[ranked[0]].fault = Fault::Dead;
     assert_eq!(c.read(ranked[2], None), End::Finish(c.expected(0, 3)));
     assert_eq!(c.nodes[ranked[1]].relay_requests + c.nodes[ranked[0]].relay_requests, 2);
+    assert_eq!(c.origin.fetches.len(), 1);
+}
+
+#[test]
+fn a_relay_does_not_serve_a_cached_block_of_the_wrong_length_when_it_knows_the_size() {
+    let mut c = Cluster::new(2, 1, 8, Mode::Honours);
+    let root = c.ranked(0)[0];
+    let url = c.url.clone();
+    // The root learns the size, then its store is corrupted for block 0.
+    let read = c.nodes[root].engine.begin_read(ReadRequest {
+        url: url.clone(),
+        method: Method::Head,
+        range: None,
+    });
+    assert!(matches!(c.drive(root, read), End::Finish(_)));
+    let e = &c.nodes[root].engine;
+    let key = e.block_key(&e.identify(&url), 0);
+    c.nodes[root].cache.insert(key, Bytes::from_static(b"xy"));
+    let read = c.nodes[root].engine.begin_relay(key, Some(url), 1);
+    assert_eq!(c.drive(root, read), End::Finish(c.expected(0, 3)), "refetched, not the bad copy");
+    assert_eq!(c.nodes[root].engine.stats().cache_corrupt, 1);
     assert_eq!(c.origin.fetches.len(), 1);
 }

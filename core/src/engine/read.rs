@@ -409,7 +409,18 @@ impl Read {
     }
 
     fn relay_lookup(&mut self, engine: &mut Engine, cached: Option<Bytes>, now: Instant) {
-        let Kind::Relay { fetch, .. } = self.kind else { unreachable!("relay state") };
+        let Kind::Relay { fetch, key, .. } = self.kind else { unreachable!("relay state") };
+        // When the object's size is known, a cached block of the wrong length (disk corruption)
+        // is treated as a miss rather than served; requesters would refuse it anyway.
+        let cached = match (cached, engine.object(&self.object)) {
+            (Some(data), Some(ObjectInfo::Sized(size)))
+                if engine.config.geometry.block_len(size, key.block) != Some(data.len() as u64) =>
+            {
+                engine.stats.cache_corrupt += 1;
+                None
+            }
+            (cached, _) => cached,
+        };
         match cached {
             Some(data) => {
                 engine.stats.relay_served += 1;
