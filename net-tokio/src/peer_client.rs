@@ -134,32 +134,13 @@ impl<D: Dialer> PeerClient<D> {
             return Err(Observation::UnexpectedStatus(400));
         };
         let resp = self.send(req).await.map_err(|(observation, _)| observation)?;
-        match resp.status() {
-            StatusCode::OK => {}
-            StatusCode::NOT_FOUND => return Err(Observation::Miss),
-            StatusCode::BAD_GATEWAY => {
-                let upstream = resp
-                    .headers()
-                    .get(HEADER_UPSTREAM_STATUS)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u16>().ok());
-                // Only a credential refusal is the requester's fault; any other "upstream status"
-                // is a relay fault and spends budget.
-                return Err(match upstream {
-                    Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
-                    Some(_) | None => Observation::UnexpectedStatus(502),
-                });
-            }
-            other => return Err(Observation::UnexpectedStatus(other.as_u16())),
-        }
-        let announced = resp
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if announced.is_some_and(|n| n > expected) {
-            // Refused before reading a byte: a peer cannot make us buffer more than a block.
-            return Err(Observation::WrongLength);
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+        let upstream = header(HEADER_UPSTREAM_STATUS).and_then(|v| v.parse::<u16>().ok());
+        let announced = header(CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
+        let status = resp.status().as_u16();
+        if let Some(observation) = Observation::of_block_head(status, upstream, announced, expected)
+        {
+            return Err(observation);
         }
         Ok(resp.into_body())
     }

@@ -26,20 +26,14 @@ pub fn classify(answer: Result<CallAnswer, CallFailure>, expected: u64) -> PeerA
         }
         Err(CallFailure::Reset) => return PeerAnswer::Failed(Observation::BodyInterrupted),
     };
-    match reply.status {
-        200 => {}
-        404 => return PeerAnswer::Failed(Observation::Miss),
-        502 => {
-            // Only a credential refusal spares the relay (net-tokio's peer client).
-            return PeerAnswer::Failed(match reply.upstream_status {
-                Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
-                Some(_) | None => Observation::UnexpectedStatus(502),
-            });
-        }
-        other => return PeerAnswer::Failed(Observation::UnexpectedStatus(other)),
-    }
-    if reply.content_length.is_some_and(|n| n > expected) {
-        return PeerAnswer::Failed(Observation::WrongLength);
+    let head = Observation::of_block_head(
+        reply.status,
+        reply.upstream_status,
+        reply.content_length,
+        expected,
+    );
+    if let Some(observation) = head {
+        return PeerAnswer::Failed(observation);
     }
     if reply.interrupted {
         return PeerAnswer::Failed(Observation::BodyInterrupted);

@@ -37,6 +37,29 @@ pub enum Observation {
 }
 
 impl Observation {
+    /// Judges a peer's block response head: `None` means read the body (a 200 whose announced
+    /// length does not exceed the `expected` block); otherwise how the request ended. A 502 spares
+    /// the relay only when `X-DART-Upstream-Status` names a credential refusal (401/403): any
+    /// other upstream status is a relay fault. A Content-Length above the block is refused before
+    /// a body byte is read.
+    pub fn of_block_head(
+        status: u16,
+        upstream_status: Option<u16>,
+        content_length: Option<u64>,
+        expected: u64,
+    ) -> Option<Observation> {
+        match status {
+            200 if content_length.is_some_and(|n| n > expected) => Some(Observation::WrongLength),
+            200 => None,
+            404 => Some(Observation::Miss),
+            502 => Some(match upstream_status {
+                Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
+                Some(_) | None => Observation::UnexpectedStatus(502),
+            }),
+            other => Some(Observation::UnexpectedStatus(other)),
+        }
+    }
+
     /// The breaker outcome for this observation.
     pub fn outcome(self) -> Outcome {
         match self {
@@ -53,5 +76,30 @@ impl Observation {
                 Outcome::HardFailure(HardReason::Validation)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod head_tests {
+    use super::*;
+
+    #[test]
+    fn block_heads_are_judged_before_the_body() {
+        let judge = Observation::of_block_head;
+        assert_eq!(judge(200, None, Some(4), 4), None);
+        assert_eq!(judge(200, None, None, 4), None);
+        assert_eq!(judge(200, None, Some(5), 4), Some(Observation::WrongLength));
+        assert_eq!(judge(404, None, None, 4), Some(Observation::Miss));
+        assert_eq!(
+            judge(502, Some(403), None, 4),
+            Some(Observation::UpstreamRefused { status: 403 })
+        );
+        assert_eq!(
+            judge(502, Some(401), None, 4),
+            Some(Observation::UpstreamRefused { status: 401 })
+        );
+        assert_eq!(judge(502, Some(500), None, 4), Some(Observation::UnexpectedStatus(502)));
+        assert_eq!(judge(502, None, None, 4), Some(Observation::UnexpectedStatus(502)));
+        assert_eq!(judge(500, None, None, 4), Some(Observation::UnexpectedStatus(500)));
     }
 }
