@@ -17,6 +17,7 @@ pub mod hash;
 pub mod hrw;
 pub mod identity;
 pub mod membership;
+pub mod node;
 pub mod rng;
 pub mod time;
 pub mod tree;

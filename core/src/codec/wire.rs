@@ -24,6 +24,8 @@ pub const HEADER_NODE: &str = "x-dart-node";
 pub const HEADER_UPSTREAM_STATUS: &str = "x-dart-upstream-status";
 /// Header carrying the requester's advertised peer address.
 pub const HEADER_PEER_ADDR: &str = "x-dart-peer-addr";
+/// Header carrying the sender's membership epoch on roster responses (decimal u64).
+pub const HEADER_EPOCH: &str = "x-dart-epoch";
 /// Path prefix of peer block requests; the block key's wire tail follows it.
 pub const BLOCK_PATH_PREFIX: &str = "/peer/v1/block/";
 /// Exact path of the membership roster exchange.

@@ -28,6 +28,26 @@ pub const DEFAULT_MAX_FLIGHT: Duration = Duration::from_secs(600);
 /// Extra age past `max_flight` before a flight is considered stale and replaceable.
 pub const STALE_GRACE: Duration = Duration::from_secs(1);
 
+/// What an origin flight fetches, keyed by object identity (never by URL: a presigned query
+/// differs per caller while the bytes do not).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FlightKey {
+    /// The size probe of an object.
+    Probe(String),
+    /// The inclusive window `start..=end` of an object.
+    Block(String, u64, u64),
+}
+
+/// Compact trace form (the identity is the same for every window of an object).
+impl std::fmt::Display for FlightKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FlightKey::Probe(_) => f.write_str("probe"),
+            FlightKey::Block(_, s, e) => write!(f, "{s}-{e}"),
+        }
+    }
+}
+
 /// Identifies one flight; never reused within a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FlightId(pub u64);

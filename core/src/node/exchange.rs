@@ -1,0 +1,265 @@
+//! Outbound exchanges: their bounds as timers and the routing of their progress to the job they
+//! serve (an origin flight, a peer fetch, a passthrough, a roster fetch).
+
+use super::io::{Endpoint, Headers, IoEvent, IoId, IoRequest, Output, RequestId};
+use super::Node;
+use crate::breaker::Permit;
+use crate::engine::flight::{FlightId, FlightKey};
+use crate::engine::origin::BodyPlan;
+use crate::time::Instant;
+use bytes::BytesMut;
+use std::time::Duration;
+
+/// Who an origin exchange answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// A coalesced flight and its waiters.
+    Flight(FlightId),
+    /// One request, uncoalesced (table full, or a joiner's refusal retry).
+    Alone(RequestId),
+}
+
+/// How much of an origin body has been read.
+#[derive(Debug)]
+pub(super) enum OriginBody {
+    /// Waiting for the head.
+    Head,
+    /// Reading a block window under `plan`: `skip` bytes still to discard, then into `buf`.
+    Reading { plan: BodyPlan, skip: u64, buf: BytesMut },
+}
+
+/// A peer block fetch.
+#[derive(Debug)]
+pub(super) struct PeerJob {
+    pub request: RequestId,
+    pub key: crate::hash::BlockKey,
+    pub permit: Option<Permit<String>>,
+    pub addr: String,
+    pub expected: u64,
+    /// The body so far, at most `expected + 1` bytes.
+    pub copy: BytesMut,
+    /// A relay's fetch that may cut through.
+    pub stream: bool,
+    /// The relay committed its head to this stream.
+    pub streaming: bool,
+    /// Bytes already forwarded to the requester (never the last byte before the end).
+    pub forwarded: u64,
+}
+
+/// What an exchange is for.
+#[derive(Debug)]
+pub(super) enum Job {
+    Origin {
+        key: FlightKey,
+        owner: Owner,
+        body: OriginBody,
+    },
+    Peer(PeerJob),
+    Passthrough {
+        request: RequestId,
+        head_only: bool,
+    },
+    Roster {
+        ticket: u64,
+        addr: String,
+        permit: Option<Permit<String>>,
+        responder: Option<String>,
+        body: BytesMut,
+    },
+}
+
+/// One outbound exchange.
+#[derive(Debug)]
+pub(super) struct Exchange {
+    pub url: String,
+    pub sent: Instant,
+    pub connected: bool,
+    pub head: bool,
+    dial: Duration,
+    head_bound: Duration,
+    /// `None`: no whole-exchange bound (a passthrough body may be a whole object).
+    request_bound: Option<Duration>,
+    deadline: Option<Instant>,
+    pub job: Job,
+}
+
+impl Exchange {
+    pub fn request(&self) -> Option<RequestId> {
+        match &self.job {
+            Job::Origin { owner: Owner::Alone(rid), .. } => Some(*rid),
+            Job::Peer(p) => Some(p.request),
+            Job::Passthrough { request, .. } => Some(*request),
+            Job::Origin { owner: Owner::Flight(_), .. } | Job::Roster { .. } => None,
+        }
+    }
+
+    pub fn flight(&self) -> Option<FlightId> {
+        match &self.job {
+            Job::Origin { owner: Owner::Flight(fid), .. } => Some(*fid),
+            Job::Origin { owner: Owner::Alone(_), .. }
+            | Job::Peer(_)
+            | Job::Passthrough { .. }
+            | Job::Roster { .. } => None,
+        }
+    }
+
+    pub fn into_permit(self) -> Option<Permit<String>> {
+        match self.job {
+            Job::Peer(p) => p.permit,
+            Job::Roster { permit, .. } => permit,
+            Job::Origin { .. } | Job::Passthrough { .. } => None,
+        }
+    }
+
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The earliest bound still in force.
+    fn compute_deadline(&self) -> Option<Instant> {
+        let request = self.request_bound.map(|b| self.sent.saturating_add(b));
+        let head = (!self.head).then(|| self.sent.saturating_add(self.head_bound));
+        let dial = (!self.connected).then(|| self.sent.saturating_add(self.dial));
+        [request, head, dial].into_iter().flatten().min()
+    }
+
+    /// Which bound fired at `now`: the dial bound while unconnected, else the head or request
+    /// bound. Returns a description for errors.
+    pub fn expired(&self, now: Instant) -> Expiry {
+        if !self.connected && now >= self.sent.saturating_add(self.dial) {
+            Expiry::Dial(self.dial)
+        } else if !self.head {
+            Expiry::Head(self.head_bound.min(self.request_bound.unwrap_or(Duration::MAX)))
+        } else {
+            Expiry::Request(self.request_bound.unwrap_or(Duration::MAX))
+        }
+    }
+}
+
+/// Which bound ended an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expiry {
+    Dial(Duration),
+    Head(Duration),
+    Request(Duration),
+}
+
+impl std::fmt::Display for Expiry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expiry::Dial(d) => write!(f, "dial timed out after {d:?}"),
+            Expiry::Head(d) => write!(f, "no response head within {d:?}"),
+            Expiry::Request(d) => write!(f, "request timed out after {d:?}"),
+        }
+    }
+}
+
+impl Node {
+    /// Starts an exchange: queues the `GET` and arms its bounds. Passthroughs have no whole-request
+    /// bound.
+    pub(super) fn start_exchange(
+        &mut self,
+        endpoint: Endpoint,
+        url: String,
+        headers: Headers,
+        job: Job,
+        now: Instant,
+    ) -> IoId {
+        let id = self.next_io_id();
+        let (dial, head_bound, request) = self.config.bounds.exchange(endpoint == Endpoint::Peer);
+        let request_bound = match job {
+            Job::Passthrough { .. } => None,
+            Job::Origin { .. } | Job::Peer(_) | Job::Roster { .. } => Some(request),
+        };
+        let mut x = Exchange {
+            url: url.clone(),
+            sent: now,
+            connected: false,
+            head: false,
+            dial,
+            head_bound,
+            request_bound,
+            deadline: None,
+            job,
+        };
+        x.deadline = x.compute_deadline();
+        if let Some(at) = x.deadline {
+            self.timers.insert((at, id));
+        }
+        let previous = self.exchanges.insert(id, x);
+        assert!(previous.is_none(), "exchange ids are never reused");
+        self.counters.exchanges += 1;
+        self.emit(Output::Send(IoRequest { id, endpoint, url, headers }));
+        id
+    }
+
+    /// Forgets exchange `io` and its timer (the caller emits `Cancel` when the driver must stop).
+    pub(super) fn remove_exchange(&mut self, io: IoId) -> Option<Exchange> {
+        let x = self.exchanges.remove(&io)?;
+        if let Some(at) = x.deadline {
+            self.timers.remove(&(at, io));
+        }
+        Some(x)
+    }
+
+    /// Recomputes exchange `io`'s deadline after its phase moved on.
+    pub(super) fn rearm(&mut self, io: IoId) {
+        let Some(x) = self.exchanges.get_mut(&io) else { return };
+        let next = x.compute_deadline();
+        if next == x.deadline {
+            return;
+        }
+        if let Some(at) = x.deadline {
+            self.timers.remove(&(at, io));
+        }
+        x.deadline = next;
+        if let Some(at) = next {
+            self.timers.insert((at, io));
+        }
+    }
+
+    /// Routes progress of exchange `io`. Events of an exchange the node already gave up are
+    /// ignored: the driver may have queued them before it saw the cancel.
+    pub(super) fn on_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
+        let Some(x) = self.exchanges.get_mut(&io) else { return };
+        match &event {
+            IoEvent::Connected => {
+                assert!(!x.head, "{io}: connected after its head");
+                x.connected = true;
+                self.rearm(io);
+                return;
+            }
+            IoEvent::Head { .. } => {
+                assert!(!x.head, "{io}: a second response head");
+                x.connected = true;
+                x.head = true;
+            }
+            IoEvent::Body(_) | IoEvent::End => assert!(x.head, "{io}: body before the head"),
+            IoEvent::Failed(_) => {}
+        }
+        self.rearm(io);
+        match self.exchanges[&io].job {
+            Job::Origin { .. } => self.origin_io(io, event, now),
+            Job::Peer(_) => self.peer_io(io, event, now),
+            Job::Passthrough { .. } => self.passthrough_io(io, event, now),
+            Job::Roster { .. } => self.roster_io(io, event, now),
+        }
+    }
+
+    /// A bound of exchange `io` fired at `now`.
+    pub(super) fn on_deadline(&mut self, io: IoId, now: Instant) {
+        self.counters.timeouts += 1;
+        let x = &self.exchanges[&io];
+        let expiry = x.expired(now);
+        match &x.job {
+            Job::Origin { .. } => self.origin_expired(io, expiry, now),
+            Job::Peer(_) => self.peer_expired(io, expiry, now),
+            Job::Passthrough { .. } => self.passthrough_expired(io, expiry, now),
+            Job::Roster { .. } => self.roster_expired(io, expiry, now),
+        }
+        debug_assert!(
+            self.exchanges.get(&io).is_none_or(|x| x.deadline.is_none_or(|t| t > now)),
+            "an expired exchange must end or re-arm later"
+        );
+    }
+}

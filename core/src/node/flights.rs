@@ -1,0 +1,287 @@
+//! Origin flights (spec/fetch.md §5): concurrent requests for one probe or block window share one
+//! origin exchange. The leader's result fills the cache (or the object table) before the flight
+//! ends, the flight leaves the table before its result is published (a request arriving later
+//! never joins a finished flight), and a joiner whose leader's credential was refused retries
+//! alone with its own URL.
+
+use super::exchange::{Expiry, Job, OriginBody, Owner};
+use super::io::{
+    BlockSource, Endpoint, Event, FetchKind, Headers, IoEvent, IoId, Output, RequestId,
+};
+use super::requests::Wait;
+use super::Node;
+use crate::codec::redact::redact_url;
+use crate::engine::flight::{joiner_action, FlightId, FlightKey, JoinerAction, Role};
+use crate::engine::origin::{
+    classify_probe, finish_range_body, plan_range_response, OriginError, ProbeOutcome,
+};
+use crate::engine::{block_verdict, BlockClass, FetchedBlock, Verdict};
+use crate::hash::BlockKey;
+use crate::identity::ObjectId;
+use crate::time::Instant;
+use bytes::BytesMut;
+
+/// Most bytes reserved up front for one origin body (larger windows grow as they arrive).
+const BODY_RESERVE_MAX: u64 = 64 << 20;
+
+/// What the leader does with a successful result before the flight ends.
+#[derive(Debug, Clone)]
+pub(super) enum Fill {
+    /// Record the probe's outcome in the engine (a later read never probes again).
+    Probe(ObjectId),
+    /// Store the block if its verdict allows.
+    Block { key: BlockKey, expected: u64, size: u64, class: BlockClass },
+}
+
+/// A request waiting on a flight, with its own URL (for a refusal retry).
+#[derive(Debug, Clone)]
+pub(super) struct Waiter {
+    pub request: RequestId,
+    pub url: String,
+}
+
+/// A flight in progress.
+#[derive(Debug)]
+pub(super) struct Flight {
+    pub key: FlightKey,
+    pub io: IoId,
+    /// Leader first, then joiners in arrival order (requests that went away are removed).
+    pub waiters: Vec<Waiter>,
+    pub fill: Fill,
+}
+
+/// A judged origin result.
+#[derive(Debug, Clone)]
+pub(super) enum Judged {
+    Probe(ProbeOutcome),
+    Block(FetchedBlock),
+}
+
+impl Node {
+    /// Request `rid` needs `key` from the origin at `url`: lead a flight, join one, or go alone.
+    pub(super) fn ask_origin(
+        &mut self,
+        rid: RequestId,
+        key: FlightKey,
+        url: String,
+        fill: Fill,
+        now: Instant,
+    ) {
+        let wait = match self.flights.begin(&key, now) {
+            Role::Lead(fid) => {
+                let io = self.start_origin(key.clone(), &url, Owner::Flight(fid), now);
+                let waiters = vec![Waiter { request: rid, url }];
+                self.flight_state.insert(fid, Flight { key, io, waiters, fill });
+                Wait::Flight(fid)
+            }
+            Role::Join(fid) => {
+                let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
+                flight.waiters.push(Waiter { request: rid, url });
+                Wait::Flight(fid)
+            }
+            Role::Alone => Wait::Alone(self.start_origin(key, &url, Owner::Alone(rid), now)),
+        };
+        self.requests.get_mut(&rid).expect("a live request").wait = wait;
+    }
+
+    fn start_origin(&mut self, key: FlightKey, url: &str, owner: Owner, now: Instant) -> IoId {
+        let range = match &key {
+            FlightKey::Probe(_) => "bytes=0-0".to_owned(),
+            FlightKey::Block(_, start, end) => format!("bytes={start}-{end}"),
+        };
+        let headers = Headers::new().with("range", range);
+        let job = Job::Origin { key, owner, body: OriginBody::Head };
+        self.start_exchange(Endpoint::Origin, url.to_owned(), headers, job, now)
+    }
+
+    /// Request `rid` stops waiting on flight `fid` (it went away); the flight goes on.
+    pub(super) fn leave_flight(&mut self, fid: FlightId, rid: RequestId) {
+        if let Some(flight) = self.flight_state.get_mut(&fid) {
+            flight.waiters.retain(|w| w.request != rid);
+        }
+    }
+
+    pub(super) fn origin_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
+        let x = self.exchanges.get_mut(&io).expect("routed to a live exchange");
+        let Job::Origin { key, body, .. } = &mut x.job else { unreachable!("an origin job") };
+        match event {
+            IoEvent::Connected => unreachable!("handled by the exchange"),
+            IoEvent::Head { status, headers } => {
+                let cr = headers.get("content-range");
+                let cl = headers.get_u64("content-length");
+                match key {
+                    FlightKey::Probe(_) => {
+                        // The body is dropped unread: a Range-blind 200 may be the whole object.
+                        let result = classify_probe(status, cr, cl).map(Judged::Probe);
+                        self.origin_done(io, result, true, now);
+                    }
+                    FlightKey::Block(_, start, end) => {
+                        match plan_range_response(*start, *end, status, cr, cl) {
+                            Ok(plan) => {
+                                let reserve = plan.read_max.min(BODY_RESERVE_MAX) as usize;
+                                let buf = BytesMut::with_capacity(reserve);
+                                *body = OriginBody::Reading { plan, skip: plan.skip, buf };
+                            }
+                            Err(e) => self.origin_done(io, Err(e), true, now),
+                        }
+                    }
+                }
+            }
+            IoEvent::Body(mut data) => {
+                let OriginBody::Reading { plan, skip, buf } = body else {
+                    unreachable!("a probe ends at its head");
+                };
+                if *skip > 0 {
+                    let n = (*skip).min(data.len() as u64);
+                    *skip -= n;
+                    data = data.slice(n as usize..);
+                }
+                let room = plan.read_max - buf.len() as u64;
+                let take = (data.len() as u64).min(room) as usize;
+                buf.extend_from_slice(&data[..take]);
+                if buf.len() as u64 == plan.read_max {
+                    // Whatever is left of the body is aborted.
+                    let result = self.judge_block(io);
+                    self.origin_done(io, result, true, now);
+                }
+            }
+            IoEvent::End => {
+                let result = self.judge_block(io);
+                self.origin_done(io, result, false, now);
+            }
+            IoEvent::Failed(e) => {
+                let what = if x.head { "body" } else { "request" };
+                let msg = format!("{what} {}: {e}", redact_url(&x.url));
+                self.origin_done(io, Err(OriginError::Transport(msg)), false, now);
+            }
+        }
+    }
+
+    /// Judges the bytes an origin block exchange read so far.
+    fn judge_block(&mut self, io: IoId) -> Result<Judged, OriginError> {
+        let x = self.exchanges.get_mut(&io).expect("a live exchange");
+        let Job::Origin { body: OriginBody::Reading { plan, skip, buf }, .. } = &mut x.job else {
+            unreachable!("a block window being read");
+        };
+        let data = std::mem::take(buf).freeze();
+        let body = finish_range_body(plan, *skip == 0, data.len() as u64)?;
+        Ok(Judged::Block(FetchedBlock { data, body, coalesced: false }))
+    }
+
+    pub(super) fn origin_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
+        let url = redact_url(&self.exchanges[&io].url);
+        let error = OriginError::Transport(format!("request {url}: {expiry}"));
+        self.origin_done(io, Err(error), true, now);
+    }
+
+    /// Origin exchange `io` is over with `result`: fill, end the flight, then publish.
+    fn origin_done(
+        &mut self,
+        io: IoId,
+        result: Result<Judged, OriginError>,
+        cancel: bool,
+        now: Instant,
+    ) {
+        let x = self.remove_exchange(io).expect("a live exchange");
+        if cancel {
+            self.emit(Output::Cancel(io));
+        }
+        let elapsed = now.saturating_duration_since(x.sent);
+        self.event(Event::Fetched { kind: FetchKind::Origin, elapsed });
+        let Job::Origin { key, owner, .. } = x.job else { unreachable!("an origin job") };
+        match owner {
+            Owner::Alone(rid) => self.deliver_origin(rid, &key, result, false, now),
+            Owner::Flight(fid) => self.publish(fid, result, now),
+        }
+    }
+
+    fn publish(&mut self, fid: FlightId, result: Result<Judged, OriginError>, now: Instant) {
+        let flight = self.flight_state.remove(&fid).expect("a flight's state");
+        match (&result, &flight.fill) {
+            (Ok(Judged::Probe(outcome)), Fill::Probe(object)) => {
+                self.engine.record_probe(object, *outcome);
+            }
+            (Ok(Judged::Block(b)), Fill::Block { key, expected, size, class }) => {
+                if block_verdict(*size, *expected, b) == Verdict::Cache {
+                    let (key, data, class) = (*key, b.data.clone(), *class);
+                    self.emit(Output::StorePut { key, data, class });
+                }
+            }
+            (Ok(_), _) | (Err(_), _) => {}
+        }
+        // Out of the table before anyone hears the result.
+        self.flights.finish(&flight.key, fid);
+        for (i, w) in flight.waiters.into_iter().enumerate() {
+            let joiner = i > 0;
+            let retry = match &result {
+                Err(e) => joiner && joiner_action(Some(e), true) == JoinerAction::RetryAlone,
+                Ok(_) => false,
+            };
+            let key = flight.key.clone();
+            let result = result.clone();
+            self.isolated(now, |node| {
+                if retry {
+                    let io = node.start_origin(key, &w.url, Owner::Alone(w.request), now);
+                    node.requests.get_mut(&w.request).expect("a waiter is live").wait =
+                        Wait::Alone(io);
+                } else {
+                    node.deliver_origin(w.request, &key, result, joiner, now);
+                }
+            });
+        }
+    }
+
+    /// Hands an origin result to request `rid` and drives it on.
+    fn deliver_origin(
+        &mut self,
+        rid: RequestId,
+        key: &FlightKey,
+        result: Result<Judged, OriginError>,
+        coalesced: bool,
+        now: Instant,
+    ) {
+        self.working.push(rid);
+        let req = self.requests.get_mut(&rid).expect("an origin waiter is live");
+        req.wait = Wait::Ready;
+        let before = self.engine.stats();
+        match (key, result) {
+            (FlightKey::Probe(_), Ok(Judged::Probe(p))) => {
+                req.read.handle_probe(&mut self.engine, Ok(p), now)
+            }
+            (FlightKey::Probe(_), Err(e)) => req.read.handle_probe(&mut self.engine, Err(e), now),
+            (FlightKey::Block(..), Ok(Judged::Block(mut b))) => {
+                b.coalesced = coalesced;
+                req.read.handle_fetch(&mut self.engine, Ok(b));
+            }
+            (FlightKey::Block(..), Err(e)) => req.read.handle_fetch(&mut self.engine, Err(e)),
+            (FlightKey::Probe(_), Ok(Judged::Block(_)))
+            | (FlightKey::Block(..), Ok(Judged::Probe(_))) => {
+                unreachable!("a flight's result matches its key")
+            }
+        }
+        if self.engine.stats().block_source_origin > before.block_source_origin {
+            if let FlightKey::Block(_, start, _) = key {
+                let block = start / self.engine.config().geometry.block_bytes();
+                let object = req.read.object().clone();
+                let block_key = self.engine.block_key(&object, block);
+                let source = if coalesced { BlockSource::Coalesced } else { BlockSource::Origin };
+                let plane = req.plane;
+                self.event(Event::Block { request: rid, plane, key: block_key, source });
+            }
+        }
+        self.drive(rid, now);
+        self.working.pop();
+    }
+
+    /// Runs `f`; a panic inside fails only the requests `f` was working on.
+    pub(super) fn isolated(&mut self, now: Instant, f: impl FnOnce(&mut Node)) {
+        let outer = std::mem::take(&mut self.working);
+        let io = self.working_io.take();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self)));
+        if let Err(panic) = result {
+            self.recover(super::panic_message(panic.as_ref()), now);
+        }
+        self.working = outer;
+        self.working_io = io;
+    }
+}

@@ -1,0 +1,382 @@
+//! The vocabulary between a [`super::Node`] and its driver: what comes in (requests, exchange
+//! progress, store answers, cancellations) and what goes out (exchanges to start or abandon,
+//! store operations, response parts, events).
+
+use crate::breaker::{BreakerEvent, Observation};
+use crate::codec::roster::Roster;
+use crate::engine::BlockClass;
+use crate::hash::BlockKey;
+use bytes::Bytes;
+use std::fmt;
+use std::time::Duration;
+
+/// Most header fields a node looks at in one request or response; the rest are ignored.
+pub const HEADERS_MAX: usize = 128;
+
+/// An inbound request's id, chosen by the driver and unique among the node's live requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// An outbound exchange's id, chosen by the node; never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IoId(pub u64);
+
+/// A store operation's id, chosen by the node; never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreOp(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{}", self.0)
+    }
+}
+
+impl fmt::Display for IoId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "x{}", self.0)
+    }
+}
+
+/// Header fields as the wire carried them: names lower case, values raw bytes, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Headers(Vec<(String, Vec<u8>)>);
+
+impl Headers {
+    /// No fields.
+    pub fn new() -> Self {
+        Headers(Vec::new())
+    }
+
+    /// Appends a field (the name is lower-cased); fields past [`HEADERS_MAX`] are dropped.
+    pub fn push(&mut self, name: &str, value: impl Into<Vec<u8>>) {
+        if self.0.len() < HEADERS_MAX {
+            self.0.push((name.to_ascii_lowercase(), value.into()));
+        }
+    }
+
+    /// Builder form of [`Headers::push`].
+    pub fn with(mut self, name: &str, value: impl Into<Vec<u8>>) -> Self {
+        self.push(name, value);
+        self
+    }
+
+    /// The first value of `name` (case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice())
+    }
+
+    /// The first value of `name` as text, if it is UTF-8.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The first value of `name` as a decimal `u64`.
+    pub fn get_u64(&self, name: &str) -> Option<u64> {
+        self.get_str(name)?.trim().parse().ok()
+    }
+
+    /// Every field, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v.as_slice()))
+    }
+
+    /// How many fields.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there is no field.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Which listener a request arrived on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Plane {
+    /// The client listener: byte ranges of objects.
+    Client,
+    /// The peer listener: block transport and roster exchange.
+    Peer,
+}
+
+/// An inbound request as the driver's server parsed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inbound {
+    /// The method, as sent (`GET`, `HEAD`, ...).
+    pub method: String,
+    /// The raw request-target: path and query, uncleaned.
+    pub target: String,
+    /// The request's header fields.
+    pub headers: Headers,
+}
+
+/// A response head the driver writes as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Status code.
+    pub status: u16,
+    /// Every header field to send, `content-length` included when the length is known.
+    pub headers: Headers,
+    /// Whether a body follows ([`Output::Body`] parts, or a [`Output::Pipe`]). A `HEAD` answer
+    /// carries the length it describes and no body.
+    pub body: bool,
+}
+
+impl Head {
+    /// The announced `Content-Length`, if any.
+    pub fn content_length(&self) -> Option<u64> {
+        self.headers.get_u64("content-length")
+    }
+}
+
+/// Which kind of endpoint an exchange talks to (origins may be `https://`; the peer plane is
+/// plaintext by design).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Endpoint {
+    /// An origin server.
+    Origin,
+    /// Another node's peer listener.
+    Peer,
+}
+
+/// An outbound `GET` the driver must send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoRequest {
+    /// The exchange.
+    pub id: IoId,
+    /// Whom it goes to.
+    pub endpoint: Endpoint,
+    /// The absolute URL (`http://host:port/path?query`, or `https://` for an origin).
+    pub url: String,
+    /// Header fields to send besides `host`.
+    pub headers: Headers,
+}
+
+/// Why an exchange broke, as the driver's transport saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoError {
+    /// No connection could be made (refused, unreachable, name not found, TLS handshake).
+    Connect(String),
+    /// The connection broke or the peer spoke broken HTTP, before or during the body.
+    Broken(String),
+    /// The request could not be formed (an unusable URL or header value).
+    Invalid(String),
+}
+
+impl fmt::Display for IoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IoError::Connect(e) => write!(f, "connect: {e}"),
+            IoError::Broken(e) => write!(f, "broken: {e}"),
+            IoError::Invalid(e) => write!(f, "invalid request: {e}"),
+        }
+    }
+}
+
+/// Progress of an exchange. Per exchange the driver reports, in this order: at most one
+/// `Connected`, then one `Head`, any number of `Body`, then `End`; or `Failed` at any point. After
+/// [`Output::Cancel`] it reports nothing more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoEvent {
+    /// A connection exists (dialed, or taken from the pool): the dial bound no longer applies.
+    Connected,
+    /// The response head arrived.
+    Head {
+        /// Status code.
+        status: u16,
+        /// Header fields.
+        headers: Headers,
+    },
+    /// Body bytes, in order.
+    Body(Bytes),
+    /// The body ended cleanly.
+    End,
+    /// The exchange broke.
+    Failed(IoError),
+}
+
+/// An input to the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// A request arrived on `plane`; the driver registered `id` to receive its response parts.
+    Request {
+        /// Its id.
+        id: RequestId,
+        /// The listener.
+        plane: Plane,
+        /// The request.
+        request: Inbound,
+    },
+    /// The requester went away (connection closed, response dropped).
+    Cancel {
+        /// The request.
+        id: RequestId,
+    },
+    /// One [`Output::Body`] part of this request was taken by the transport (flow control).
+    Drained {
+        /// The request.
+        id: RequestId,
+    },
+    /// Progress of an exchange.
+    Io {
+        /// The exchange.
+        id: IoId,
+        /// What happened.
+        event: IoEvent,
+    },
+    /// The answer to [`Output::StoreGet`]: the block's bytes if held (a store error is a miss).
+    Store {
+        /// The operation.
+        op: StoreOp,
+        /// The bytes, if held.
+        block: Option<Bytes>,
+    },
+    /// Fetch the roster of the peer at `addr` (discovery); the answer is an
+    /// [`Event::Roster`] carrying `ticket`.
+    FetchRoster {
+        /// Chosen by the driver, echoed in the event.
+        ticket: u64,
+        /// The peer's address.
+        addr: String,
+    },
+}
+
+/// Where a block a request served came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BlockSource {
+    /// The local store.
+    Cache,
+    /// An origin fetch this request's flight led (or made alone).
+    Origin,
+    /// Another request's origin flight.
+    Coalesced,
+    /// A peer.
+    Peer,
+}
+
+/// How a fetch an exchange made ended, for the latency histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FetchKind {
+    /// A peer block fetch.
+    Peer,
+    /// An origin probe or block fetch.
+    Origin,
+}
+
+/// Something that happened, for metrics, logs, traces and the simulator's oracle.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A peer's circuit changed state.
+    Circuit(BreakerEvent<String>),
+    /// A request served one block.
+    Block {
+        /// The request.
+        request: RequestId,
+        /// Client read or relay.
+        plane: Plane,
+        /// The block.
+        key: BlockKey,
+        /// From where.
+        source: BlockSource,
+    },
+    /// A peer block exchange ended with this observation (`Served` for a valid block).
+    PeerAnswer {
+        /// The peer's address.
+        addr: String,
+        /// How it ended.
+        observation: Observation,
+    },
+    /// An exchange finished after `elapsed`.
+    Fetched {
+        /// Peer or origin.
+        kind: FetchKind,
+        /// From send to end.
+        elapsed: Duration,
+    },
+    /// A request failed; `committed` means its head was out and the body is truncated.
+    Failed {
+        /// The request.
+        request: RequestId,
+        /// The status answered, when not committed.
+        status: u16,
+        /// The head was already sent.
+        committed: bool,
+        /// The cause.
+        error: String,
+    },
+    /// A roster fetch ended.
+    Roster {
+        /// The driver's ticket.
+        ticket: u64,
+        /// The roster and the responder's self-reported id, or why not.
+        result: Result<(Roster, Option<String>), String>,
+    },
+    /// Handling an input panicked; the requests it touched were failed and forgotten.
+    Panicked {
+        /// The requests failed because of it.
+        requests: Vec<RequestId>,
+        /// The panic message.
+        message: String,
+    },
+}
+
+/// An output of the node, drained with [`super::Node::poll_output`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// Send this `GET` and report its progress with [`Input::Io`].
+    Send(IoRequest),
+    /// Abandon this exchange: drop its connection (or its unread body) and report nothing more.
+    Cancel(IoId),
+    /// Passthrough: stream the exchange's body (whose head was already answered) straight into
+    /// the request's response body with the transport's own backpressure, then report the
+    /// exchange's `End` or `Failed`.
+    Pipe {
+        /// The exchange.
+        io: IoId,
+        /// The request whose body it becomes.
+        to: RequestId,
+    },
+    /// Look a block up and answer with [`Input::Store`].
+    StoreGet {
+        /// The operation.
+        op: StoreOp,
+        /// The block.
+        key: BlockKey,
+    },
+    /// Store a validated block; best effort (a refusal never fails anything).
+    StorePut {
+        /// The block.
+        key: BlockKey,
+        /// Its exact bytes.
+        data: Bytes,
+        /// The budget it is charged to.
+        class: BlockClass,
+    },
+    /// Send this response head.
+    Respond {
+        /// The request.
+        id: RequestId,
+        /// The head.
+        head: Head,
+    },
+    /// Send these body bytes; report [`Input::Drained`] when the transport took them.
+    Body {
+        /// The request.
+        id: RequestId,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// The response is complete.
+    End {
+        /// The request.
+        id: RequestId,
+    },
+    /// The response cannot complete: reset it (the requester sees a truncated body).
+    Abort {
+        /// The request.
+        id: RequestId,
+    },
+    /// Something worth recording.
+    Event(Event),
+}

@@ -1,0 +1,441 @@
+//! One node as one sans-IO state machine: the engine and its reads, origin flight coalescing,
+//! breaker permits, relay serving with cut-through, the roster exchange, and every exchange bound
+//! as a timer. The tokio shell and the simulator both drive exactly this machine; neither holds a
+//! decision of its own.
+//!
+//! See [`Node`] for the driving contract.
+
+mod bounds;
+mod exchange;
+mod flights;
+mod io;
+mod peer;
+mod requests;
+
+#[cfg(test)]
+mod tests;
+
+pub use bounds::{Bounds, BoundsError, BOUND_MAX};
+pub use io::{
+    BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,
+    IoRequest, Output, Plane, RequestId, StoreOp, HEADERS_MAX,
+};
+
+use crate::engine::flight::{FlightId, FlightKey, FlightTable};
+use crate::engine::resolve::UpstreamMode;
+use crate::engine::{Engine, EngineStats};
+use crate::time::Instant;
+use exchange::Exchange;
+use flights::Flight;
+use requests::{Request, Wait};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Most requests a node serves at once; past it a new request is answered 503 at once.
+pub const REQUESTS_MAX: usize = 65_536;
+/// Most roster fetches in flight at once; past it a fetch fails at once.
+pub const ROSTER_FETCHES_MAX: usize = 1024;
+/// Body parts of one response the transport may hold before the node waits for
+/// [`Input::Drained`] (the backpressure window of block reads).
+pub const BODY_WINDOW: u32 = 4;
+/// Callers remembered from inbound roster requests.
+pub const LEARNED_MAX: usize = 4096;
+/// Most outputs one input may queue (a runaway guard; the driver drains after every input).
+pub const OUTPUTS_MAX: usize = 1 << 20;
+
+/// What a node is: how client targets name upstream URLs, its bounds, and its peer identity.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// How client request-targets name upstream URLs.
+    pub mode: UpstreamMode,
+    /// Every exchange bound (and the shell's transport limits).
+    pub bounds: Bounds,
+    /// This node's member id (`X-DART-Node`); empty for a single node.
+    pub self_id: String,
+    /// The address peers reach this node at (sent in rosters and roster requests).
+    pub advertise: String,
+}
+
+impl NodeConfig {
+    /// A single node in prefix mode with default bounds.
+    pub fn single(mode: UpstreamMode) -> Self {
+        NodeConfig {
+            mode,
+            bounds: Bounds::default(),
+            self_id: String::new(),
+            advertise: String::new(),
+        }
+    }
+}
+
+/// Counters of the node machine itself (the engine keeps the read counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeCounters {
+    /// Requests accepted.
+    pub requests: u64,
+    /// Requests whose requester went away before the end.
+    pub cancelled: u64,
+    /// Requests refused because [`REQUESTS_MAX`] were live.
+    pub overloaded: u64,
+    /// Exchanges started.
+    pub exchanges: u64,
+    /// Exchanges that hit a bound.
+    pub timeouts: u64,
+    /// Inputs whose handling panicked (their requests were failed and forgotten).
+    pub panics: u64,
+}
+
+/// One dart node as a sans-IO state machine.
+///
+/// # Driving contract
+///
+/// The driver (the tokio shell, a turmoil host, the simulator) owns one `Node` and runs this loop,
+/// passing its clock's `now` with every call:
+///
+/// 1. Feed what happened with [`handle_input`](Self::handle_input): a request on a listener
+///    ([`Input::Request`], with an id the driver chose and registered to receive the response
+///    parts), the requester going away ([`Input::Cancel`]), a body part taken by the transport
+///    ([`Input::Drained`]), progress of an exchange ([`Input::Io`]), a store answer
+///    ([`Input::Store`]), or a discovery request ([`Input::FetchRoster`]).
+/// 2. Drain [`poll_output`](Self::poll_output) until `None` and carry every [`Output`] out: send or
+///    cancel an exchange, pipe a passthrough body, get or put a block, write a response head,
+///    body part, end or abort, record an event. Outputs for one request come in wire order.
+/// 3. Sleep until [`poll_timeout`](Self::poll_timeout), then call
+///    [`handle_timeout`](Self::handle_timeout) and drain again. After `handle_timeout(now)` and a
+///    drain, `poll_timeout()` is `None` or later than `now` (no busy loop).
+///
+/// The node decides everything else: which upstream a block comes from, what is coalesced, what
+/// may be cached, whom the breaker blames, when an exchange is given up (dial, response head,
+/// request and flight bounds are timers here), what a relay forwards before it has the whole
+/// block (cut-through holds back the last byte until the length is proven), and every response
+/// status. The driver only moves bytes and reports what happened, in the order
+/// [`IoEvent`] documents; an input out of that order is a driver bug and panics.
+///
+/// A panic while handling one input never escapes: the requests and the exchange that input
+/// touched are failed (500 before the head, an abort after) and forgotten, their permits are
+/// abandoned, and every other request goes on. [`NodeCounters::panics`] counts them.
+///
+/// # Invariants ([`check_invariants`](Self::check_invariants))
+///
+/// - Every request waits on exactly one thing that exists (a store operation, a flight, an
+///   exchange) or is ready; every exchange belongs to a live request, a flight or a roster fetch.
+/// - Every flight in the table has one exchange and its waiters; at most [`REQUESTS_MAX`]
+///   requests and one timer per exchange.
+/// - The engine's and the breaker's own invariants.
+pub struct Node {
+    engine: Engine,
+    config: NodeConfig,
+    requests: BTreeMap<RequestId, Request>,
+    exchanges: BTreeMap<IoId, Exchange>,
+    timers: BTreeSet<(Instant, IoId)>,
+    flights: FlightTable<FlightKey>,
+    flight_state: BTreeMap<FlightId, Flight>,
+    store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey)>,
+    learned: BTreeMap<String, String>,
+    out: VecDeque<Output>,
+    next_io: u64,
+    next_op: u64,
+    /// Roster fetches in flight.
+    roster_fetches: usize,
+    /// Requests whose handling is on the stack (the culprits if it panics).
+    working: Vec<RequestId>,
+    /// The exchange whose event is being handled.
+    working_io: Option<IoId>,
+    counters: NodeCounters,
+}
+
+impl Node {
+    /// A node running `engine` (with its peer half enabled or not) under `config`.
+    pub fn new(engine: Engine, config: NodeConfig) -> Result<Self, BoundsError> {
+        config.bounds.validate()?;
+        let flights = FlightTable::new(config.bounds.max_flight);
+        Ok(Node {
+            engine,
+            config,
+            requests: BTreeMap::new(),
+            exchanges: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            flights,
+            flight_state: BTreeMap::new(),
+            store_ops: BTreeMap::new(),
+            learned: BTreeMap::new(),
+            out: VecDeque::new(),
+            next_io: 0,
+            next_op: 0,
+            roster_fetches: 0,
+            working: Vec::new(),
+            working_io: None,
+            counters: NodeCounters::default(),
+        })
+    }
+
+    /// The engine (read counters, object table, peer half).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The engine, mutably (e.g. to feed the placement a new view).
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> EngineStats {
+        self.engine.stats()
+    }
+
+    /// The node's own counters.
+    pub fn counters(&self) -> NodeCounters {
+        self.counters
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// Callers that named themselves on an inbound roster request: id → advertised address.
+    pub fn learned(&self) -> &BTreeMap<String, String> {
+        &self.learned
+    }
+
+    /// Live requests.
+    pub fn live_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Exchanges in flight, with the request each serves (none for a flight or a roster fetch).
+    pub fn exchanges(&self) -> Vec<(IoId, Option<RequestId>)> {
+        self.exchanges.iter().map(|(id, x)| (*id, x.request())).collect()
+    }
+
+    /// Handles one input at `now`; see the type's driving contract.
+    pub fn handle_input(&mut self, input: Input, now: Instant) {
+        self.working.clear();
+        self.working_io = None;
+        let result = catch_unwind(AssertUnwindSafe(|| self.dispatch(input, now)));
+        if let Err(panic) = result {
+            let message = panic_message(panic.as_ref());
+            self.recover(message, now);
+        }
+        self.working.clear();
+        self.working_io = None;
+        self.drain_circuit_events();
+        debug_assert!(self.out.len() <= OUTPUTS_MAX, "outputs piling up: the driver must drain");
+    }
+
+    fn dispatch(&mut self, input: Input, now: Instant) {
+        match input {
+            Input::Request { id, plane, request } => self.on_request(id, plane, request, now),
+            Input::Cancel { id } => self.on_cancel(id, now),
+            Input::Drained { id } => self.on_drained(id, now),
+            Input::Io { id, event } => {
+                self.working_io = Some(id);
+                self.on_io(id, event, now);
+            }
+            Input::Store { op, block } => self.on_store(op, block, now),
+            Input::FetchRoster { ticket, addr } => self.fetch_roster(ticket, addr, now),
+        }
+    }
+
+    /// The next output, oldest first.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// The earliest deadline: an exchange bound or a breaker probe deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let exchange = self.timers.first().map(|&(t, _)| t);
+        let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
+        match (exchange, breaker) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.working.clear();
+        let result = catch_unwind(AssertUnwindSafe(|| self.fire_timers(now)));
+        if let Err(panic) = result {
+            let message = panic_message(panic.as_ref());
+            self.recover(message, now);
+        }
+        self.working.clear();
+        self.working_io = None;
+        self.drain_circuit_events();
+        assert!(self.poll_timeout().is_none_or(|t| t > now), "handle_timeout must move the timer");
+    }
+
+    fn fire_timers(&mut self, now: Instant) {
+        // Each due exchange is removed or re-armed later than now, so this loop ends.
+        while let Some(&(at, io)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.working_io = Some(io);
+            self.on_deadline(io, now);
+            self.working.clear();
+        }
+        self.working_io = None;
+        if let Some(p2p) = self.engine.p2p_mut() {
+            if p2p.breaker.poll_timeout().is_some_and(|t| t <= now) {
+                p2p.breaker.handle_timeout(now);
+            }
+        }
+    }
+
+    fn drain_circuit_events(&mut self) {
+        let Some(p2p) = self.engine.p2p_mut() else { return };
+        while let Some(e) = p2p.breaker.poll_event() {
+            self.out.push_back(Output::Event(Event::Circuit(e)));
+        }
+    }
+
+    fn emit(&mut self, output: Output) {
+        self.out.push_back(output);
+    }
+
+    fn event(&mut self, event: Event) {
+        self.out.push_back(Output::Event(event));
+    }
+
+    fn next_io_id(&mut self) -> IoId {
+        let id = IoId(self.next_io);
+        self.next_io += 1;
+        id
+    }
+
+    fn next_store_op(&mut self) -> StoreOp {
+        let op = StoreOp(self.next_op);
+        self.next_op += 1;
+        op
+    }
+
+    /// After a panic: fail and forget every request and exchange the input touched.
+    fn recover(&mut self, message: String, now: Instant) {
+        self.counters.panics += 1;
+        let mut culprits: Vec<RequestId> = std::mem::take(&mut self.working);
+        if let Some(io) = self.working_io.take() {
+            culprits.extend(self.quarantine_exchange(io, now));
+        }
+        culprits.sort();
+        culprits.dedup();
+        for &rid in &culprits {
+            self.quarantine_request(rid, now);
+        }
+        self.event(Event::Panicked { requests: culprits, message });
+    }
+
+    /// Removes exchange `io` after a panic; returns the requests it served.
+    fn quarantine_exchange(&mut self, io: IoId, now: Instant) -> Vec<RequestId> {
+        let Some(x) = self.remove_exchange(io) else { return Vec::new() };
+        self.emit(Output::Cancel(io));
+        if let exchange::Job::Roster { .. } = x.job {
+            self.roster_fetches -= 1;
+        }
+        let mut served: Vec<RequestId> = x.request().into_iter().collect();
+        if let Some(fid) = x.flight() {
+            if let Some(flight) = self.flight_state.remove(&fid) {
+                self.flights.finish(&flight.key, fid);
+                served.extend(flight.waiters.iter().map(|w| w.request));
+            }
+        }
+        if let Some(permit) = x.into_permit() {
+            self.engine.abandon(permit, now);
+        }
+        served
+    }
+
+    /// Fails request `rid` after a panic and releases everything it holds.
+    fn quarantine_request(&mut self, rid: RequestId, now: Instant) {
+        let Some(req) = self.requests.remove(&rid) else { return };
+        match req.wait {
+            Wait::Store(op) => {
+                self.store_ops.remove(&op);
+            }
+            Wait::Flight(fid) => self.leave_flight(fid, rid),
+            Wait::Alone(io) | Wait::Peer(io) | Wait::Pipe(io) => {
+                if let Some(x) = self.remove_exchange(io) {
+                    self.emit(Output::Cancel(io));
+                    if let Some(permit) = x.into_permit() {
+                        self.engine.abandon(permit, now);
+                    }
+                }
+            }
+            Wait::Ready => {}
+        }
+        if req.cancelled {
+            return;
+        }
+        if req.head_sent {
+            self.emit(Output::Abort { id: rid });
+        } else {
+            self.reply(rid, req.plane, 500, "dart: internal error", Headers::new());
+        }
+    }
+
+    /// Asserts every invariant listed on the type. The simulator calls it after every step.
+    pub fn check_invariants(&self) {
+        self.engine.check_invariants();
+        self.flights.check_invariants();
+        assert!(self.requests.len() <= REQUESTS_MAX, "requests above their bound");
+        assert_eq!(self.flights.len(), self.flight_state.len(), "a flight without its state");
+        assert_eq!(
+            self.timers.len(),
+            self.exchanges.values().filter(|x| x.deadline().is_some()).count()
+        );
+        for &(at, io) in &self.timers {
+            let x = self.exchanges.get(&io).expect("a timer of no exchange");
+            assert_eq!(x.deadline(), Some(at), "timer index out of step");
+        }
+        for (fid, flight) in &self.flight_state {
+            let x = self.exchanges.get(&flight.io).expect("a flight without its exchange");
+            assert_eq!(x.flight(), Some(*fid), "flight and exchange disagree");
+            for w in &flight.waiters {
+                let req = self.requests.get(&w.request).expect("a waiter of no request");
+                assert_eq!(req.wait, Wait::Flight(*fid), "waiter and flight disagree");
+            }
+        }
+        for (&op, (rid, _)) in &self.store_ops {
+            let req = self.requests.get(rid).expect("a store op of no request");
+            assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");
+        }
+        for (&io, x) in &self.exchanges {
+            if let Some(rid) = x.request() {
+                let req = self.requests.get(&rid).expect("an exchange of no request");
+                assert!(
+                    matches!(req.wait, Wait::Alone(i) | Wait::Peer(i) | Wait::Pipe(i) if i == io),
+                    "exchange {io} and request {rid} disagree"
+                );
+            }
+            if let Some(fid) = x.flight() {
+                assert!(self.flight_state.contains_key(&fid), "an exchange of no flight");
+            }
+        }
+        for (rid, req) in &self.requests {
+            req.check(*rid);
+            match req.wait {
+                Wait::Store(op) => assert_eq!(self.store_ops.get(&op).map(|e| e.0), Some(*rid)),
+                Wait::Flight(fid) => {
+                    let flight = self.flight_state.get(&fid).expect("waiting on no flight");
+                    assert!(flight.waiters.iter().any(|w| w.request == *rid));
+                }
+                Wait::Alone(io) | Wait::Peer(io) | Wait::Pipe(io) => {
+                    assert_eq!(self.exchanges.get(&io).and_then(Exchange::request), Some(*rid));
+                }
+                Wait::Ready => {}
+            }
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".to_owned()
+    }
+}

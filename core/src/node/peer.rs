@@ -1,0 +1,399 @@
+//! The peer plane as the node sees it: serving a peer's block request (the core's relay checks,
+//! then a relay read), fetching a block from a peer (the head judged before the body, the body
+//! read bounded, cut-through with the last byte held back), and the roster exchange in both
+//! directions.
+
+use super::exchange::{Expiry, Job, PeerJob};
+use super::io::{
+    BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoError, IoEvent, IoId,
+    Output, Plane, RequestId,
+};
+use super::requests::Wait;
+use super::{Node, LEARNED_MAX, ROSTER_FETCHES_MAX};
+use crate::breaker::{Observation, Permit};
+use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MAX};
+use crate::codec::wire::{
+    block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HOP,
+    HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, ROSTER_PATH,
+};
+use crate::engine::route::{relay_check, RelayPlan};
+use crate::engine::{Method, PeerAnswer};
+use crate::hash::BlockKey;
+use crate::membership::{validate_member_id, Member};
+use crate::time::Instant;
+use bytes::{Bytes, BytesMut};
+
+/// Most bytes reserved up front for one peer body.
+const BODY_RESERVE_MAX: u64 = 64 << 20;
+
+/// What to ask a peer for.
+pub(super) struct PeerFetch {
+    pub key: BlockKey,
+    pub url: String,
+    pub hop: u64,
+    pub expected: u64,
+}
+
+/// Whether `value` may travel in a header field (visible ASCII, space and tab; no controls).
+fn header_safe(value: &[u8]) -> bool {
+    value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+}
+
+impl Node {
+    pub(super) fn peer_request(&mut self, id: RequestId, request: Inbound, now: Instant) {
+        let path = request.target.split_once('?').map_or(request.target.as_str(), |(p, _)| p);
+        if path == ROSTER_PATH {
+            return self.serve_roster(id, &request);
+        }
+        if !path.starts_with(BLOCK_PATH_PREFIX) {
+            return self.reply(id, Plane::Peer, 404, "dart: unknown peer path", Headers::new());
+        }
+        if request.method != "GET" {
+            let allow = Headers::new().with("allow", "GET");
+            return self.reply(id, Plane::Peer, 405, "dart: method not allowed", allow);
+        }
+        let key = match parse_block_path(path) {
+            Ok(key) => key,
+            Err(e) => {
+                return self.reply(id, Plane::Peer, 400, &format!("dart: {e}"), Headers::new())
+            }
+        };
+        let hop = match parse_hop(request.headers.get(HEADER_HOP)) {
+            Ok(hop) => hop,
+            Err(e) => {
+                let msg = format!("dart: bad hop: {e}");
+                return self.reply(id, Plane::Peer, 400, &msg, Headers::new());
+            }
+        };
+        // An empty value means cache-only, as an absent header does (peer.md §3.1).
+        let origin = match request.headers.get(HEADER_ORIGIN) {
+            None | Some(b"") => None,
+            Some(v) if header_safe(v) && v.is_ascii() => {
+                Some(String::from_utf8(v.to_vec()).expect("ASCII is UTF-8"))
+            }
+            Some(_) => {
+                let msg = "dart: origin header is not ASCII";
+                return self.reply(id, Plane::Peer, 400, msg, Headers::new());
+            }
+        };
+        let (url, next_hop) = match relay_check(&self.engine, key, origin.as_deref(), hop) {
+            Ok(RelayPlan::CacheOnly) => (None, hop),
+            Ok(RelayPlan::FetchOnBehalf { next_hop }) => (origin, next_hop),
+            Err(decline) => {
+                self.engine.note_relay_declined();
+                let msg = format!("dart: declined: {decline}");
+                return self.reply(id, Plane::Peer, 404, &msg, Headers::new());
+            }
+        };
+        let read = self.engine.begin_relay(key, url, next_hop);
+        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), now);
+    }
+
+    /// Asks `addr` for a block on behalf of request `rid`.
+    pub(super) fn fetch_peer(
+        &mut self,
+        rid: RequestId,
+        addr: String,
+        fetch: PeerFetch,
+        permit: Permit<String>,
+        cut_through: bool,
+        now: Instant,
+    ) {
+        let mut headers = Headers::new().with(HEADER_HOP, fetch.hop.to_string());
+        // An empty URL is a transport-only request: the header is absent, never empty.
+        if !fetch.url.is_empty() && header_safe(fetch.url.as_bytes()) {
+            headers.push(HEADER_ORIGIN, fetch.url.as_str());
+        }
+        if !self.config.self_id.is_empty() {
+            headers.push(HEADER_NODE, self.config.self_id.as_str());
+        }
+        let url = format!("http://{addr}{}", block_path(fetch.key));
+        let job = PeerJob {
+            request: rid,
+            key: fetch.key,
+            permit: Some(permit),
+            addr,
+            expected: fetch.expected,
+            copy: BytesMut::new(),
+            stream: cut_through,
+            streaming: false,
+            forwarded: 0,
+        };
+        let io = self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now);
+        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Peer(io);
+    }
+
+    /// Whether peer exchange `io` is a cut-through stream whose head the relay already committed.
+    pub(super) fn peer_streaming(&self, io: IoId) -> bool {
+        matches!(self.exchanges.get(&io).map(|x| &x.job), Some(Job::Peer(p)) if p.streaming)
+    }
+
+    pub(super) fn peer_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
+        let x = self.exchanges.get_mut(&io).expect("routed to a live exchange");
+        let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
+        match event {
+            IoEvent::Connected => unreachable!("handled by the exchange"),
+            IoEvent::Head { status, headers } => {
+                let upstream =
+                    headers.get_u64(HEADER_UPSTREAM_STATUS).and_then(|s| u16::try_from(s).ok());
+                let announced = headers.get_u64("content-length");
+                let expected = job.expected;
+                if let Some(o) = Observation::of_block_head(status, upstream, announced, expected) {
+                    return self.finish_peer(io, PeerAnswer::Failed(o), true, now);
+                }
+                let reserve = expected.saturating_add(1).min(BODY_RESERVE_MAX) as usize;
+                job.copy.reserve(reserve);
+                if job.stream {
+                    job.streaming = true;
+                    let rid = job.request;
+                    self.start_stream(rid, now);
+                }
+            }
+            IoEvent::Body(data) => self.peer_body(io, &data, now),
+            IoEvent::End => {
+                let answer = if job.streaming || job.copy.len() as u64 == job.expected {
+                    PeerAnswer::Block(std::mem::take(&mut job.copy).freeze())
+                } else {
+                    PeerAnswer::Failed(Observation::WrongLength)
+                };
+                self.finish_peer(io, answer, false, now);
+            }
+            IoEvent::Failed(e) => {
+                let observation = match e {
+                    IoError::Connect(_) => Observation::DialFailed,
+                    IoError::Broken(_) => Observation::BodyInterrupted,
+                    IoError::Invalid(_) => Observation::UnexpectedStatus(400),
+                };
+                self.finish_peer(io, PeerAnswer::Failed(observation), false, now);
+            }
+        }
+    }
+
+    /// A cut-through relay's upstream answered 200: the relay commits its own head now.
+    fn start_stream(&mut self, rid: RequestId, now: Instant) {
+        self.working.push(rid);
+        let req = self.requests.get_mut(&rid).expect("a streaming relay is live");
+        req.read.handle_peer_started(&mut self.engine);
+        self.drive(rid, now);
+        self.working.pop();
+    }
+
+    /// Keeps at most `expected + 1` bytes; a stream forwards all but the last byte at once.
+    fn peer_body(&mut self, io: IoId, data: &Bytes, now: Instant) {
+        let x = self.exchanges.get_mut(&io).expect("a live exchange");
+        let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
+        let limit = job.expected.saturating_add(1);
+        let room = (limit - job.copy.len() as u64) as usize;
+        job.copy.extend_from_slice(&data[..data.len().min(room)]);
+        let mut forward = None;
+        if job.streaming {
+            // The last byte waits until the end proves the exact length, so a stream that turns
+            // out short or long reaches the requester truncated, never as a whole block.
+            let safe = (job.copy.len() as u64).min(job.expected.saturating_sub(1));
+            if safe > job.forwarded {
+                let part = Bytes::copy_from_slice(&job.copy[job.forwarded as usize..safe as usize]);
+                job.forwarded = safe;
+                forward = Some((job.request, part));
+            }
+        }
+        let over = job.copy.len() as u64 > job.expected;
+        let answer = over.then(|| {
+            if job.streaming {
+                PeerAnswer::Block(std::mem::take(&mut job.copy).freeze())
+            } else {
+                PeerAnswer::Failed(Observation::WrongLength)
+            }
+        });
+        if let Some((rid, data)) = forward {
+            self.send_requester(rid, Output::Body { id: rid, data });
+        }
+        if let Some(answer) = answer {
+            self.finish_peer(io, answer, true, now);
+        }
+    }
+
+    pub(super) fn peer_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
+        let observation = match expiry {
+            Expiry::Dial(_) => Observation::DialFailed,
+            Expiry::Head(_) | Expiry::Request(_) => Observation::TimedOut,
+        };
+        self.finish_peer(io, PeerAnswer::Failed(observation), true, now);
+    }
+
+    /// Peer exchange `io` is over: report it, hand the answer and the permit to the read.
+    fn finish_peer(&mut self, io: IoId, answer: PeerAnswer, cancel: bool, now: Instant) {
+        let x = self.remove_exchange(io).expect("a live exchange");
+        if cancel {
+            self.emit(Output::Cancel(io));
+        }
+        let elapsed = now.saturating_duration_since(x.sent);
+        self.event(Event::Fetched { kind: FetchKind::Peer, elapsed });
+        let Job::Peer(job) = x.job else { unreachable!("a peer job") };
+        let observation = match &answer {
+            PeerAnswer::Block(b) if b.len() as u64 == job.expected => Observation::Served,
+            PeerAnswer::Block(_) => Observation::WrongLength,
+            PeerAnswer::Failed(o) => *o,
+        };
+        self.event(Event::PeerAnswer { addr: job.addr.clone(), observation });
+        let rid = job.request;
+        if let (true, PeerAnswer::Block(b)) = (job.streaming, &answer) {
+            if b.len() as u64 == job.expected && job.forwarded < job.expected {
+                let tail = b.slice(job.forwarded as usize..);
+                self.send_requester(rid, Output::Body { id: rid, data: tail });
+            }
+        }
+        self.working.push(rid);
+        let req = self.requests.get_mut(&rid).expect("a peer fetch's request is live");
+        req.wait = Wait::Ready;
+        let before = self.engine.stats().block_source_peer;
+        let permit = job.permit.expect("a peer job holds its permit");
+        req.read.handle_peer(&mut self.engine, permit, answer, now);
+        if self.engine.stats().block_source_peer > before {
+            let (plane, key) = (req.plane, job.key);
+            self.event(Event::Block { request: rid, plane, key, source: BlockSource::Peer });
+        }
+        self.drive(rid, now);
+        self.working.pop();
+    }
+
+    /// `GET /peer/v1/roster`: this node's view, naming itself, learning a caller that names
+    /// itself and its advertised address.
+    fn serve_roster(&mut self, id: RequestId, request: &Inbound) {
+        if request.method != "GET" {
+            let allow = Headers::new().with("allow", "GET");
+            return self.reply(id, Plane::Peer, 405, "dart: method not allowed", allow);
+        }
+        let caller = request.headers.get_str(HEADER_NODE);
+        let addr = request.headers.get_str(HEADER_PEER_ADDR);
+        if let (Some(caller), Some(addr)) = (caller, addr) {
+            let known = self.learned.contains_key(caller);
+            if validate_member_id(caller).is_ok()
+                && caller != self.config.self_id
+                && !addr.is_empty()
+                && (known || self.learned.len() < LEARNED_MAX)
+            {
+                self.learned.insert(caller.to_owned(), addr.to_owned());
+            }
+        }
+        let Some(p2p) = self.engine.p2p() else {
+            return self.reply(id, Plane::Peer, 500, "dart: no membership", Headers::new());
+        };
+        let view = p2p.placement.view();
+        let me = Member::ready(&self.config.self_id, &self.config.advertise);
+        let body = Bytes::from(encode_roster(view, &me));
+        let mut headers = Headers::new()
+            .with("content-length", body.len().to_string())
+            .with("content-type", "application/json")
+            .with(HEADER_EPOCH, view.epoch().to_string());
+        self.name_self(Plane::Peer, &mut headers);
+        self.emit(Output::Respond { id, head: Head { status: 200, headers, body: true } });
+        self.emit(Output::Body { id, data: body });
+        self.emit(Output::End { id });
+    }
+
+    /// Fetches `addr`'s roster. Roster requests bypass the breaker's admission (discovery must
+    /// reach peers whose circuit is open) but their outcome is recorded.
+    pub(super) fn fetch_roster(&mut self, ticket: u64, addr: String, now: Instant) {
+        let Some(p2p) = self.engine.p2p_mut() else {
+            let result = Err("the peer path is off".to_owned());
+            return self.event(Event::Roster { ticket, result });
+        };
+        if self.roster_fetches >= ROSTER_FETCHES_MAX {
+            let result = Err("too many roster fetches in flight".to_owned());
+            return self.event(Event::Roster { ticket, result });
+        }
+        let permit = p2p.breaker.begin_roster(&addr, now);
+        let mut headers = Headers::new();
+        if !self.config.self_id.is_empty() {
+            headers.push(HEADER_NODE, self.config.self_id.as_str());
+        }
+        if !self.config.advertise.is_empty() {
+            headers.push(HEADER_PEER_ADDR, self.config.advertise.as_str());
+        }
+        let url = format!("http://{addr}{ROSTER_PATH}");
+        let body = BytesMut::new();
+        let job = Job::Roster { ticket, addr, permit: Some(permit), responder: None, body };
+        self.roster_fetches += 1;
+        self.start_exchange(Endpoint::Peer, url, headers, job, now);
+    }
+
+    pub(super) fn roster_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
+        let x = self.exchanges.get_mut(&io).expect("routed to a live exchange");
+        let Job::Roster { addr, responder, body, .. } = &mut x.job else {
+            unreachable!("a roster job")
+        };
+        let failed = |o: Observation, m: String| Err::<(Roster, Option<String>), _>((o, m));
+        match event {
+            IoEvent::Connected => unreachable!("handled by the exchange"),
+            IoEvent::Head { status, headers } => {
+                if status != 200 {
+                    let result = failed(
+                        Observation::UnexpectedStatus(status),
+                        format!("roster status {status}"),
+                    );
+                    return self.roster_done(io, result, true, now);
+                }
+                *responder = headers.get_str(HEADER_NODE).map(str::to_owned);
+            }
+            IoEvent::Body(data) => {
+                if body.len() + data.len() > ROSTER_BYTES_MAX {
+                    let msg = format!("roster body larger than {ROSTER_BYTES_MAX} bytes");
+                    return self.roster_done(
+                        io,
+                        failed(Observation::BodyInterrupted, msg),
+                        true,
+                        now,
+                    );
+                }
+                body.extend_from_slice(&data);
+            }
+            IoEvent::End => {
+                let result = match decode_roster(body, responder.as_deref(), addr) {
+                    Ok(roster) => Ok((roster, responder.clone())),
+                    Err(e) => failed(Observation::MalformedBody, e.to_string()),
+                };
+                self.roster_done(io, result, false, now);
+            }
+            IoEvent::Failed(e) => {
+                let observation = match e {
+                    IoError::Connect(_) => Observation::DialFailed,
+                    IoError::Broken(_) => Observation::BodyInterrupted,
+                    IoError::Invalid(_) => Observation::UnexpectedStatus(400),
+                };
+                self.roster_done(io, failed(observation, e.to_string()), false, now);
+            }
+        }
+    }
+
+    pub(super) fn roster_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
+        let observation = match expiry {
+            Expiry::Dial(_) => Observation::DialFailed,
+            Expiry::Head(_) | Expiry::Request(_) => Observation::TimedOut,
+        };
+        self.roster_done(io, Err((observation, expiry.to_string())), true, now);
+    }
+
+    fn roster_done(
+        &mut self,
+        io: IoId,
+        result: Result<(Roster, Option<String>), (Observation, String)>,
+        cancel: bool,
+        now: Instant,
+    ) {
+        let x = self.remove_exchange(io).expect("a live exchange");
+        if cancel {
+            self.emit(Output::Cancel(io));
+        }
+        self.roster_fetches -= 1;
+        let Job::Roster { ticket, permit, .. } = x.job else { unreachable!("a roster job") };
+        let observation = match &result {
+            Ok(_) => Observation::Served,
+            Err((o, _)) => *o,
+        };
+        if let (Some(permit), Some(p2p)) = (permit, self.engine.p2p_mut()) {
+            p2p.breaker.complete(permit, observation.outcome(), now);
+        }
+        let result = result.map_err(|(_, m)| m);
+        self.event(Event::Roster { ticket, result });
+    }
+}

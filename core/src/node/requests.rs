@@ -1,0 +1,411 @@
+//! Inbound requests on the client plane and the reads that serve them: the response heads, flow
+//! control, cancellation, store answers and the verbatim passthrough of Range-blind origins.
+
+use super::exchange::{Expiry, Job};
+use super::flights::Fill;
+use super::io::{
+    BlockSource, Endpoint, Event, Head, Headers, Inbound, IoEvent, IoId, Output, Plane, RequestId,
+    StoreOp,
+};
+use super::{Node, BODY_WINDOW, REQUESTS_MAX};
+use crate::codec::redact::redact_url;
+use crate::codec::wire::HEADER_NODE;
+use crate::engine::flight::{FlightId, FlightKey};
+use crate::engine::{Action, Method, Read, ReadRequest, ResponseHead};
+use crate::time::Instant;
+use bytes::Bytes;
+
+/// Client header fields a passthrough forwards to the origin (spec/fetch.md §6).
+const FORWARDED: [&str; 3] = ["range", "if-range", "accept"];
+/// Origin header fields a passthrough copies to the client.
+const PASSTHROUGH_HEADERS: [&str; 7] = [
+    "content-type",
+    "content-length",
+    "content-range",
+    "etag",
+    "last-modified",
+    "cache-control",
+    "accept-ranges",
+];
+
+/// What a request is waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Nothing: its read has actions to carry out (or is paused by the body window).
+    Ready,
+    /// A store look-up.
+    Store(StoreOp),
+    /// An origin flight's result.
+    Flight(FlightId),
+    /// Its own uncoalesced origin exchange.
+    Alone(IoId),
+    /// A peer block exchange.
+    Peer(IoId),
+    /// A passthrough exchange (its head, then its piped body).
+    Pipe(IoId),
+}
+
+/// One live request.
+pub(super) struct Request {
+    pub plane: Plane,
+    pub method: Method,
+    pub read: Read,
+    pub wait: Wait,
+    /// Body parts out that the transport has not taken yet.
+    pub window: u32,
+    pub head_sent: bool,
+    /// The requester went away; the request runs on only to fill the cache (a cut-through relay
+    /// mid-stream), with every response part suppressed.
+    pub cancelled: bool,
+    /// Client header fields a passthrough forwards.
+    pub forward: Headers,
+}
+
+impl Request {
+    pub fn check(&self, rid: RequestId) {
+        assert!(self.window <= BODY_WINDOW, "{rid}: body window overrun");
+        if self.cancelled {
+            assert!(matches!(self.wait, Wait::Peer(_) | Wait::Ready), "{rid}: cancelled but held");
+        }
+    }
+}
+
+impl Node {
+    pub(super) fn on_request(
+        &mut self,
+        id: RequestId,
+        plane: Plane,
+        request: Inbound,
+        now: Instant,
+    ) {
+        assert!(!self.requests.contains_key(&id), "request id {id} reused while live");
+        self.counters.requests += 1;
+        if self.requests.len() >= REQUESTS_MAX {
+            self.counters.overloaded += 1;
+            return self.reply(id, plane, 503, "dart: too many requests", Headers::new());
+        }
+        match plane {
+            Plane::Client => self.client_request(id, request, now),
+            Plane::Peer => self.peer_request(id, request, now),
+        }
+    }
+
+    fn client_request(&mut self, id: RequestId, request: Inbound, now: Instant) {
+        let method = match request.method.as_str() {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            _ => {
+                let allow = Headers::new().with("allow", "GET, HEAD");
+                return self.reply(id, Plane::Client, 405, "dart: method not allowed", allow);
+            }
+        };
+        let url = match self.config.mode.resolve(&request.target) {
+            Ok(url) => url,
+            Err(e) => {
+                return self.reply(id, Plane::Client, 400, &format!("dart: {e}"), Headers::new())
+            }
+        };
+        let range = request.headers.get("range").map(<[u8]>::to_vec);
+        let mut forward = Headers::new();
+        for name in FORWARDED {
+            if let Some(v) = request.headers.get(name) {
+                forward.push(name, v);
+            }
+        }
+        let read = self.engine.begin_read(ReadRequest { url, method, range });
+        self.admit(id, Plane::Client, method, read, forward, now);
+    }
+
+    /// Registers a request with its read and drives it.
+    pub(super) fn admit(
+        &mut self,
+        id: RequestId,
+        plane: Plane,
+        method: Method,
+        read: Read,
+        forward: Headers,
+        now: Instant,
+    ) {
+        let request = Request {
+            plane,
+            method,
+            read,
+            wait: Wait::Ready,
+            window: 0,
+            head_sent: false,
+            cancelled: false,
+            forward,
+        };
+        self.requests.insert(id, request);
+        self.working.push(id);
+        self.drive(id, now);
+        self.working.pop();
+    }
+
+    /// A complete small answer (errors, declines): head, body, end.
+    pub(super) fn reply(
+        &mut self,
+        id: RequestId,
+        plane: Plane,
+        status: u16,
+        message: &str,
+        extra: Headers,
+    ) {
+        let body = Bytes::from(format!("{message}\n"));
+        let mut headers = Headers::new()
+            .with("content-type", "text/plain; charset=utf-8")
+            .with("content-length", body.len().to_string());
+        for (name, value) in extra.iter() {
+            headers.push(name, value);
+        }
+        self.name_self(plane, &mut headers);
+        self.emit(Output::Respond { id, head: Head { status, headers, body: true } });
+        self.emit(Output::Body { id, data: body });
+        self.emit(Output::End { id });
+    }
+
+    /// Adds `X-DART-Node` to a peer-plane response.
+    pub(super) fn name_self(&self, plane: Plane, headers: &mut Headers) {
+        if plane == Plane::Peer && !self.config.self_id.is_empty() {
+            headers.push(HEADER_NODE, self.config.self_id.as_str());
+        }
+    }
+
+    /// Carries out request `rid`'s actions until it waits, pauses on its body window, or ends.
+    pub(super) fn drive(&mut self, rid: RequestId, now: Instant) {
+        loop {
+            let Some(req) = self.requests.get_mut(&rid) else { return };
+            if req.window >= BODY_WINDOW {
+                return; // resumed by Input::Drained
+            }
+            let Some(action) = req.read.poll_action() else { break };
+            self.act(rid, action, now);
+        }
+        if let Some(req) = self.requests.get(&rid) {
+            assert_ne!(req.wait, Wait::Ready, "request {rid} waits for nothing");
+        }
+    }
+
+    fn act(&mut self, rid: RequestId, action: Action, now: Instant) {
+        let req = self.requests.get_mut(&rid).expect("a driven request");
+        match action {
+            Action::Probe { url } => {
+                let object = req.read.object().clone();
+                let key = FlightKey::Probe(object.id.clone());
+                self.ask_origin(rid, key, url, Fill::Probe(object), now);
+            }
+            Action::Passthrough { url } => self.start_passthrough(rid, url, now),
+            Action::Respond(head) => {
+                req.head_sent = true;
+                let head = match req.plane {
+                    Plane::Client => client_head(&head, req.method),
+                    Plane::Peer => self.relay_head(&head),
+                };
+                self.send_requester(rid, Output::Respond { id: rid, head });
+            }
+            Action::Lookup { key } => {
+                let op = self.next_store_op();
+                self.store_ops.insert(op, (rid, key));
+                self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Store(op);
+                self.emit(Output::StoreGet { op, key });
+            }
+            Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
+                let fetch = super::peer::PeerFetch { key, url, hop, expected: expected_len };
+                self.fetch_peer(rid, peer.addr, fetch, permit, cut_through, now);
+            }
+            Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
+                let id = req.read.object().id.clone();
+                let fill = Fill::Block { key, expected: expected_len, size: object_size, class };
+                self.ask_origin(rid, FlightKey::Block(id, start, end), url, fill, now);
+            }
+            Action::Store { key, data, class } => self.emit(Output::StorePut { key, data, class }),
+            Action::Emit(data) => {
+                if !req.cancelled {
+                    req.window += 1;
+                    self.emit(Output::Body { id: rid, data });
+                }
+            }
+            Action::Finish => {
+                let req = self.requests.remove(&rid).expect("a driven request");
+                if !req.cancelled {
+                    self.emit(Output::End { id: rid });
+                }
+            }
+            Action::Fail(f) => {
+                let req = self.requests.remove(&rid).expect("a driven request");
+                let error = f.error.to_string();
+                let (status, committed) = (f.status, f.committed);
+                self.event(Event::Failed { request: rid, status, committed, error: error.clone() });
+                if req.cancelled {
+                    return;
+                }
+                if committed {
+                    self.emit(Output::Abort { id: rid });
+                } else {
+                    let mut extra = Headers::new();
+                    if let Some(up) = f.upstream_status {
+                        extra.push(crate::codec::wire::HEADER_UPSTREAM_STATUS, up.to_string());
+                    }
+                    self.reply(rid, req.plane, status, &format!("dart: {error}"), extra);
+                }
+            }
+        }
+    }
+
+    /// Emits a response part unless the requester went away.
+    pub(super) fn send_requester(&mut self, rid: RequestId, output: Output) {
+        if self.requests.get(&rid).is_some_and(|r| !r.cancelled) {
+            self.emit(output);
+        }
+    }
+
+    fn relay_head(&self, head: &ResponseHead) -> Head {
+        let mut headers = Headers::new()
+            .with("content-length", head.content_length.to_string())
+            .with("content-type", "application/octet-stream");
+        self.name_self(Plane::Peer, &mut headers);
+        Head { status: head.status, headers, body: head.content_length > 0 }
+    }
+
+    pub(super) fn on_cancel(&mut self, rid: RequestId, now: Instant) {
+        let Some(req) = self.requests.get(&rid) else { return };
+        if req.cancelled {
+            return;
+        }
+        self.counters.cancelled += 1;
+        if let Wait::Peer(io) = req.wait {
+            if self.peer_streaming(io) {
+                // A relay mid-stream keeps copying: the block is still worth caching.
+                self.requests.get_mut(&rid).expect("a live request").cancelled = true;
+                return;
+            }
+        }
+        let req = self.requests.remove(&rid).expect("a live request");
+        match req.wait {
+            Wait::Ready => {}
+            Wait::Store(op) => {
+                self.store_ops.remove(&op);
+            }
+            Wait::Flight(fid) => self.leave_flight(fid, rid),
+            Wait::Alone(io) | Wait::Pipe(io) | Wait::Peer(io) => {
+                let x = self.remove_exchange(io).expect("a request's exchange");
+                self.emit(Output::Cancel(io));
+                // The requester left, which says nothing about the peer: abandoned, not charged.
+                if let Some(permit) = x.into_permit() {
+                    self.engine.abandon(permit, now);
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_drained(&mut self, rid: RequestId, now: Instant) {
+        let Some(req) = self.requests.get_mut(&rid) else { return };
+        req.window = req.window.saturating_sub(1);
+        if req.wait == Wait::Ready {
+            self.working.push(rid);
+            self.drive(rid, now);
+            self.working.pop();
+        }
+    }
+
+    pub(super) fn on_store(&mut self, op: StoreOp, block: Option<Bytes>, now: Instant) {
+        let Some((rid, key)) = self.store_ops.remove(&op) else { return };
+        self.working.push(rid);
+        let req = self.requests.get_mut(&rid).expect("a store op's request is live");
+        assert_eq!(req.wait, Wait::Store(op), "store answer out of turn");
+        req.wait = Wait::Ready;
+        let before = self.engine.stats().block_source_cache;
+        req.read.handle_lookup(&mut self.engine, block, now);
+        if self.engine.stats().block_source_cache > before {
+            let plane = req.plane;
+            self.event(Event::Block { request: rid, plane, key, source: BlockSource::Cache });
+        }
+        self.drive(rid, now);
+        self.working.pop();
+    }
+
+    fn start_passthrough(&mut self, rid: RequestId, url: String, now: Instant) {
+        let req = self.requests.get(&rid).expect("a driven request");
+        let head_only = req.method == Method::Head;
+        let headers = req.forward.clone();
+        let job = Job::Passthrough { request: rid, head_only };
+        let io = self.start_exchange(Endpoint::Origin, url, headers, job, now);
+        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Pipe(io);
+    }
+
+    pub(super) fn passthrough_io(&mut self, io: IoId, event: IoEvent, _now: Instant) {
+        let x = &self.exchanges[&io];
+        let Job::Passthrough { request: rid, head_only } = x.job else {
+            unreachable!("a passthrough job")
+        };
+        match event {
+            IoEvent::Connected => unreachable!("handled by the exchange"),
+            IoEvent::Head { status, headers: origin } => {
+                let mut headers = Headers::new();
+                for name in PASSTHROUGH_HEADERS {
+                    if let Some(v) = origin.get(name) {
+                        headers.push(name, v);
+                    }
+                }
+                let head = Head { status, headers, body: !head_only };
+                self.requests.get_mut(&rid).expect("a passthrough's request").head_sent = true;
+                self.emit(Output::Respond { id: rid, head });
+                if head_only {
+                    // A HEAD is answered from an upstream GET's head; its body is never read.
+                    self.remove_exchange(io);
+                    self.requests.remove(&rid);
+                    self.emit(Output::Cancel(io));
+                    self.emit(Output::End { id: rid });
+                } else {
+                    self.emit(Output::Pipe { io, to: rid });
+                }
+            }
+            IoEvent::Body(_) => panic!("{io}: a piped body is the driver's to move"),
+            IoEvent::End => {
+                self.remove_exchange(io);
+                self.requests.remove(&rid);
+                self.emit(Output::End { id: rid });
+            }
+            IoEvent::Failed(e) => {
+                let url = redact_url(&self.exchanges[&io].url);
+                self.passthrough_failed(io, rid, &format!("request {url}: {e}"));
+            }
+        }
+    }
+
+    pub(super) fn passthrough_expired(&mut self, io: IoId, expiry: Expiry, _now: Instant) {
+        let x = &self.exchanges[&io];
+        let Job::Passthrough { request: rid, .. } = x.job else { unreachable!("a passthrough") };
+        let url = redact_url(&x.url);
+        self.emit(Output::Cancel(io));
+        self.passthrough_failed(io, rid, &format!("request {url}: {expiry}"));
+    }
+
+    fn passthrough_failed(&mut self, io: IoId, rid: RequestId, cause: &str) {
+        self.remove_exchange(io);
+        let req = self.requests.remove(&rid).expect("a passthrough's request");
+        let error = format!("origin transport error: {cause}");
+        let committed = req.head_sent;
+        self.event(Event::Failed { request: rid, status: 502, committed, error: error.clone() });
+        if committed {
+            self.emit(Output::Abort { id: rid });
+        } else {
+            self.reply(rid, Plane::Client, 502, &format!("dart: {error}"), Headers::new());
+        }
+    }
+}
+
+/// The head of a client read on the block path: exact `Content-Length`, never chunked.
+fn client_head(head: &ResponseHead, method: Method) -> Head {
+    let mut headers = Headers::new()
+        .with("content-length", head.content_length.to_string())
+        .with("accept-ranges", "bytes");
+    if let Some(cr) = &head.content_range {
+        headers.push("content-range", cr.as_str());
+    }
+    if head.status != 416 {
+        headers.push("content-type", "application/octet-stream");
+    }
+    let body = method == Method::Get && head.content_length > 0;
+    Head { status: head.status, headers, body }
+}

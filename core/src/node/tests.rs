@@ -1,0 +1,532 @@
+//! The node machine driven by hand: a scripted origin and peers answer its exchanges, and every
+//! test checks the outputs and the machine's invariants after every input.
+
+use super::*;
+use crate::breaker::{BackoffPolicy, Breaker, BreakerConfig, CircuitState};
+use crate::engine::route::Placement;
+use crate::engine::{EngineConfig, P2p};
+use crate::geometry::Geometry;
+use crate::membership::{Member, View};
+use bytes::Bytes;
+use std::time::Duration;
+
+const BLOCK: u64 = 1024;
+const SIZE: u64 = 3 * BLOCK + 100;
+
+fn byte_at(i: u64) -> u8 {
+    (i.wrapping_mul(31) ^ (i >> 7)) as u8
+}
+
+fn content(start: u64, len: u64) -> Bytes {
+    (start..start + len).map(byte_at).collect::<Vec<u8>>().into()
+}
+
+fn engine() -> Engine {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    Engine::new(EngineConfig { geometry, ..EngineConfig::default() })
+}
+
+fn node_with(engine: Engine, self_id: &str) -> Node {
+    let config = NodeConfig {
+        mode: UpstreamMode::prefix("dart"),
+        bounds: Bounds::default(),
+        self_id: self_id.to_owned(),
+        advertise: format!("{self_id}:9000"),
+    };
+    Node::new(engine, config).expect("valid bounds")
+}
+
+/// A reader outside a one-member view whose every miss goes to `parent`.
+fn reader_of(parent: &str) -> Node {
+    let mut e = engine();
+    let view = View::new(vec![Member::ready("parent", parent)]);
+    let placement = Placement::new(view, "reader", 2, 1);
+    let breaker = Breaker::new(BreakerConfig {
+        failure_threshold: 3,
+        backoff: BackoffPolicy::Fixed { cooldown: Duration::from_secs(5) },
+        ..BreakerConfig::default()
+    })
+    .expect("breaker");
+    e.enable_p2p(P2p { placement, breaker });
+    node_with(e, "reader")
+}
+
+const URL: &str = "http://origin/o/obj";
+
+struct Harness {
+    node: Node,
+    now: Instant,
+    outputs: Vec<Output>,
+    store: std::collections::BTreeMap<crate::hash::BlockKey, Bytes>,
+}
+
+impl Harness {
+    fn new(node: Node) -> Self {
+        Harness { node, now: Instant::ZERO, outputs: Vec::new(), store: Default::default() }
+    }
+
+    /// Feeds `input`, answers store look-ups from the in-test store, and keeps every output.
+    fn feed(&mut self, input: Input) {
+        self.node.handle_input(input, self.now);
+        self.pump();
+    }
+
+    /// Drains the node, answering store look-ups and draining body parts at once.
+    fn pump(&mut self) {
+        self.node.check_invariants();
+        let mut queue = Vec::new();
+        while let Some(out) = self.node.poll_output() {
+            match &out {
+                Output::StoreGet { op, key } => {
+                    queue.push(Input::Store { op: *op, block: self.store.get(key).cloned() })
+                }
+                Output::StorePut { key, data, .. } => {
+                    self.store.entry(*key).or_insert_with(|| data.clone());
+                }
+                Output::Body { id, .. } => queue.push(Input::Drained { id: *id }),
+                _ => {}
+            }
+            self.outputs.push(out);
+        }
+        for input in queue {
+            self.feed(input);
+        }
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        if self.node.poll_timeout().is_some_and(|t| t <= self.now) {
+            self.node.handle_timeout(self.now);
+            assert!(self.node.poll_timeout().is_none_or(|t| t > self.now));
+            self.pump();
+        }
+    }
+
+    fn get(&mut self, id: u64, plane: Plane, target: &str, headers: Headers) {
+        let request = Inbound { method: "GET".into(), target: target.into(), headers };
+        self.feed(Input::Request { id: RequestId(id), plane, request });
+    }
+
+    fn read(&mut self, id: u64, range: Option<&str>) {
+        let headers = range.map_or_else(Headers::new, |r| Headers::new().with("range", r));
+        self.get(id, Plane::Client, &format!("/dart/{URL}"), headers);
+    }
+
+    /// The exchanges sent and not yet answered by the harness, oldest first.
+    fn sends(&self) -> Vec<IoRequest> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Send(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn take_sends(&mut self) -> Vec<IoRequest> {
+        let sends = self.sends();
+        self.outputs.retain(|o| !matches!(o, Output::Send(_)));
+        sends
+    }
+
+    fn io(&mut self, id: IoId, event: IoEvent) {
+        self.feed(Input::Io { id, event });
+    }
+
+    /// Answers an origin GET like an RFC 9110 origin serving [`SIZE`] bytes.
+    fn answer_origin(&mut self, req: &IoRequest) {
+        let range = req.headers.get_str("range").expect("a ranged GET");
+        let (s, e) = range.strip_prefix("bytes=").and_then(|r| r.split_once('-')).expect("range");
+        let (s, e): (u64, u64) = (s.parse().expect("start"), e.parse().expect("end"));
+        let e = e.min(SIZE - 1);
+        let headers = Headers::new()
+            .with("content-range", format!("bytes {s}-{e}/{SIZE}"))
+            .with("content-length", (e - s + 1).to_string());
+        self.io(req.id, IoEvent::Connected);
+        self.io(req.id, IoEvent::Head { status: 206, headers });
+        if self.node.exchanges().iter().any(|(i, _)| *i == req.id) {
+            self.io(req.id, IoEvent::Body(content(s, e - s + 1)));
+        }
+        if self.node.exchanges().iter().any(|(i, _)| *i == req.id) {
+            self.io(req.id, IoEvent::End);
+        }
+    }
+
+    /// Answers every origin exchange until none is left.
+    fn serve_origin(&mut self) {
+        loop {
+            let sends: Vec<IoRequest> =
+                self.take_sends().into_iter().filter(|r| r.endpoint == Endpoint::Origin).collect();
+            if sends.is_empty() {
+                return;
+            }
+            for r in sends {
+                self.answer_origin(&r);
+            }
+        }
+    }
+
+    fn body_of(&self, id: u64) -> Vec<u8> {
+        let mut body = Vec::new();
+        for o in &self.outputs {
+            if let Output::Body { id: rid, data } = o {
+                if rid.0 == id {
+                    body.extend_from_slice(data);
+                }
+            }
+        }
+        body
+    }
+
+    fn head_of(&self, id: u64) -> Option<Head> {
+        self.outputs.iter().find_map(|o| match o {
+            Output::Respond { id: rid, head } if rid.0 == id => Some(head.clone()),
+            _ => None,
+        })
+    }
+
+    fn ended(&self, id: u64) -> bool {
+        self.outputs.iter().any(|o| matches!(o, Output::End { id: rid } if rid.0 == id))
+    }
+
+    fn aborted(&self, id: u64) -> bool {
+        self.outputs.iter().any(|o| matches!(o, Output::Abort { id: rid } if rid.0 == id))
+    }
+
+    fn cancelled(&self, io: IoId) -> bool {
+        self.outputs.iter().any(|o| matches!(o, Output::Cancel(i) if *i == io))
+    }
+}
+
+#[test]
+fn a_cold_read_probes_fetches_every_block_and_serves_exact_bytes() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    let probe = h.take_sends();
+    assert_eq!(probe.len(), 1);
+    assert_eq!(probe[0].headers.get_str("range"), Some("bytes=0-0"));
+    assert_eq!(probe[0].url, URL);
+    h.answer_origin(&probe[0]);
+    assert!(h.cancelled(probe[0].id), "a probe's body is never read");
+    h.serve_origin();
+    let head = h.head_of(1).expect("a head");
+    assert_eq!((head.status, head.content_length(), head.body), (200, Some(SIZE), true));
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert!(h.ended(1));
+    assert_eq!(h.store.len(), 4, "every block cached");
+    assert_eq!(h.node.live_requests(), 0);
+    assert_eq!(h.node.poll_timeout(), None, "no timer outlives its exchange");
+}
+
+#[test]
+fn a_warm_read_is_served_from_the_store_without_any_exchange() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    h.serve_origin();
+    h.outputs.clear();
+    h.read(2, Some("bytes=1000-2100"));
+    assert!(h.sends().is_empty(), "{:?}", h.sends());
+    let head = h.head_of(2).expect("a head");
+    assert_eq!(head.status, 206);
+    assert_eq!(head.headers.get_str("content-range"), Some("bytes 1000-2100/3172"));
+    assert_eq!(h.body_of(2), content(1000, 1101).to_vec());
+}
+
+#[test]
+fn concurrent_reads_of_one_object_share_one_probe_and_one_fetch_per_block() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    h.read(2, None);
+    let probes = h.take_sends();
+    assert_eq!(probes.len(), 1, "the second read joined the probe");
+    h.answer_origin(&probes[0]);
+    let first = h.take_sends();
+    assert_eq!(first.len(), 1, "both reads wait on one block flight");
+    h.answer_origin(&first[0]);
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
+    assert_eq!(h.node.stats().origin_bytes, SIZE, "coalesced bytes are counted once");
+}
+
+#[test]
+fn a_head_request_gets_the_length_and_no_body() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let request =
+        Inbound { method: "HEAD".into(), target: format!("/dart/{URL}"), headers: Headers::new() };
+    h.feed(Input::Request { id: RequestId(1), plane: Plane::Client, request });
+    h.serve_origin();
+    let head = h.head_of(1).expect("head");
+    assert_eq!((head.status, head.content_length(), head.body), (200, Some(SIZE), false));
+    assert!(h.body_of(1).is_empty());
+    assert!(h.ended(1));
+}
+
+#[test]
+fn bad_methods_and_targets_get_clean_statuses() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let request =
+        Inbound { method: "POST".into(), target: "/dart/x".into(), headers: Headers::new() };
+    h.feed(Input::Request { id: RequestId(1), plane: Plane::Client, request });
+    assert_eq!(h.head_of(1).map(|h| h.status), Some(405));
+    h.get(2, Plane::Client, "/elsewhere", Headers::new());
+    assert_eq!(h.head_of(2).map(|h| h.status), Some(400));
+    h.get(3, Plane::Peer, "/peer/v1/block/zz/1", Headers::new());
+    assert_eq!(h.head_of(3).map(|h| h.status), Some(400));
+    let bad_hop = Headers::new().with("x-dart-hop", "-1");
+    h.get(4, Plane::Peer, "/peer/v1/block/ab/1", bad_hop);
+    assert_eq!(h.head_of(4).map(|h| h.status), Some(400));
+    h.get(5, Plane::Peer, "/nope", Headers::new());
+    assert_eq!(h.head_of(5).map(|h| h.status), Some(404));
+    assert!(h.sends().is_empty());
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn an_origin_that_never_answers_is_given_up_at_the_head_bound() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    let probe = h.take_sends().remove(0);
+    h.io(probe.id, IoEvent::Connected);
+    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + Duration::from_secs(30)));
+    h.advance(Duration::from_secs(30));
+    assert!(h.cancelled(probe.id));
+    assert_eq!(h.head_of(1).map(|h| h.status), Some(502));
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
+#[test]
+fn a_dead_parent_costs_one_dial_bound_then_its_circuit_is_open() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    assert_eq!(peer.endpoint, Endpoint::Peer);
+    assert!(peer.url.starts_with("http://p:9000/peer/v1/block/"));
+    assert_eq!(peer.headers.get_str("x-dart-origin"), Some(URL));
+    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + Duration::from_secs(1)));
+    h.advance(Duration::from_secs(1));
+    assert!(h.cancelled(peer.id));
+    let state = h.node.engine().p2p().expect("p2p").breaker.state(&"p:9000".to_owned(), h.now);
+    assert_eq!(state, CircuitState::Open, "one dial failure opens");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    h.outputs.clear();
+    h.read(2, Some("bytes=2048-2050"));
+    assert!(h.sends().iter().all(|r| r.endpoint == Endpoint::Origin), "the open parent is skipped");
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_peer_fetch_abandons_the_permit_and_charges_nothing() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    h.io(peer.id, IoEvent::Connected);
+    h.feed(Input::Cancel { id: RequestId(1) });
+    assert!(h.cancelled(peer.id));
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!(b.counters().abandoned, 1);
+    assert_eq!(b.counters().soft + b.counters().hard, 0);
+    assert_eq!(h.node.live_requests(), 0);
+    assert_eq!(h.node.poll_timeout(), None);
+    assert!(!h.ended(1) && !h.aborted(1), "nothing is sent to a requester that left");
+}
+
+fn relay_request(h: &mut Harness, id: u64, block: u64) {
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), block);
+    let headers = Headers::new().with("x-dart-origin", URL).with("x-dart-hop", "0");
+    h.get(id, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+}
+
+fn size_known(h: &mut Harness) {
+    let e = engine();
+    h.node
+        .engine_mut()
+        .record_probe(&e.identify(URL), crate::engine::origin::ProbeOutcome::Size(SIZE));
+}
+
+#[test]
+fn a_cut_through_relay_forwards_all_but_the_last_byte_until_the_length_is_proven() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    assert_eq!(up.headers.get_str("x-dart-hop"), Some("1"));
+    let head = Headers::new().with("content-length", BLOCK.to_string());
+    h.io(up.id, IoEvent::Head { status: 200, headers: head });
+    let relay_head = h.head_of(7).expect("the relay commits its head on the upstream's");
+    assert_eq!((relay_head.status, relay_head.content_length()), (200, Some(BLOCK)));
+    assert_eq!(relay_head.headers.get_str("x-dart-node"), Some("reader"));
+    let block = content(BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(block.slice(..BLOCK as usize)));
+    assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "the last byte is held back");
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.body_of(7), block.to_vec());
+    assert!(h.ended(7));
+    assert_eq!(h.store.len(), 1);
+}
+
+#[test]
+fn a_short_cut_through_stream_is_truncated_and_never_cached() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Head { status: 200, headers: Headers::new() });
+    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK - 5)));
+    h.io(up.id, IoEvent::End);
+    assert!(h.aborted(7));
+    assert!(!h.ended(7));
+    assert!(h.store.is_empty());
+    let state = h.node.engine().p2p().expect("p2p").breaker.state(&"p:9000".to_owned(), h.now);
+    assert_eq!(state, CircuitState::Open, "a wrong length is a hard failure");
+}
+
+#[test]
+fn a_relay_whose_requester_leaves_mid_stream_still_caches_the_block() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 7, 2);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Head { status: 200, headers: Headers::new() });
+    h.feed(Input::Cancel { id: RequestId(7) });
+    h.io(up.id, IoEvent::Body(content(2 * BLOCK, BLOCK)));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.store.len(), 1);
+    assert!(!h.ended(7));
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_driver_bug_in_one_request_fails_only_that_request() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let fetch = h.take_sends().remove(0);
+    // A second, independent object read is in flight on another exchange.
+    let request = Inbound {
+        method: "GET".into(),
+        target: "/dart/http://origin/o/other".into(),
+        headers: Headers::new(),
+    };
+    h.feed(Input::Request { id: RequestId(2), plane: Plane::Client, request });
+    let other = h.take_sends().remove(0);
+    // The driver reports body bytes before any head: a contract violation, so a panic.
+    h.io(fetch.id, IoEvent::Body(Bytes::from_static(b"oops")));
+    assert_eq!(h.node.counters().panics, 1);
+    assert!(h.aborted(1), "the committed read is cut short");
+    assert!(h.cancelled(fetch.id));
+    assert!(h.outputs.iter().any(|o| matches!(o, Output::Event(Event::Panicked { .. }))));
+    h.node.check_invariants();
+    h.answer_origin(&other);
+    h.serve_origin();
+    assert!(h.ended(2), "the other read goes on");
+    h.outputs.clear();
+    h.read(3, None);
+    h.serve_origin();
+    assert_eq!(h.body_of(3), content(0, SIZE).to_vec(), "a re-read returns correct bytes");
+}
+
+#[test]
+fn a_range_blind_origin_is_piped_verbatim() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, Some("bytes=5-9"));
+    let probe = h.take_sends().remove(0);
+    let whole = Headers::new().with("content-length", SIZE.to_string()).with("etag", "\"v1\"");
+    h.io(probe.id, IoEvent::Head { status: 200, headers: whole.clone() });
+    let pass = h.take_sends().remove(0);
+    assert_eq!(pass.headers.get_str("range"), Some("bytes=5-9"), "the client's Range is forwarded");
+    h.io(pass.id, IoEvent::Head { status: 200, headers: whole });
+    let head = h.head_of(1).expect("head");
+    assert_eq!((head.status, head.headers.get_str("etag")), (200, Some("\"v1\"")));
+    assert!(h
+        .outputs
+        .iter()
+        .any(|o| matches!(o, Output::Pipe { io, to } if *io == pass.id && to.0 == 1)));
+    h.io(pass.id, IoEvent::End);
+    assert!(h.ended(1));
+    assert_eq!(h.node.stats().passthrough, 1);
+}
+
+#[test]
+fn body_parts_wait_for_the_transport_to_drain() {
+    let mut node = node_with(engine(), "");
+    let t = Instant::ZERO;
+    let e = engine();
+    node.engine_mut()
+        .record_probe(&e.identify(URL), crate::engine::origin::ProbeOutcome::Size(SIZE));
+    let request =
+        Inbound { method: "GET".into(), target: format!("/dart/{URL}"), headers: Headers::new() };
+    node.handle_input(Input::Request { id: RequestId(1), plane: Plane::Client, request }, t);
+    let mut bodies = 0;
+    let mut ended = false;
+    for _ in 0..64 {
+        let mut ops = Vec::new();
+        while let Some(o) = node.poll_output() {
+            match o {
+                Output::StoreGet { op, key } => {
+                    let b = key.block;
+                    ops.push((op, content(b * BLOCK, (SIZE - b * BLOCK).min(BLOCK))))
+                }
+                Output::Body { .. } => bodies += 1,
+                Output::End { .. } => ended = true,
+                _ => {}
+            }
+        }
+        for (op, block) in ops {
+            node.handle_input(Input::Store { op, block: Some(block) }, t);
+        }
+        node.check_invariants();
+    }
+    assert_eq!(bodies, BODY_WINDOW, "no more parts than the window before a drain");
+    assert!(!ended);
+    node.handle_input(Input::Drained { id: RequestId(1) }, t);
+    let mut more = Vec::new();
+    while let Some(o) = node.poll_output() {
+        more.push(o);
+    }
+    assert!(more.iter().any(|o| matches!(o, Output::End { .. })), "{more:?}");
+}
+
+#[test]
+fn the_roster_names_this_node_and_learns_a_caller() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    let headers =
+        Headers::new().with("x-dart-node", "caller").with("x-dart-peer-addr", "10.0.0.9:9000");
+    h.get(1, Plane::Peer, "/peer/v1/roster", headers);
+    let head = h.head_of(1).expect("head");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.headers.get_str("x-dart-node"), Some("reader"));
+    let body = String::from_utf8(h.body_of(1)).expect("utf-8");
+    assert!(body.contains("\"reader\"") && body.contains("\"parent\""), "{body}");
+    assert_eq!(h.node.learned().get("caller").map(String::as_str), Some("10.0.0.9:9000"));
+}
+
+#[test]
+fn a_roster_fetch_reports_the_responder_and_records_the_outcome() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.feed(Input::FetchRoster { ticket: 9, addr: "p:9000".into() });
+    let req = h.take_sends().remove(0);
+    assert_eq!(req.url, "http://p:9000/peer/v1/roster");
+    assert_eq!(req.headers.get_str("x-dart-peer-addr"), Some("reader:9000"));
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    h.io(
+        req.id,
+        IoEvent::Head { status: 200, headers: Headers::new().with("x-dart-node", "parent") },
+    );
+    h.io(req.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(req.id, IoEvent::End);
+    let got = h.outputs.iter().find_map(|o| match o {
+        Output::Event(Event::Roster { ticket: 9, result }) => Some(result.clone()),
+        _ => None,
+    });
+    let (roster, responder) = got.expect("an answer").expect("a roster");
+    assert_eq!(responder.as_deref(), Some("parent"));
+    assert_eq!(roster.members.len(), 1);
+    assert_eq!(h.node.engine().p2p().expect("p2p").breaker.counters().answered, 1);
+}
