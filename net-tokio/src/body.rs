@@ -24,6 +24,18 @@ pub fn empty() -> ResponseBody {
     full(Bytes::new())
 }
 
+/// A plain-text response of `status` with `message`.
+pub fn plain(status: u16, message: &str) -> hyper::Response<ResponseBody> {
+    let mut r = hyper::Response::new(full(format!("{message}\n")));
+    *r.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
 /// A body fed through a bounded channel; an `Err` item aborts the response (truncation).
 pub struct ChannelBody {
     rx: mpsc::Receiver<Result<Bytes, BodyError>>,

@@ -12,8 +12,19 @@ pub use crate::store::StoreStats as CacheStats;
 
 /// A write-once block cache.
 pub trait BlockCache: Send + Sync + 'static {
-    /// A copy of the block's bytes, if held.
+    /// A copy of the block's bytes, if held. May read the disk: call it off the async workers
+    /// when [`BlockCache::blocking`].
     fn get(&self, key: &BlockKey) -> Option<Bytes>;
+    /// The answer to a look-up when it needs no disk read (a RAM hit, or a key the index does not
+    /// hold); `None` when only [`BlockCache::get`] can tell.
+    fn try_get_now(&self, key: &BlockKey) -> Option<Option<Bytes>> {
+        Some(self.get(key))
+    }
+    /// Whether `get` and `put` may block on the disk (the driver then runs them on the blocking
+    /// pool).
+    fn blocking(&self) -> bool {
+        false
+    }
     /// Offers a validated block; best effort (a refusal or an I/O error never fails a read).
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass);
     /// Occupancy.
@@ -56,6 +67,14 @@ impl BlockCache for MemCache {
 impl BlockCache for crate::store::BlockStore {
     fn get(&self, key: &BlockKey) -> Option<Bytes> {
         crate::store::BlockStore::get(self, key)
+    }
+
+    fn try_get_now(&self, key: &BlockKey) -> Option<Option<Bytes>> {
+        crate::store::BlockStore::get_from_ram(self, key)
+    }
+
+    fn blocking(&self) -> bool {
+        true
     }
 
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass) {

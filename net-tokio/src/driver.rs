@@ -1,176 +1,691 @@
-//! Carries out a core [`Read`]'s internal actions — probes, cache look-ups, peer and origin
-//! fetches, stores — and hands back only what the caller must put on its own wire (the head,
-//! body bytes, the end). The client plane and the peer server both drive reads through it, so a
-//! client read and a relay take exactly the same decisions.
+//! The executor of a core [`Node`]: it feeds the machine what happened and carries out what the
+//! machine decides. It moves bytes and keeps no decision of its own: no timeouts (the node's
+//! timers bound every exchange and cancel it), no flight table, no breaker logic, no status
+//! choices.
+//!
+//! # Ownership
+//!
+//! One `Node` behind one mutex, shared by every connection task: an input takes the lock, the
+//! node handles it, its outputs are drained under the same lock into per-request mailboxes and
+//! task spawns, and the lock is released. The machine's work per input is small (it routes
+//! `Bytes` handles; block bytes are never copied under the lock on a cache hit), so both cores
+//! serve requests in parallel and the lock is held for microseconds. The node isolates panics
+//! itself (a panicking input fails only the requests it touched), so the mutex is never poisoned
+//! by the core; a poisoned lock from a shell bug is taken over rather than propagated.
+//!
+//! Store reads that may touch the disk and every disk write run on tokio's blocking pool, never
+//! on the async workers; a RAM-tier hit is answered inline.
 
+use crate::body::{self, BodyError, ResponseBody};
 use crate::cache::BlockCache;
+use crate::client::{parse_target, HttpClient};
 use crate::metrics::Metrics;
-use crate::origin::{Fill, OriginFetcher, ProbeFill};
-use crate::peer_client::PeerClient;
 use crate::seam::{Dialer, ShellClock};
 use bytes::Bytes;
-use dart_core::breaker::{Observation, Permit};
 use dart_core::codec::roster::Roster;
-use dart_core::engine::origin::ProbeOutcome;
-use dart_core::engine::{
-    block_verdict, Action, Engine, FetchedBlock, Read, ReadFailure, ResponseHead, Verdict,
+use dart_core::engine::{EngineStats, PeerAnswer};
+use dart_core::hash::BlockKey;
+use dart_core::node::{
+    Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId, IoRequest,
+    Node, NodeCounters, Output, Plane, RequestId,
 };
-use std::sync::{Arc, Mutex};
+use http::header::{HeaderName, HeaderValue, HOST};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::task::AbortHandle;
 
-/// What a read asks its caller to put on the wire.
-#[derive(Debug)]
-pub enum Outward {
-    /// Send the response head.
-    Respond(ResponseHead),
-    /// Send these body bytes.
-    Emit(Bytes),
-    /// Done.
-    Finish,
-    /// Failed (before or after the head; see [`ReadFailure::committed`]).
-    Fail(ReadFailure),
-    /// Proxy the request verbatim to this Range-blind origin URL.
-    Passthrough(String),
+/// Blocks whose disk write is in flight, kept so that a look-up meanwhile still finds them; past
+/// this many, further writes are not tracked (a look-up may then miss until the write lands).
+pub const PENDING_PUTS_MAX: usize = 256;
+
+/// A response part for a request's handler.
+pub enum Part {
+    /// The head.
+    Head(Head),
+    /// Body bytes the node emitted (each acknowledged with `Input::Drained` once taken).
+    Data(Bytes),
+    /// The response is complete.
+    End,
+    /// The response cannot complete: reset it.
+    Abort,
+    /// Passthrough: the rest of the body is this origin body, moved as is.
+    Pipe(Incoming, IoId),
 }
 
-/// The node's shared machinery: the core engine and everything that performs its decisions.
-pub struct NodeCore<D: Dialer> {
-    /// The core engine (one per node).
-    pub engine: Arc<Mutex<Engine>>,
-    /// The block cache.
-    pub cache: Arc<dyn BlockCache>,
-    /// The origin fetcher.
-    pub origin: OriginFetcher<D>,
-    /// The peer client, when the peer path is on.
-    pub peers: Option<PeerClient<D>>,
-    /// Metrics registry.
-    pub metrics: Arc<Metrics>,
-    /// The core's clock.
-    pub clock: ShellClock,
+type RosterResult = Result<(Roster, Option<String>), String>;
+
+struct Inner {
+    node: Node,
+    mailboxes: BTreeMap<RequestId, mpsc::UnboundedSender<Part>>,
+    ios: BTreeMap<IoId, AbortHandle>,
+    pipes: BTreeMap<IoId, RequestId>,
+    pending_puts: BTreeMap<BlockKey, Bytes>,
+    rosters: BTreeMap<u64, oneshot::Sender<RosterResult>>,
+    blocks: BTreeMap<u64, oneshot::Sender<Option<PeerAnswer>>>,
+    taps: Vec<mpsc::UnboundedSender<Event>>,
+    next_ticket: u64,
+    armed: Option<dart_core::time::Instant>,
 }
 
-/// Returns a breaker permit as abandoned if its request task is dropped before answering.
-pub struct PermitGuard<'a> {
-    /// The permit, until it is answered.
-    pub permit: Option<Permit<String>>,
-    /// The engine whose breaker issued it.
-    pub engine: &'a Mutex<Engine>,
-    /// The core's clock.
-    pub clock: ShellClock,
+/// Work found while draining that must happen outside the lock.
+enum Deferred {
+    StoreGet(dart_core::node::StoreOp, BlockKey),
+    StorePut(BlockKey, Bytes, dart_core::engine::BlockClass),
+    Event(Event),
 }
 
-impl Drop for PermitGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            if let Ok(mut engine) = self.engine.lock() {
-                engine.abandon(permit, self.clock.now());
-            }
-        }
-    }
+/// Runs one [`Node`] on tokio; see the module doc.
+pub struct NodeDriver<D: Dialer> {
+    inner: Mutex<Inner>,
+    clock: ShellClock,
+    store: Arc<dyn BlockCache>,
+    client: HttpClient<D>,
+    metrics: Arc<Metrics>,
+    next_request: AtomicU64,
+    timer: Notify,
 }
 
-impl<D: Dialer> NodeCore<D> {
-    fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
-        self.engine.lock().expect("engine lock")
-    }
-
-    /// Fetches a peer's roster. Roster requests bypass the breaker's admission (discovery must
-    /// reach peers whose circuit is open) but their outcome is recorded, so a successful one can
-    /// close a recovered peer's circuit and a failed dial opens it for the data path.
-    pub async fn fetch_roster(
-        &self,
-        addr: &str,
-        advertise: &str,
-    ) -> Result<(Roster, Option<String>), String> {
-        let Some(peers) = &self.peers else { return Err("the peer path is off".into()) };
-        let permit = {
-            let mut engine = self.engine();
-            let Some(p2p) = engine.p2p_mut() else { return Err("the peer path is off".into()) };
-            p2p.breaker.begin_roster(&addr.to_owned(), self.clock.now())
-        };
-        let mut guard =
-            PermitGuard { permit: Some(permit), engine: &self.engine, clock: self.clock };
-        let result = peers.fetch_roster(addr, advertise).await;
-        let permit = guard.permit.take().expect("taken once");
-        let observation = match &result {
-            Ok(_) => Observation::Served,
-            Err((o, _)) => *o,
-        };
-        let now = self.clock.now();
-        if let Some(p2p) = self.engine().p2p_mut() {
-            p2p.breaker.complete(permit, observation.outcome(), now);
-        }
-        result.map_err(|(_, e)| e)
-    }
-
-    /// Runs `read` until it has something for the wire. Never returns for an internal action.
-    pub async fn next(&self, read: &mut Read) -> Outward {
-        loop {
-            let Some(action) = read.poll_action() else {
-                unreachable!("a read waiting for nothing: every question is answered inline");
+impl<D: Dialer> NodeDriver<D> {
+    /// A driver for `node` over `store` and `client`, with its timer task running until `stop`
+    /// turns true. Must be called inside a tokio runtime.
+    pub fn start(
+        node: Node,
+        store: Arc<dyn BlockCache>,
+        client: HttpClient<D>,
+        stop: watch::Receiver<bool>,
+    ) -> Arc<Self> {
+        let clock = ShellClock::start();
+        let driver = Arc::new_cyclic(|weak: &std::sync::Weak<Self>| {
+            let weak = weak.clone();
+            let snapshot = Box::new(move || match weak.upgrade() {
+                Some(d) => d.snapshot(),
+                None => (EngineStats::default(), None),
+            });
+            let metrics = Arc::new(Metrics::new(snapshot, store.clone()));
+            let inner = Inner {
+                node,
+                mailboxes: BTreeMap::new(),
+                ios: BTreeMap::new(),
+                pipes: BTreeMap::new(),
+                pending_puts: BTreeMap::new(),
+                rosters: BTreeMap::new(),
+                blocks: BTreeMap::new(),
+                taps: Vec::new(),
+                next_ticket: 0,
+                armed: None,
             };
-            if let Some(out) = self.perform(read, action).await {
-                return out;
+            NodeDriver {
+                inner: Mutex::new(inner),
+                clock,
+                store,
+                client,
+                metrics,
+                next_request: AtomicU64::new(0),
+                timer: Notify::new(),
+            }
+        });
+        tokio::spawn(driver.clone().run_timers(stop));
+        driver
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the node under the lock (admin views, tests).
+    pub fn with_node<R>(&self, f: impl FnOnce(&Node) -> R) -> R {
+        f(&self.lock().node)
+    }
+
+    /// Changes the node under the lock outside the input contract (tests that stage a state, such
+    /// as an open circuit); outputs it queues are carried out with the next input.
+    pub fn with_node_mut<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        f(&mut self.lock().node)
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> EngineStats {
+        self.lock().node.stats()
+    }
+
+    /// The node machine's own counters.
+    pub fn counters(&self) -> NodeCounters {
+        self.lock().node.counters()
+    }
+
+    /// The metric registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The block store.
+    pub fn store(&self) -> &Arc<dyn BlockCache> {
+        &self.store
+    }
+
+    /// The core's clock.
+    pub fn clock(&self) -> ShellClock {
+        self.clock
+    }
+
+    fn snapshot(&self) -> (EngineStats, Option<usize>) {
+        let inner = self.lock();
+        let now = self.clock.now();
+        let open = inner.node.engine().p2p().map(|p| p.breaker.open_count(now));
+        (inner.node.stats(), open)
+    }
+
+    /// Feeds one input as if the transport had observed it, and carries out what follows. The
+    /// shell calls it for everything it sees; tests and debugging tools may too.
+    pub fn feed(self: &Arc<Self>, input: Input) {
+        let deferred = {
+            let mut inner = self.lock();
+            inner.node.handle_input(input, self.clock.now());
+            self.settle(&mut inner)
+        };
+        self.carry_out(deferred);
+    }
+
+    /// Fires the node's due timers.
+    fn tick(self: &Arc<Self>) {
+        let deferred = {
+            let mut inner = self.lock();
+            let now = self.clock.now();
+            if inner.node.poll_timeout().is_some_and(|t| t <= now) {
+                inner.node.handle_timeout(now);
+            }
+            self.settle(&mut inner)
+        };
+        self.carry_out(deferred);
+    }
+
+    /// Drains the node and feeds back, under the same lock, every answer known at once (a RAM
+    /// hit, a key no tier holds): a look-up and its answer are one step, so no other input can
+    /// slip between a miss and the fetch it causes (which would then not coalesce with a flight
+    /// that ended in between). The chain is bounded by the body window.
+    fn settle(self: &Arc<Self>, inner: &mut Inner) -> Vec<Deferred> {
+        let mut queue = VecDeque::new();
+        let mut deferred = self.drain(inner, &mut queue);
+        while let Some(input) = queue.pop_front() {
+            inner.node.handle_input(input, self.clock.now());
+            deferred.extend(self.drain(inner, &mut queue));
+        }
+        deferred
+    }
+
+    /// Drains the node's outputs under the lock: mailbox parts and task spawns here, the rest
+    /// deferred. Inputs answerable at once (RAM-tier look-ups) join `queue`.
+    fn drain(self: &Arc<Self>, inner: &mut Inner, queue: &mut VecDeque<Input>) -> Vec<Deferred> {
+        let mut deferred = Vec::new();
+        while let Some(output) = inner.node.poll_output() {
+            match output {
+                Output::Send(req) => {
+                    let id = req.id;
+                    tracing::debug!(io = %id, endpoint = ?req.endpoint, url = %req.url, range = ?req.headers.get_str("range"), "send");
+                    let task = tokio::spawn(self.clone().exchange(req));
+                    inner.ios.insert(id, task.abort_handle());
+                }
+                Output::Cancel(io) => {
+                    tracing::debug!(%io, "cancel");
+                    if let Some(task) = inner.ios.remove(&io) {
+                        task.abort();
+                    }
+                    inner.pipes.remove(&io);
+                }
+                Output::Pipe { io, to } => {
+                    inner.pipes.insert(io, to);
+                }
+                Output::StoreGet { op, key } => {
+                    let ready = match inner.pending_puts.get(&key) {
+                        Some(data) => Some(Some(data.clone())),
+                        None => self.store.try_get_now(&key),
+                    };
+                    match ready {
+                        Some(block) => queue.push_back(Input::Store { op, block }),
+                        None => deferred.push(Deferred::StoreGet(op, key)),
+                    }
+                }
+                Output::StorePut { key, data, class } => {
+                    if self.store.blocking() {
+                        if inner.pending_puts.len() < PENDING_PUTS_MAX {
+                            inner.pending_puts.entry(key).or_insert_with(|| data.clone());
+                        }
+                        deferred.push(Deferred::StorePut(key, data, class));
+                    } else {
+                        self.store.put(key, &data, class);
+                    }
+                }
+                Output::Respond { id, head } => send(inner, id, Part::Head(head), false),
+                Output::Body { id, data } => send(inner, id, Part::Data(data), false),
+                Output::End { id } => send(inner, id, Part::End, true),
+                Output::Abort { id } => send(inner, id, Part::Abort, true),
+                Output::Event(e) => {
+                    inner.taps.retain(|tap| tap.send(e.clone()).is_ok());
+                    match e {
+                        Event::Roster { ticket, result } => {
+                            if let Some(tx) = inner.rosters.remove(&ticket) {
+                                let _ = tx.send(result);
+                            }
+                        }
+                        Event::BlockFetched { ticket, answer } => {
+                            if let Some(tx) = inner.blocks.remove(&ticket) {
+                                let _ = tx.send(answer);
+                            }
+                        }
+                        e => deferred.push(Deferred::Event(e)),
+                    }
+                }
+            }
+        }
+        let next = inner.node.poll_timeout();
+        if next.is_some() && (inner.armed.is_none() || next < inner.armed) {
+            inner.armed = next;
+            self.timer.notify_one();
+        }
+        deferred
+    }
+
+    fn carry_out(self: &Arc<Self>, deferred: Vec<Deferred>) {
+        for d in deferred {
+            match d {
+                Deferred::StoreGet(op, key) => {
+                    let driver = self.clone();
+                    let store = self.store.clone();
+                    tokio::spawn(async move {
+                        let got = tokio::task::spawn_blocking(move || store.get(&key)).await;
+                        // A store that panicked is a miss, never a stuck read.
+                        let block = got.unwrap_or(None);
+                        driver.feed(Input::Store { op, block });
+                    });
+                }
+                Deferred::StorePut(key, data, class) => {
+                    let driver = self.clone();
+                    let store = self.store.clone();
+                    tokio::spawn(async move {
+                        let _ =
+                            tokio::task::spawn_blocking(move || store.put(key, &data, class)).await;
+                        driver.lock().pending_puts.remove(&key);
+                    });
+                }
+                Deferred::Event(e) => self.record(e),
             }
         }
     }
 
-    /// Carries out one action: answers a question (returning `None`) or hands back what goes on
-    /// the wire.
-    pub async fn perform(&self, read: &mut Read, action: Action) -> Option<Outward> {
-        {
-            match action {
-                Action::Probe { url } => {
-                    let object = read.object().clone();
-                    let engine = self.engine.clone();
-                    let fill: ProbeFill = Box::new(move |outcome: &ProbeOutcome| {
-                        if let Ok(mut engine) = engine.lock() {
-                            engine.record_probe(&object, *outcome);
-                        }
-                    });
-                    let id = read.object().id.clone();
-                    let answer = self.origin.probe(&id, &url, Some(fill)).await;
-                    read.handle_probe(&mut self.engine(), answer, self.clock.now());
+    fn record(&self, event: Event) {
+        match event {
+            Event::Circuit(e) => {
+                tracing::info!(peer = %e.addr, from = %e.from, to = %e.to, reason = %e.reason, "circuit");
+            }
+            Event::Fetched { kind, elapsed } => {
+                let source = match kind {
+                    FetchKind::Peer => "peer",
+                    FetchKind::Origin => "origin",
+                };
+                self.metrics.observe_fetch(source, elapsed.as_secs_f64());
+            }
+            Event::Failed { request, status, committed, error } => {
+                tracing::warn!(%request, status, committed, %error, "request failed");
+            }
+            Event::Panicked { requests, message } => {
+                tracing::error!(?requests, %message, "a request panicked in the node; it was failed");
+            }
+            Event::PeerAnswer { addr, observation } => {
+                if observation != dart_core::breaker::Observation::Served {
+                    tracing::debug!(peer = %addr, ?observation, "peer fetch did not serve the block");
                 }
-                Action::Lookup { key } => {
-                    let hit = self.cache.get(&key);
-                    read.handle_lookup(&mut self.engine(), hit, self.clock.now());
+            }
+            Event::Block { request, plane, key, source } => {
+                tracing::debug!(%request, ?plane, %key, ?source, "block");
+            }
+            Event::Roster { .. } | Event::BlockFetched { .. } => {}
+        }
+    }
+
+    async fn run_timers(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let next = {
+                let mut inner = self.lock();
+                inner.armed = inner.node.poll_timeout();
+                inner.armed
+            };
+            let clock = self.clock;
+            let sleep = async move {
+                match next {
+                    Some(at) => tokio::time::sleep_until(clock.to_tokio(at)).await,
+                    None => std::future::pending().await,
                 }
-                Action::FetchPeer { peer, key, url, hop, expected_len, permit, .. } => {
-                    let Some(peers) = &self.peers else {
-                        unreachable!("the engine routes to peers only when the peer path is on")
-                    };
-                    let mut guard = PermitGuard {
-                        permit: Some(permit),
-                        engine: &self.engine,
-                        clock: self.clock,
-                    };
-                    let t0 = tokio::time::Instant::now();
-                    let answer = peers.fetch_block(&peer.addr, key, &url, hop, expected_len).await;
-                    self.metrics.observe_fetch("peer", t0.elapsed().as_secs_f64());
-                    let permit = guard.permit.take().expect("taken once");
-                    read.handle_peer(&mut self.engine(), permit, answer, self.clock.now());
-                }
-                Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
-                    let id = read.object().id.clone();
-                    let cache = self.cache.clone();
-                    let fill: Fill = Box::new(move |b: &FetchedBlock| {
-                        if block_verdict(object_size, expected_len, b) == Verdict::Cache {
-                            cache.put(key, &b.data, class);
-                        }
-                    });
-                    let t0 = tokio::time::Instant::now();
-                    let got = self.origin.fetch(&id, &url, start, end, Some(fill)).await;
-                    self.metrics.observe_fetch("origin", t0.elapsed().as_secs_f64());
-                    read.handle_fetch(&mut self.engine(), got);
-                }
-                Action::Store { key, data, class } => self.cache.put(key, &data, class),
-                Action::Respond(head) => return Some(Outward::Respond(head)),
-                Action::Emit(bytes) => return Some(Outward::Emit(bytes)),
-                Action::Finish => return Some(Outward::Finish),
-                Action::Fail(f) => return Some(Outward::Fail(f)),
-                Action::Passthrough { url } => return Some(Outward::Passthrough(url)),
+            };
+            tokio::select! {
+                biased;
+                _ = stop.changed() => return,
+                () = self.timer.notified() => {}
+                () = sleep => self.tick(),
             }
         }
-        None
+    }
+
+    /// Carries out one exchange: connect (pooled or dialed), send, report the head, then either
+    /// report body parts or hand the body to a passthrough response.
+    async fn exchange(self: Arc<Self>, req: IoRequest) {
+        let id = req.id;
+        self.run_exchange(req).await;
+        self.lock().ios.remove(&id);
+    }
+
+    async fn run_exchange(self: &Arc<Self>, req: IoRequest) {
+        let id = req.id;
+        let report = |event| self.feed(Input::Io { id, event });
+        let target = match parse_target(&req.url) {
+            Ok(t) if !(t.key.https && req.endpoint == Endpoint::Peer) => t,
+            Ok(_) => return report(IoEvent::Failed(IoError::Invalid("https to a peer".into()))),
+            Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
+        };
+        let mut sender = match self.client.connect(&target.key).await {
+            Ok(s) => s,
+            Err(e) => return report(IoEvent::Failed(IoError::Connect(e.to_string()))),
+        };
+        report(IoEvent::Connected);
+        let request = match build_request(&target.path_and_query, &target.authority, &req.headers) {
+            Ok(r) => r,
+            Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
+        };
+        let resp = match sender.send_request(request).await {
+            Ok(r) => r,
+            Err(e) => return report(IoEvent::Failed(IoError::Broken(cause(&e)))),
+        };
+        let (parts, mut incoming) = resp.into_parts();
+        let mut headers = Headers::new();
+        for (name, value) in &parts.headers {
+            headers.push(name.as_str(), value.as_bytes());
+        }
+        report(IoEvent::Head { status: parts.status.as_u16(), headers });
+        if let Some(to) = self.take_pipe(id) {
+            let mailbox = self.lock().mailboxes.get(&to).cloned();
+            match mailbox {
+                Some(tx) => {
+                    let _ = tx.send(Part::Pipe(incoming, id));
+                }
+                None => report(IoEvent::Failed(IoError::Broken("requester gone".into()))),
+            }
+            return;
+        }
+        loop {
+            match incoming.frame().await {
+                None => {
+                    report(IoEvent::End);
+                    self.client.release(target.key, sender);
+                    return;
+                }
+                Some(Err(e)) => return report(IoEvent::Failed(IoError::Broken(cause(&e)))),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            report(IoEvent::Body(data));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn take_pipe(&self, io: IoId) -> Option<RequestId> {
+        let mut inner = self.lock();
+        let to = inner.pipes.remove(&io)?;
+        inner.ios.remove(&io);
+        Some(to)
+    }
+
+    /// Fetches the roster of the peer at `addr` through the node (breaker outcome recorded).
+    pub async fn fetch_roster(self: &Arc<Self>, addr: &str) -> RosterResult {
+        let (tx, rx) = oneshot::channel();
+        let ticket = {
+            let mut inner = self.lock();
+            let ticket = inner.next_ticket;
+            inner.next_ticket += 1;
+            inner.rosters.insert(ticket, tx);
+            ticket
+        };
+        self.feed(Input::FetchRoster { ticket, addr: addr.to_owned() });
+        rx.await.unwrap_or_else(|_| Err("the node dropped the roster fetch".into()))
+    }
+
+    /// Fetches one block from the peer at `addr` directly (breaker admission and outcome
+    /// recorded); `None` when the circuit is open or the peer path is off.
+    pub async fn fetch_block(
+        self: &Arc<Self>,
+        addr: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> Option<PeerAnswer> {
+        let (tx, rx) = oneshot::channel();
+        let ticket = {
+            let mut inner = self.lock();
+            let ticket = inner.next_ticket;
+            inner.next_ticket += 1;
+            inner.blocks.insert(ticket, tx);
+            ticket
+        };
+        let (addr, url) = (addr.to_owned(), url.to_owned());
+        self.feed(Input::FetchBlock { ticket, addr, key, url, hop, expected });
+        rx.await.unwrap_or(None)
+    }
+
+    /// Every event the node emits from now on (tests, diagnostics).
+    pub fn tap_events(&self) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().taps.push(tx);
+        rx
+    }
+
+    /// Serves one request that arrived on `plane`.
+    pub async fn handle(
+        self: Arc<Self>,
+        plane: Plane,
+        req: Request<Incoming>,
+    ) -> Response<ResponseBody> {
+        let mut headers = Headers::new();
+        for (name, value) in req.headers() {
+            headers.push(name.as_str(), value.as_bytes());
+        }
+        let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
+        let request = Inbound { method: req.method().as_str().to_owned(), target, headers };
+        self.respond(plane, request).await
+    }
+
+    /// Serves one parsed request: the response whose body the node streams. Dropping the
+    /// response (or its body before the end) cancels the request.
+    pub async fn respond(
+        self: Arc<Self>,
+        plane: Plane,
+        request: Inbound,
+    ) -> Response<ResponseBody> {
+        let id = RequestId(self.next_request.fetch_add(1, Ordering::Relaxed));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.lock().mailboxes.insert(id, tx);
+        let mut guard = CancelGuard { driver: Some(self.clone()), id };
+        self.feed(Input::Request { id, plane, request });
+        let head = match rx.recv().await {
+            Some(Part::Head(head)) => head,
+            Some(_) | None => {
+                guard.disarm();
+                return body::plain(500, "dart: the node answered no head");
+            }
+        };
+        let mut resp = Response::new(body::empty());
+        *resp.status_mut() = http::StatusCode::from_u16(head.status)
+            .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+        for (name, value) in head.headers.iter() {
+            if let (Ok(n), Ok(v)) =
+                (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_bytes(value))
+            {
+                resp.headers_mut().append(n, v);
+            }
+        }
+        let driver = guard.disarm();
+        if head.body {
+            let remaining = head.content_length();
+            let body = NodeBody { rx, driver, id, remaining, piped: None, done: false };
+            *resp.body_mut() = body.boxed();
+        }
+        resp
+    }
+}
+
+fn send(inner: &mut Inner, id: RequestId, part: Part, last: bool) {
+    let tx = if last { inner.mailboxes.remove(&id) } else { inner.mailboxes.get(&id).cloned() };
+    if let Some(tx) = tx {
+        let _ = tx.send(part);
+    }
+}
+
+fn cause(e: &hyper::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
+}
+
+fn build_request(
+    path_and_query: &str,
+    authority: &str,
+    headers: &Headers,
+) -> Result<Request<Empty<Bytes>>, String> {
+    let mut builder = Request::get(path_and_query).header(HOST, authority);
+    for (name, value) in headers.iter() {
+        builder = builder.header(name, value);
+    }
+    builder.body(Empty::new()).map_err(|e| e.to_string())
+}
+
+/// Tells the node a request went away if its handler is dropped before the head.
+struct CancelGuard<D: Dialer> {
+    driver: Option<Arc<NodeDriver<D>>>,
+    id: RequestId,
+}
+
+impl<D: Dialer> CancelGuard<D> {
+    fn disarm(&mut self) -> Arc<NodeDriver<D>> {
+        self.driver.take().expect("disarmed once")
+    }
+}
+
+impl<D: Dialer> Drop for CancelGuard<D> {
+    fn drop(&mut self) {
+        if let Some(driver) = self.driver.take() {
+            driver.lock().mailboxes.remove(&self.id);
+            driver.feed(Input::Cancel { id: self.id });
+        }
+    }
+}
+
+/// A response body fed by the node's mailbox (or, for a passthrough, by the origin body itself).
+/// Every part taken is acknowledged to the node; a body dropped before its end cancels the
+/// request.
+struct NodeBody<D: Dialer> {
+    rx: mpsc::UnboundedReceiver<Part>,
+    driver: Arc<NodeDriver<D>>,
+    id: RequestId,
+    remaining: Option<u64>,
+    piped: Option<(Incoming, IoId)>,
+    done: bool,
+}
+
+impl<D: Dialer> Body for NodeBody<D> {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some((incoming, io)) = &mut this.piped {
+                let io = *io;
+                return match Pin::new(incoming).poll_frame(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(None) => {
+                        this.done = true;
+                        this.driver.feed(Input::Io { id: io, event: IoEvent::End });
+                        Poll::Ready(None)
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        this.done = true;
+                        let event = IoEvent::Failed(IoError::Broken(cause(&e)));
+                        this.driver.feed(Input::Io { id: io, event });
+                        Poll::Ready(Some(Err(Box::new(e))))
+                    }
+                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                        Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        Err(_) => continue,
+                    },
+                };
+            }
+            return match this.rx.poll_recv(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(Part::Data(data))) => {
+                    if let Some(r) = &mut this.remaining {
+                        *r = r.saturating_sub(data.len() as u64);
+                    }
+                    this.driver.feed(Input::Drained { id: this.id });
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
+                Poll::Ready(Some(Part::Pipe(incoming, io))) => {
+                    this.piped = Some((incoming, io));
+                    continue;
+                }
+                Poll::Ready(Some(Part::End)) => {
+                    this.done = true;
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Some(Part::Abort)) => {
+                    this.done = true;
+                    Poll::Ready(Some(Err("the response was cut short".into())))
+                }
+                Poll::Ready(Some(Part::Head(_))) => {
+                    this.done = true;
+                    Poll::Ready(Some(Err("a second response head".into())))
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    Poll::Ready(Some(Err("response body ended early".into())))
+                }
+            };
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.remaining == Some(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl<D: Dialer> Drop for NodeBody<D> {
+    fn drop(&mut self) {
+        if self.done || self.remaining == Some(0) {
+            return;
+        }
+        // The node cancels a piped origin exchange with the request.
+        self.driver.lock().mailboxes.remove(&self.id);
+        self.driver.feed(Input::Cancel { id: self.id });
     }
 }

@@ -2,8 +2,7 @@
 //! occupancy are read at scrape time, so there is one source of truth for each figure.
 
 use crate::cache::BlockCache;
-use crate::seam::ShellClock;
-use dart_core::engine::{Engine, EngineStats};
+use dart_core::engine::EngineStats;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
@@ -11,7 +10,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Label set `source=...` of the fetch-latency histogram.
 pub type SourceLabel = [(&'static str, &'static str); 1];
@@ -25,10 +24,12 @@ pub struct Metrics {
     fetch_seconds: Family<SourceLabel, Histogram>,
 }
 
+/// Reads the engine's counters and the number of open circuits (`None` without a peer path).
+pub type Snapshot = Box<dyn Fn() -> (EngineStats, Option<usize>) + Send + Sync>;
+
 struct Collected {
-    engine: Arc<Mutex<Engine>>,
+    snapshot: Snapshot,
     cache: Arc<dyn BlockCache>,
-    clock: ShellClock,
 }
 
 impl fmt::Debug for Collected {
@@ -71,10 +72,7 @@ fn gauges(
 
 impl prometheus_client::collector::Collector for Collected {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let (s, open): (EngineStats, Option<usize>) = match self.engine.lock() {
-            Ok(e) => (e.stats(), e.p2p().map(|p| p.breaker.open_count(self.clock.now()))),
-            Err(_) => (EngineStats::default(), None),
-        };
+        let (s, open): (EngineStats, Option<usize>) = (self.snapshot)();
         let sources = [
             ("cache", s.block_source_cache),
             ("peer", s.block_source_peer),
@@ -125,8 +123,8 @@ impl prometheus_client::collector::Collector for Collected {
 }
 
 impl Metrics {
-    /// A registry exporting `engine`'s counters and `cache`'s occupancy.
-    pub fn new(engine: Arc<Mutex<Engine>>, cache: Arc<dyn BlockCache>, clock: ShellClock) -> Self {
+    /// A registry exporting the counters `snapshot` reads and `cache`'s occupancy.
+    pub fn new(snapshot: Snapshot, cache: Arc<dyn BlockCache>) -> Self {
         let mut registry = Registry::default();
         let fetch_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(|| {
             Histogram::new(FETCH_BUCKETS)
@@ -136,7 +134,7 @@ impl Metrics {
             "Time to fetch a missing block, by source.",
             fetch_seconds.clone(),
         );
-        registry.register_collector(Box::new(Collected { engine, cache, clock }));
+        registry.register_collector(Box::new(Collected { snapshot, cache }));
         Metrics { registry, fetch_seconds }
     }
 

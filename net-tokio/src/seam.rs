@@ -224,6 +224,27 @@ impl<D: Dialer> SeamConnector<D> {
     }
 }
 
+/// Dials `host:port` through `dialer`, wrapping the stream in TLS when `https` (with `tls`).
+/// Unbounded: callers bound it (the node's dial timer, or [`SeamConnector`]'s dial timeout).
+pub async fn dial_maybe_tls<D: Dialer>(
+    dialer: &D,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    host: &str,
+    port: u16,
+    https: bool,
+) -> Result<MaybeTls<D::Io>, DialError> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let stream = dialer.dial(host, port).await?;
+    if !https {
+        return Ok(MaybeTls::Plain(stream));
+    }
+    let tls = tls.ok_or(DialError::NoTls)?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|_| DialError::BadServerName(host.to_owned()))?;
+    let stream = tls.connect(name, stream).await?;
+    Ok(MaybeTls::Tls(Box::new(stream)))
+}
+
 impl<D: Dialer> tower_service::Service<http::Uri> for SeamConnector<D> {
     type Response = TokioIo<SeamStream<MaybeTls<D::Io>>>;
     type Error = DialError;
@@ -238,27 +259,52 @@ impl<D: Dialer> tower_service::Service<http::Uri> for SeamConnector<D> {
         let bound = self.dial_timeout;
         let tls = self.tls.clone();
         Box::pin(async move {
-            let host = uri.host().ok_or(DialError::NoHost)?;
-            let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+            let host = uri.host().ok_or(DialError::NoHost)?.to_owned();
             let https = uri.scheme_str() == Some("https");
             let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-            let connect = async {
-                let stream = dialer.dial(&host, port).await?;
-                if !https {
-                    return Ok(MaybeTls::Plain(stream));
-                }
-                let tls = tls.ok_or(DialError::NoTls)?;
-                let name = rustls::pki_types::ServerName::try_from(host.clone())
-                    .map_err(|_| DialError::BadServerName(host.clone()))?;
-                let stream = tls.connect(name, stream).await?;
-                Ok(MaybeTls::Tls(Box::new(stream)))
-            };
+            let connect = dial_maybe_tls(&dialer, tls.as_ref(), &host, port, https);
             match tokio::time::timeout(bound, connect).await {
                 Ok(Ok(s)) => Ok(TokioIo::new(SeamStream(s))),
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(DialError::Timeout(bound)),
             }
         })
+    }
+}
+
+/// Everything the node needs from its world besides the core: listeners, a dialer, and whether
+/// the wall clock may be read (it may not in simulations). Time comes from tokio's clock, which
+/// turmoil virtualises. `node::start_on` is generic over it, so the real wiring runs on tokio
+/// sockets and inside turmoil.
+pub trait Seam: Clone + Send + Sync + 'static {
+    /// Accepted streams.
+    type Listener: Listener;
+    /// Dialed streams.
+    type Dialer: Dialer;
+    /// Binds a listener on `addr`.
+    fn bind(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Listener>> + Send;
+    /// The dialer (name resolution included: simulated worlds resolve their own names).
+    fn dialer(&self) -> Self::Dialer;
+    /// Whether responses may carry a wall-clock `Date` header.
+    fn wall_clock(&self) -> bool {
+        true
+    }
+}
+
+/// Real sockets on tokio.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokioSeam;
+
+impl Seam for TokioSeam {
+    type Listener = tokio::net::TcpListener;
+    type Dialer = TokioDialer;
+
+    async fn bind(&self, addr: SocketAddr) -> io::Result<Self::Listener> {
+        tokio::net::TcpListener::bind(addr).await
+    }
+
+    fn dialer(&self) -> TokioDialer {
+        TokioDialer
     }
 }
 
@@ -278,5 +324,12 @@ impl ShellClock {
     pub fn now(&self) -> CoreInstant {
         let nanos = tokio::time::Instant::now().saturating_duration_since(self.origin).as_nanos();
         CoreInstant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// The tokio instant of a core instant (for sleeping until a core deadline).
+    pub fn to_tokio(&self, at: CoreInstant) -> tokio::time::Instant {
+        let far = Duration::from_secs(100 * 365 * 86_400);
+        let d = Duration::from_nanos(at.as_nanos()).min(far);
+        self.origin.checked_add(d).unwrap_or_else(|| self.origin + Duration::from_secs(86_400))
     }
 }

@@ -14,23 +14,38 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-/// Most connections one listener serves at once; further accepts wait for a free slot.
-pub const CONNECTIONS_MAX: usize = 4096;
-/// How long a slow client may take to send its request head.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Server options.
+/// Server options. The inbound transport limits come from the node's bounds
+/// (`dart_core::node::Bounds`): they act before the node sees a request.
 #[derive(Clone, Copy, Debug)]
 pub struct ServeOptions {
     /// Stamp a `Date` header (off in simulations: it reads the wall clock).
     pub date_header: bool,
     /// How long in-flight connections may take to finish after shutdown is signalled.
     pub drain_timeout: Duration,
+    /// How long a client may take to send its request head.
+    pub head_read_timeout: Duration,
+    /// Most bytes of a request head (hyper's read buffer; at least 8 KiB).
+    pub head_bytes_max: usize,
+    /// Most connections served at once; further accepts wait for a free slot.
+    pub connections_max: usize,
+}
+
+impl ServeOptions {
+    /// Options taking the inbound limits from `bounds`.
+    pub fn from_bounds(bounds: &dart_core::node::Bounds) -> Self {
+        ServeOptions {
+            date_header: true,
+            drain_timeout: Duration::from_secs(10),
+            head_read_timeout: bounds.inbound_head_read,
+            head_bytes_max: bounds.inbound_head_bytes.max(8192),
+            connections_max: bounds.inbound_connections,
+        }
+    }
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { date_header: true, drain_timeout: Duration::from_secs(10) }
+        ServeOptions::from_bounds(&dart_core::node::Bounds::default())
     }
 }
 
@@ -62,9 +77,9 @@ where
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let slots = Arc::new(Semaphore::new(options.connections_max));
     // Holds every connection task so a drain that times out can abort them; finished tasks are
-    // reaped on each accept, so it never holds more than CONNECTIONS_MAX live ones plus those
+    // reaped on each accept, so it never holds more than `connections_max` live ones plus those
     // that ended since the last accept.
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -94,7 +109,8 @@ where
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .header_read_timeout(options.head_read_timeout)
+            .max_buf_size(options.head_bytes_max)
             .auto_date_header(options.date_header)
             .serve_connection(TokioIo::new(stream), service);
         let watched = graceful.watch(conn);

@@ -1,6 +1,6 @@
 //! The real single-node client plane inside a turmoil simulation: an origin host running
-//! `serve_origin`, a node host running `ClientPlane` over `server::serve` with an in-memory
-//! cache, and a reader that checks every byte, counts origin requests, cuts the node off from
+//! `serve_origin`, a node host running the core node machine under the shell's `NodeDriver` over
+//! `server::serve` with an in-memory cache, and a reader that checks every byte, counts origin requests, cuts the node off from
 //! the origin and heals it, all in virtual time from one printed seed.
 //!
 //! Replay another seed: `DART_TURMOIL_SEED=<n> cargo test -p dart-net-tokio --test
@@ -14,14 +14,12 @@ use dart_core::engine::resolve::UpstreamMode;
 use dart_core::engine::{Engine, EngineConfig, EngineStats};
 use dart_core::geometry::Geometry;
 use dart_core::identity::{IdLayout, Namespace};
+use dart_core::node::{Bounds, Node, NodeConfig, Plane};
 use dart_net_tokio::cache::{BlockCache, MemCache};
-use dart_net_tokio::client_plane::ClientPlane;
-use dart_net_tokio::driver::NodeCore;
-use dart_net_tokio::metrics::Metrics;
-use dart_net_tokio::origin::{OriginConfig, OriginFetcher};
+use dart_net_tokio::client::HttpClient;
+use dart_net_tokio::driver::NodeDriver;
 use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
 use dart_net_tokio::seam::SeamConnector;
-use dart_net_tokio::seam::ShellClock;
 use dart_net_tokio::server::{serve, ServeOptions};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -86,15 +84,17 @@ impl Step {
 
 type ReaderClient = Client<SeamConnector<TurmoilDialer>, Empty<Bytes>>;
 
+type Slot = Arc<Mutex<Option<Arc<NodeDriver<TurmoilDialer>>>>>;
+
 struct Reader {
     client: ReaderClient,
     stats: Arc<OriginStats>,
-    engine: Arc<Mutex<Engine>>,
+    engine: Slot,
     steps: Rc<RefCell<Vec<Step>>>,
 }
 
-fn engine_stats(engine: &Mutex<Engine>) -> EngineStats {
-    engine.lock().expect("engine lock").stats()
+fn engine_stats(node: &Slot) -> EngineStats {
+    node.lock().expect("slot lock").as_ref().map(|d| d.stats()).unwrap_or_default()
 }
 
 impl Reader {
@@ -210,15 +210,15 @@ async fn mid_body_partition(r: &Reader, path: &str) -> Step {
     step
 }
 
-fn origin_config() -> OriginConfig {
-    OriginConfig {
-        dial_timeout: DIAL_TIMEOUT,
-        response_header_timeout: HEADER_TIMEOUT,
-        request_timeout: REQUEST_TIMEOUT,
+fn bounds() -> Bounds {
+    Bounds {
+        origin_dial: DIAL_TIMEOUT,
+        origin_head: HEADER_TIMEOUT,
+        origin_request: REQUEST_TIMEOUT,
         max_flight: Duration::from_secs(10),
-        idle_per_host: 4,
-        idle_timeout: Duration::from_secs(30),
-        ..OriginConfig::default()
+        pool_idle_per_host: 4,
+        pool_idle: Duration::from_secs(30),
+        ..Bounds::default()
     }
 }
 
@@ -250,29 +250,32 @@ fn simulate(seed: u64) -> String {
         }
     });
 
-    // The engine and cache outlive a host restart, like a node's disk would.
-    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
-    let namespace = Namespace::new("dart").expect("namespace");
-    let layout = IdLayout::Distribution;
-    let config = EngineConfig { geometry, namespace, layout, ..EngineConfig::default() };
-    let engine = Arc::new(Mutex::new(Engine::new(config)));
+    // The cache outlives a host restart, like a node's disk would.
     let cache: Arc<dyn BlockCache> = Arc::new(MemCache::default());
-    let node_engine = engine.clone();
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let node_slot = slot.clone();
     sim.host("node", move || {
-        let (engine, cache) = (node_engine.clone(), cache.clone());
+        let (slot, cache) = (node_slot.clone(), cache.clone());
         async move {
-            let clock = ShellClock::start();
-            let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
-            let origin = OriginFetcher::new(TurmoilDialer, origin_config()).expect("origin client");
+            let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+            let namespace = Namespace::new("dart").expect("namespace");
+            let layout = IdLayout::Distribution;
+            let config = EngineConfig { geometry, namespace, layout, ..EngineConfig::default() };
             let mode = UpstreamMode::prefix("dart");
-            let node = Arc::new(NodeCore { engine, cache, origin, peers: None, metrics, clock });
-            let plane = Arc::new(ClientPlane { node, mode });
+            let node_config = NodeConfig { bounds: bounds(), ..NodeConfig::single(mode) };
+            let node = Node::new(Engine::new(config), node_config).expect("bounds");
+            let client = HttpClient::new(TurmoilDialer, None, 4, Duration::from_secs(30));
+            let (_stop, stopped) = tokio::sync::watch::channel(false);
+            let driver = NodeDriver::start(node, cache, client, stopped);
+            *slot.lock().expect("slot lock") = Some(driver.clone());
             let listener = TurmoilListener::bind(NODE_PORT).await?;
-            let handler = move |req| plane.clone().handle(req);
+            let handler = move |req| driver.clone().handle(Plane::Client, req);
             serve(listener, handler, std::future::pending(), sim_options()).await;
+            drop(_stop);
             Ok(())
         }
     });
+    let engine = slot;
 
     let steps = Rc::new(RefCell::new(Vec::new()));
     let reader_steps = steps.clone();

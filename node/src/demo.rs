@@ -102,11 +102,11 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
             Some(_) => continue,
             None => (None, 0),
         };
-        let before = (stats.requests(), node.plane.node.engine.lock().expect("engine").stats());
+        let before = (stats.requests(), node.driver.stats());
         let t0 = Instant::now();
         let (status, body) = get(&client, &url, range).await?;
         let seconds = t0.elapsed().as_secs_f64();
-        let after = (stats.requests(), node.plane.node.engine.lock().expect("engine").stats());
+        let after = (stats.requests(), node.driver.stats());
         let want = generate(OBJECT_SEED, want_start, body.len());
         anyhow::ensure!(status == 200 || status == 206, "{name}: status {status}");
         anyhow::ensure!(body[..] == want[..], "{name}: bytes differ from the origin's");
@@ -147,7 +147,7 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
         stats.bytes()
     );
     println!("\nfrom /metrics:");
-    for line in node.plane.node.metrics.encode().lines() {
+    for line in node.driver.metrics().encode().lines() {
         if line.starts_with("dart_block_source") || line.starts_with("dart_bytes") {
             println!("  {line}");
         }

@@ -15,21 +15,20 @@ use dart_core::engine::{Engine, EngineConfig};
 use dart_core::geometry::Geometry;
 use dart_core::identity::{IdLayout, Namespace};
 use dart_core::membership::{parse_peers, validate_member_id, View};
+use dart_core::node::{Bounds, Node, NodeConfig, Plane};
 use dart_net_tokio::body::{self, ResponseBody};
 use dart_net_tokio::cache::{open_disk_cache, BlockCache};
-use dart_net_tokio::client_plane::ClientPlane;
-use dart_net_tokio::driver::NodeCore;
-use dart_net_tokio::metrics::Metrics;
-use dart_net_tokio::origin::{OriginConfig, OriginFetcher};
-use dart_net_tokio::peer_client::{PeerClient, PeerConfig};
-use dart_net_tokio::peer_plane::PeerPlane;
-use dart_net_tokio::seam::{ShellClock, TokioDialer};
+use dart_net_tokio::client::HttpClient;
+use dart_net_tokio::driver::NodeDriver;
+use dart_net_tokio::seam::{
+    tls_client_config, Dialer, Listener as _, Seam, TokioDialer, TokioSeam,
+};
 use dart_net_tokio::server::{serve, Drained, ServeOptions};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -96,7 +95,7 @@ async fn shutdown_signal() {
 }
 
 /// A running node.
-pub struct Running {
+pub struct Running<D: Dialer = TokioDialer> {
     /// Bound client address.
     pub client_addr: SocketAddr,
     /// Bound admin address, when enabled.
@@ -105,13 +104,13 @@ pub struct Running {
     pub peer_addr: Option<SocketAddr>,
     /// The startup banner line.
     pub banner: String,
-    /// The client plane (engine, cache, origin, metrics).
-    pub plane: Arc<ClientPlane<TokioDialer>>,
+    /// The executor of the node machine (stats, metrics, store, roster fetches).
+    pub driver: Arc<NodeDriver<D>>,
     stop: watch::Sender<bool>,
     servers: JoinSet<Drained>,
 }
 
-impl Running {
+impl<D: Dialer> Running<D> {
     /// Signals every server to stop and waits for their drains (concurrently, each bounded).
     pub async fn shutdown(mut self) -> Drained {
         let _ = self.stop.send(true);
@@ -133,8 +132,18 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     }
 }
 
-/// Validates flags, opens the cache, binds the listeners and starts serving.
+/// Validates flags, opens the cache, binds the listeners and starts serving on real sockets.
 pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
+    start_on(TokioSeam, flags, None).await
+}
+
+/// [`start`] over any seam (tokio sockets, a turmoil host): `store` replaces the disk cache the
+/// flags describe (simulations use an in-memory one).
+pub async fn start_on<S: Seam>(
+    seam: S,
+    flags: &NodeFlags,
+    store: Option<Arc<dyn BlockCache>>,
+) -> anyhow::Result<Running<S::Dialer>> {
     let geometry = Geometry::new(flags.chunk_size, flags.block_size).context("invalid geometry")?;
     let namespace = Namespace::new(&flags.namespace).context("invalid --namespace")?;
     if flags.cache_size < flags.block_size {
@@ -149,65 +158,65 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
             anyhow::bail!("--owned-fraction must be strictly between 0 and 1, got {f}");
         }
     }
-    let mode = if flags.origin.is_empty() {
-        let prefix = flags.prefix.trim_matches('/');
-        if prefix.is_empty() {
-            anyhow::bail!("--prefix must not be empty");
-        }
-        UpstreamMode::prefix(prefix)
-    } else {
-        if !(flags.origin.starts_with("http://") || flags.origin.starts_with("https://")) {
-            anyhow::bail!("--origin must be an http:// or https:// URL");
-        }
-        UpstreamMode::Static(flags.origin.clone())
-    };
+    let mode = upstream_mode(flags)?;
+    let bounds = Bounds { peer_request: flags.peer_timeout, ..Bounds::default() };
+    bounds.validate().context("invalid timeouts")?;
     let p2p = p2p_setup(flags)?;
-    let cache: Arc<dyn BlockCache> = open_disk_cache(
-        &flags.cache_dir,
-        flags.cache_size,
-        flags.mem_size,
-        flags.block_size,
-        flags.owned_fraction,
-        flags.warm_start,
-    )
-    .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
+    let store: Arc<dyn BlockCache> = match store {
+        Some(store) => store,
+        None => open_disk_cache(
+            &flags.cache_dir,
+            flags.cache_size,
+            flags.mem_size,
+            flags.block_size,
+            flags.owned_fraction,
+            flags.warm_start,
+        )
+        .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?,
+    };
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
     let cut_through = !flags.store_and_forward;
     let mut engine = Engine::new(EngineConfig { geometry, namespace, layout, cut_through });
-    let clock = ShellClock::start();
-    let peers = match p2p {
-        Some((p2p, peer_config)) => {
-            engine.enable_p2p(p2p);
-            Some(PeerClient::new(TokioDialer, peer_config, &flags.self_id))
-        }
-        None => None,
-    };
-    let engine = Arc::new(Mutex::new(engine));
-    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
+    let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
+    let advertise = p2p
+        .as_ref()
+        .and_then(|p| p.placement.view().get(&flags.self_id).map(|m| m.addr.clone()))
+        .unwrap_or_default();
+    let peered = p2p.is_some();
+    if let Some(p2p) = p2p {
+        engine.enable_p2p(p2p);
+    }
     let extra_roots = match &flags.origin_ca_file {
         Some(path) => load_ca_file(path)?,
         None => Vec::new(),
     };
-    let origin_config = OriginConfig { extra_roots, ..OriginConfig::default() };
-    let origin = OriginFetcher::new(TokioDialer, origin_config).context("TLS set-up")?;
-    let node = Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock });
-    let plane = Arc::new(ClientPlane { node: node.clone(), mode });
+    let tls = tls_client_config(&extra_roots).context("TLS set-up")?;
+    let client =
+        HttpClient::new(seam.dialer(), Some(tls), bounds.pool_idle_per_host, bounds.pool_idle);
+    let config =
+        NodeConfig { mode: mode.clone(), bounds, self_id: flags.self_id.clone(), advertise };
+    let node = Node::new(engine, config).context("invalid bounds")?;
+    let (stop, stop_rx) = watch::channel(false);
+    let driver = NodeDriver::start(node, store, client, stop_rx.clone());
 
-    let client = tokio::net::TcpListener::bind(cli::listen_addr(&flags.listen)?)
+    let client_listener = seam
+        .bind(cli::listen_addr(&flags.listen)?)
         .await
         .with_context(|| format!("binding --listen {}", flags.listen))?;
-    let client_addr = client.local_addr()?;
+    let client_addr = client_listener.local_addr()?;
     let admin = if flags.admin.is_empty() {
         None
     } else {
-        let l = tokio::net::TcpListener::bind(cli::listen_addr(&flags.admin)?)
+        let l = seam
+            .bind(cli::listen_addr(&flags.admin)?)
             .await
             .with_context(|| format!("binding --admin {}", flags.admin))?;
         Some(l)
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
-    let peer = if node.peers.is_some() {
-        let l = tokio::net::TcpListener::bind(cli::listen_addr(&flags.peer_listen)?)
+    let peer = if peered {
+        let l = seam
+            .bind(cli::listen_addr(&flags.peer_listen)?)
             .await
             .with_context(|| format!("binding --peer-listen {}", flags.peer_listen))?;
         Some(l)
@@ -216,49 +225,55 @@ pub async fn start(flags: &NodeFlags) -> anyhow::Result<Running> {
     };
     let peer_addr = peer.as_ref().map(|l| l.local_addr()).transpose()?;
 
-    let (stop, stop_rx) = watch::channel(false);
-    let options =
-        ServeOptions { date_header: true, drain_timeout: Duration::from_secs(flags.drain_secs) };
+    let options = ServeOptions {
+        date_header: seam.wall_clock(),
+        drain_timeout: Duration::from_secs(flags.drain_secs),
+        ..ServeOptions::from_bounds(&bounds)
+    };
     let mut servers = JoinSet::new();
-    let p = plane.clone();
-    let handler = move |req| p.clone().handle(req);
-    servers.spawn(serve(client, handler, stopped(stop_rx.clone()), options));
+    let d = driver.clone();
+    let handler = move |req| d.clone().handle(Plane::Client, req);
+    servers.spawn(serve(client_listener, handler, stopped(stop_rx.clone()), options));
     if let Some(l) = peer {
-        let advertise = peer_addr.map(|a| a.to_string()).unwrap_or_default();
-        let pp = Arc::new(PeerPlane::new(node.clone(), &flags.self_id, &advertise));
-        let handler = move |req| pp.clone().handle(req);
+        let d = driver.clone();
+        let handler = move |req| d.clone().handle(Plane::Peer, req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
-        let n = node.clone();
-        let rx = stop_rx.clone();
-        tokio::spawn(async move { breaker_timers(n, rx).await });
     }
     if let Some(l) = admin {
-        let p = plane.clone();
+        let d = driver.clone();
         let id: Arc<str> = flags.self_id.as_str().into();
-        let handler = move |req| admin_handle(p.clone(), id.clone(), req);
+        let handler = move |req| admin_handle(d.clone(), id.clone(), req);
         servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
     }
-    let mode_text = match &plane.mode {
+    let mode_text = match &mode {
         UpstreamMode::Static(u) => format!("origin {}", strip_userinfo(u)),
         UpstreamMode::Prefix(p) => format!("prefix /{p}/<url>"),
     };
     let banner = format!(
         "dart client={client_addr} | mode: {mode_text} | p2p: {} | admin: {} | cache: {} ({} MiB)",
         peer_addr.map_or("off".to_string(), |a| format!(
-            "{} as {} of {} members, peer={a}",
-            "on",
-            flags.self_id,
-            node.engine.lock().expect("engine").p2p().map_or(0, |p| p
-                .placement
-                .view()
-                .members()
-                .len())
+            "on as {} of {members} members, peer={a}",
+            flags.self_id
         )),
         admin_addr.map_or("off".to_string(), |a| a.to_string()),
         flags.cache_dir.display(),
         flags.cache_size >> 20,
     );
-    Ok(Running { client_addr, admin_addr, peer_addr, banner, plane, stop, servers })
+    Ok(Running { client_addr, admin_addr, peer_addr, banner, driver, stop, servers })
+}
+
+fn upstream_mode(flags: &NodeFlags) -> anyhow::Result<UpstreamMode> {
+    if flags.origin.is_empty() {
+        let prefix = flags.prefix.trim_matches('/');
+        if prefix.is_empty() {
+            anyhow::bail!("--prefix must not be empty");
+        }
+        return Ok(UpstreamMode::prefix(prefix));
+    }
+    if !(flags.origin.starts_with("http://") || flags.origin.starts_with("https://")) {
+        anyhow::bail!("--origin must be an http:// or https:// URL");
+    }
+    Ok(UpstreamMode::Static(flags.origin.clone()))
 }
 
 /// Reads PEM certificates of private CAs trusted for `https://` origins.
@@ -277,7 +292,7 @@ fn load_ca_file(
 }
 
 /// Validates the peer flags and builds the engine's peer half and the peer client's bounds.
-fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<Option<(P2p, PeerConfig)>> {
+fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<Option<P2p>> {
     if flags.peers.is_empty() {
         return Ok(None);
     }
@@ -298,28 +313,7 @@ fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<Option<(P2p, PeerConfig)>> {
         ..BreakerConfig::default()
     };
     let breaker = Breaker::new(config).context("invalid breaker settings")?;
-    let peer_config = PeerConfig { request_timeout: flags.peer_timeout, ..PeerConfig::default() };
-    Ok(Some((P2p { placement, breaker }, peer_config)))
-}
-
-/// Drives the breaker's probe deadlines and logs its transitions.
-async fn breaker_timers(node: Arc<NodeCore<TokioDialer>>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        let now = node.clock.now();
-        let mut engine = node.engine.lock().expect("engine lock");
-        let Some(p2p) = engine.p2p_mut() else { return };
-        if p2p.breaker.poll_timeout().is_some_and(|t| t <= now) {
-            p2p.breaker.handle_timeout(now);
-        }
-        while let Some(e) = p2p.breaker.poll_event() {
-            tracing::info!(peer = %e.addr, from = %e.from, to = %e.to, reason = ?e.reason, "circuit");
-        }
-    }
+    Ok(Some(P2p { placement, breaker }))
 }
 
 type AdminAnswer = (StatusCode, &'static str, String);
@@ -335,9 +329,8 @@ fn no_cluster() -> AdminAnswer {
 }
 
 /// `GET /admin/members`: this node's view (epoch as a decimal string).
-fn members_json(plane: &ClientPlane<TokioDialer>, self_id: &str) -> AdminAnswer {
-    let engine = plane.node.engine.lock().expect("engine lock");
-    let Some(p2p) = engine.p2p() else { return no_cluster() };
+fn members_json(node: &Node, self_id: &str) -> AdminAnswer {
+    let Some(p2p) = node.engine().p2p() else { return no_cluster() };
     let view = p2p.placement.view();
     let members: Vec<serde_json::Value> = view
         .members()
@@ -354,15 +347,14 @@ fn members_json(plane: &ClientPlane<TokioDialer>, self_id: &str) -> AdminAnswer 
 }
 
 /// `GET /admin/ring?key=<u64>&n=<N>`: the HRW order of the Ready members for a key.
-fn ring_json(plane: &ClientPlane<TokioDialer>, query: Option<&str>) -> AdminAnswer {
+fn ring_json(node: &Node, query: Option<&str>) -> AdminAnswer {
     let param =
         |name: &str| query?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
     let Some(Ok(key)) = param("key").map(str::parse::<u64>) else {
         return (StatusCode::BAD_REQUEST, "text/plain", "key must be a decimal u64\n".into());
     };
     let n = param("n").and_then(|v| v.parse::<usize>().ok()).filter(|n| *n > 0).unwrap_or(8);
-    let engine = plane.node.engine.lock().expect("engine lock");
-    let Some(p2p) = engine.p2p() else { return no_cluster() };
+    let Some(p2p) = node.engine().p2p() else { return no_cluster() };
     let view = p2p.placement.view();
     let order: Vec<serde_json::Value> = p2p
         .placement
@@ -382,27 +374,29 @@ fn ring_json(plane: &ClientPlane<TokioDialer>, query: Option<&str>) -> AdminAnsw
     }))
 }
 
-async fn admin_handle(
-    plane: Arc<ClientPlane<TokioDialer>>,
+async fn admin_handle<D: Dialer>(
+    driver: Arc<NodeDriver<D>>,
     self_id: Arc<str>,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
         (&http::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        (&http::Method::GET, "/metrics") => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            plane.node.metrics.encode(),
-        ),
+        (&http::Method::GET, "/metrics") => {
+            (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", driver.metrics().encode())
+        }
         (&http::Method::GET, "/admin/stats") => {
-            let s = plane.node.cache.stats();
+            let s = driver.store().stats();
             let n = s.owned_blocks + s.borrowed_blocks;
             let id = serde_json::to_string(&*self_id).unwrap_or_default();
             let json = format!("{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n}\n}}\n");
             (StatusCode::OK, "application/json", json)
         }
-        (&http::Method::GET, "/admin/members") => members_json(&plane, &self_id),
-        (&http::Method::GET, "/admin/ring") => ring_json(&plane, req.uri().query()),
+        (&http::Method::GET, "/admin/members") => {
+            driver.with_node(|node| members_json(node, &self_id))
+        }
+        (&http::Method::GET, "/admin/ring") => {
+            driver.with_node(|node| ring_json(node, req.uri().query()))
+        }
         (_, "/healthz" | "/metrics" | "/admin/stats" | "/admin/members" | "/admin/ring") => {
             (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".into())
         }

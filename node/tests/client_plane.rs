@@ -151,7 +151,7 @@ async fn a_range_blind_origin_is_proxied_verbatim_and_nothing_is_cached() {
     assert_eq!((g.status, header(&g, CONTENT_LENGTH)), (200, Some(size.to_string().as_str())));
     assert_eq!(o.stats.requests(), 3, "the mark is remembered; HEAD goes upstream as GET");
     assert_eq!(o.stats.heads(), 0);
-    let s = n.plane.node.cache.stats();
+    let s = n.driver.store().stats();
     assert_eq!(s.owned_blocks + s.borrowed_blocks, 0);
 }
 
@@ -182,7 +182,7 @@ async fn a_truncating_origin_truncates_the_response_and_poisons_nothing() {
     let g = send(&client(), http::Method::GET, &url(&n, &o, ""), None).await;
     assert_eq!(g.status, 200);
     assert!(g.body.is_err(), "the client must see a short body, not a complete one");
-    let s = n.plane.node.cache.stats();
+    let s = n.driver.store().stats();
     assert_eq!(s.owned_blocks + s.borrowed_blocks, 0);
 }
 
@@ -229,7 +229,7 @@ async fn concurrent_cold_readers_cost_one_origin_request_per_distinct_block() {
     // Distinct blocks touched: 0 ..= 3 + 8 (the last reader's window ends inside block 11).
     let distinct = 12;
     assert_eq!(o.stats.requests(), 1 + distinct, "one probe plus one fetch per distinct block");
-    let metrics = n.plane.node.metrics.encode();
+    let metrics = n.driver.metrics().encode();
     assert!(metrics.contains("dart_block_source_total{source=\"origin\"}"), "{metrics}");
 }
 

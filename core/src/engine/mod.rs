@@ -179,7 +179,7 @@ impl Engine {
         self.complete(permit, Outcome::Abandoned, now);
     }
 
-    fn admit(&mut self, addr: &String, now: Instant) -> Option<Permit<String>> {
+    pub(crate) fn admit(&mut self, addr: &String, now: Instant) -> Option<Permit<String>> {
         let p2p = self.p2p.as_mut()?;
         match p2p.breaker.begin_data(addr, now) {
             Admission::Admitted(permit) => Some(permit),

@@ -28,10 +28,19 @@ pub(super) enum OriginBody {
     Reading { plan: BodyPlan, skip: u64, buf: BytesMut },
 }
 
+/// Who a peer block fetch answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PeerOwner {
+    /// A request's read.
+    Request(RequestId),
+    /// A driver's direct fetch ([`super::Input::FetchBlock`]).
+    Ticket(u64),
+}
+
 /// A peer block fetch.
 #[derive(Debug)]
 pub(super) struct PeerJob {
-    pub request: RequestId,
+    pub owner: PeerOwner,
     pub key: crate::hash::BlockKey,
     pub permit: Option<Permit<String>>,
     pub addr: String,
@@ -87,7 +96,10 @@ impl Exchange {
     pub fn request(&self) -> Option<RequestId> {
         match &self.job {
             Job::Origin { owner: Owner::Alone(rid), .. } => Some(*rid),
-            Job::Peer(p) => Some(p.request),
+            Job::Peer(p) => match p.owner {
+                PeerOwner::Request(rid) => Some(rid),
+                PeerOwner::Ticket(_) => None,
+            },
             Job::Passthrough { request, .. } => Some(*request),
             Job::Origin { owner: Owner::Flight(_), .. } | Job::Roster { .. } => None,
         }

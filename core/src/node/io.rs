@@ -232,6 +232,23 @@ pub enum Input {
         /// The bytes, if held.
         block: Option<Bytes>,
     },
+    /// Fetch one block from the peer at `addr` directly, through the breaker (admission and
+    /// outcome) but outside any read (diagnostics and transport tests); the answer is an
+    /// [`Event::BlockFetched`] carrying `ticket`.
+    FetchBlock {
+        /// Chosen by the driver, echoed in the event.
+        ticket: u64,
+        /// The peer's address.
+        addr: String,
+        /// The block.
+        key: BlockKey,
+        /// `X-DART-Origin` (empty: cache-only).
+        url: String,
+        /// `X-DART-Hop`.
+        hop: u64,
+        /// The block's length; the body is read to at most one byte more.
+        expected: u64,
+    },
     /// Fetch the roster of the peer at `addr` (discovery); the answer is an
     /// [`Event::Roster`] carrying `ticket`.
     FetchRoster {
@@ -304,6 +321,14 @@ pub enum Event {
         committed: bool,
         /// The cause.
         error: String,
+    },
+    /// A direct block fetch ended: the classified answer, or `None` when the peer's circuit is
+    /// open (nothing was sent) or the peer path is off.
+    BlockFetched {
+        /// The driver's ticket.
+        ticket: u64,
+        /// How it ended.
+        answer: Option<crate::engine::PeerAnswer>,
     },
     /// A roster fetch ended.
     Roster {

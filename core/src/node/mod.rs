@@ -235,6 +235,10 @@ impl Node {
             }
             Input::Store { op, block } => self.on_store(op, block, now),
             Input::FetchRoster { ticket, addr } => self.fetch_roster(ticket, addr, now),
+            Input::FetchBlock { ticket, addr, key, url, hop, expected } => {
+                let fetch = peer::PeerFetch { key, url, hop, expected };
+                self.fetch_block(ticket, addr, fetch, now);
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 //! read bounded, cut-through with the last byte held back), and the roster exchange in both
 //! directions.
 
-use super::exchange::{Expiry, Job, PeerJob};
+use super::exchange::{Expiry, Job, PeerJob, PeerOwner};
 use super::io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoError, IoEvent, IoId,
     Output, Plane, RequestId,
@@ -99,6 +99,34 @@ impl Node {
         cut_through: bool,
         now: Instant,
     ) {
+        let io =
+            self.send_peer_fetch(PeerOwner::Request(rid), addr, fetch, permit, cut_through, now);
+        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Peer(io);
+    }
+
+    /// A direct block fetch for the driver, through the breaker.
+    pub(super) fn fetch_block(
+        &mut self,
+        ticket: u64,
+        addr: String,
+        fetch: PeerFetch,
+        now: Instant,
+    ) {
+        let Some(permit) = self.engine.admit(&addr, now) else {
+            return self.event(Event::BlockFetched { ticket, answer: None });
+        };
+        self.send_peer_fetch(PeerOwner::Ticket(ticket), addr, fetch, permit, false, now);
+    }
+
+    fn send_peer_fetch(
+        &mut self,
+        owner: PeerOwner,
+        addr: String,
+        fetch: PeerFetch,
+        permit: Permit<String>,
+        cut_through: bool,
+        now: Instant,
+    ) -> IoId {
         let mut headers = Headers::new().with(HEADER_HOP, fetch.hop.to_string());
         // An empty URL is a transport-only request: the header is absent, never empty.
         if !fetch.url.is_empty() && header_safe(fetch.url.as_bytes()) {
@@ -109,7 +137,7 @@ impl Node {
         }
         let url = format!("http://{addr}{}", block_path(fetch.key));
         let job = PeerJob {
-            request: rid,
+            owner,
             key: fetch.key,
             permit: Some(permit),
             addr,
@@ -119,8 +147,7 @@ impl Node {
             streaming: false,
             forwarded: 0,
         };
-        let io = self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now);
-        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Peer(io);
+        self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now)
     }
 
     /// Whether peer exchange `io` is a cut-through stream whose head the relay already committed.
@@ -143,9 +170,8 @@ impl Node {
                 }
                 let reserve = expected.saturating_add(1).min(BODY_RESERVE_MAX) as usize;
                 job.copy.reserve(reserve);
-                if job.stream {
+                if let (true, PeerOwner::Request(rid)) = (job.stream, job.owner) {
                     job.streaming = true;
-                    let rid = job.request;
                     self.start_stream(rid, now);
                 }
             }
@@ -193,7 +219,9 @@ impl Node {
             if safe > job.forwarded {
                 let part = Bytes::copy_from_slice(&job.copy[job.forwarded as usize..safe as usize]);
                 job.forwarded = safe;
-                forward = Some((job.request, part));
+                if let PeerOwner::Request(rid) = job.owner {
+                    forward = Some((rid, part));
+                }
             }
         }
         let over = job.copy.len() as u64 > job.expected;
@@ -235,7 +263,20 @@ impl Node {
             PeerAnswer::Failed(o) => *o,
         };
         self.event(Event::PeerAnswer { addr: job.addr.clone(), observation });
-        let rid = job.request;
+        let permit = job.permit.expect("a peer job holds its permit");
+        let rid = match job.owner {
+            PeerOwner::Request(rid) => rid,
+            PeerOwner::Ticket(ticket) => {
+                let outcome = match &answer {
+                    PeerAnswer::Block(_) => observation.outcome(),
+                    PeerAnswer::Failed(o) => o.outcome(),
+                };
+                if let Some(p2p) = self.engine.p2p_mut() {
+                    p2p.breaker.complete(permit, outcome, now);
+                }
+                return self.event(Event::BlockFetched { ticket, answer: Some(answer) });
+            }
+        };
         if let (true, PeerAnswer::Block(b)) = (job.streaming, &answer) {
             if b.len() as u64 == job.expected && job.forwarded < job.expected {
                 let tail = b.slice(job.forwarded as usize..);
@@ -246,7 +287,6 @@ impl Node {
         let req = self.requests.get_mut(&rid).expect("a peer fetch's request is live");
         req.wait = Wait::Ready;
         let before = self.engine.stats().block_source_peer;
-        let permit = job.permit.expect("a peer job holds its permit");
         req.read.handle_peer(&mut self.engine, permit, answer, now);
         if self.engine.stats().block_source_peer > before {
             let (plane, key) = (req.plane, job.key);

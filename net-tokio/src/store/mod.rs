@@ -184,6 +184,26 @@ impl BlockStore {
         Some(bytes)
     }
 
+    /// A look-up answered without reading the disk: `Some(Some(bytes))` for a RAM hit,
+    /// `Some(None)` when no tier holds `key`, `None` when only a disk read ([`BlockStore::get`])
+    /// can answer.
+    pub fn get_from_ram(&self, key: &BlockKey) -> Option<Option<Bytes>> {
+        if self.is_closed() {
+            return Some(None);
+        }
+        if let Some(mem) = &self.mem {
+            if let Some(bytes) = lock(mem).get(key) {
+                self.disk.touch(key);
+                return Some(Some(bytes));
+            }
+        }
+        if self.disk.contains(key) {
+            None
+        } else {
+            Some(None)
+        }
+    }
+
     /// Stores `data` under `key` in the budget of `class`, and mirrors it into RAM.
     ///
     /// Returns whether the block is now cached (`false` only when TinyLFU refused a borrowed block

@@ -7,7 +7,7 @@ use dart_core::breaker::{HardReason, Observation, Outcome};
 use dart_core::codec::wire::block_path;
 use dart_core::engine::PeerAnswer;
 use dart_core::hash::{BlockKey, ChunkKey};
-use dart_net_tokio::peer_client::{PeerClient, PeerConfig};
+use dart_core::node::Bounds;
 use dart_net_tokio::seam::Dialer;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -20,11 +20,11 @@ const URL: &str = "http://origin.invalid/objects/a";
 
 #[tokio::test]
 async fn the_client_speaks_http1_with_one_second_ten_second_and_thirty_second_bounds() {
-    let config = PeerConfig::default();
-    assert_eq!(config.dial_timeout, Duration::from_secs(1));
-    assert_eq!(config.response_header_timeout, Duration::from_secs(10));
-    assert_eq!(config.request_timeout, Duration::from_secs(30));
-    assert_eq!(config.idle_per_host, 32);
+    let config = Bounds::default();
+    assert_eq!(config.peer_dial, Duration::from_secs(1));
+    assert_eq!(config.peer_head, Duration::from_secs(10));
+    assert_eq!(config.peer_request, Duration::from_secs(30));
+    assert_eq!(config.pool_idle_per_host, 32);
 
     let (tx, rx) = oneshot::channel::<String>();
     let tx = Arc::new(Mutex::new(Some(tx)));
@@ -52,21 +52,21 @@ async fn the_client_speaks_http1_with_one_second_ten_second_and_thirty_second_bo
 #[tokio::test]
 async fn a_closed_port_is_a_dial_failure_that_opens_the_circuit_at_once() {
     let addr = closed_addr().to_string();
-    let answer = peer_client(PeerConfig::default()).fetch_block(&addr, KEY, URL, 0, 4096).await;
+    let answer = peer_client(Bounds::default()).fetch_block(&addr, KEY, URL, 0, 4096).await;
     assert_eq!(answer, PeerAnswer::Failed(Observation::DialFailed));
     assert_eq!(Observation::DialFailed.outcome(), Outcome::HardFailure(HardReason::Dial));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_host_that_never_answers_the_dial_is_given_up_on_at_the_dial_bound() {
-    let config = PeerConfig::default();
-    let client = PeerClient::new(BlackHoleDialer, config.clone(), "reader");
+    let config = Bounds::default();
+    let client = fetcher_with(BlackHoleDialer, config);
     let started = tokio::time::Instant::now();
     let answer = client.fetch_block("gone.test:9000", KEY, URL, 0, 4096).await;
     let took = started.elapsed();
     assert_eq!(answer, PeerAnswer::Failed(Observation::DialFailed));
-    assert!(took >= config.dial_timeout, "gave up after {took:?}");
-    assert!(took < config.dial_timeout + Duration::from_millis(10), "gave up after {took:?}");
+    assert!(took >= config.peer_dial, "gave up after {took:?}");
+    assert!(took < config.peer_dial + Duration::from_millis(10), "gave up after {took:?}");
 }
 
 /// A peer that accepts and reads the request but never sends a byte.
@@ -134,7 +134,7 @@ impl Dialer for DuplexDialer {
 }
 
 /// A paused-clock peer running `script` on every in-memory connection.
-fn in_memory<F, Fut>(script: F) -> PeerClient<DuplexDialer>
+fn in_memory<F, Fut>(script: F) -> Fetcher<DuplexDialer>
 where
     F: Fn(DuplexStream) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -145,7 +145,7 @@ where
             tokio::spawn(script(s));
         }
     });
-    PeerClient::new(DuplexDialer { accepted: tx }, PeerConfig::default(), "reader")
+    fetcher_with(DuplexDialer { accepted: tx }, Bounds::default())
 }
 
 #[tokio::test(start_paused = true)]
@@ -158,7 +158,7 @@ async fn with_default_bounds_a_silent_peer_times_out_at_exactly_ten_seconds() {
     let answer = client.fetch_block("peer.test:9000", KEY, URL, 0, 4096).await;
     assert_eq!(answer, PeerAnswer::Failed(Observation::TimedOut));
     let took = started.elapsed();
-    let bound = PeerConfig::default().response_header_timeout;
+    let bound = Bounds::default().peer_head;
     assert!(took >= bound && took < bound + Duration::from_millis(10), "after {took:?}");
 }
 
@@ -169,6 +169,6 @@ async fn with_default_bounds_a_stalled_body_times_out_at_exactly_thirty_seconds(
     let answer = client.fetch_block("peer.test:9000", KEY, URL, 0, 4096).await;
     assert_eq!(answer, PeerAnswer::Failed(Observation::TimedOut));
     let took = started.elapsed();
-    let bound = PeerConfig::default().request_timeout;
+    let bound = Bounds::default().peer_request;
     assert!(took >= bound && took < bound + Duration::from_millis(10), "after {took:?}");
 }

@@ -5,11 +5,11 @@
 use crate::support::*;
 use dart_core::breaker::CircuitState;
 use dart_core::codec::wire::parse_block_path;
-use dart_core::engine::{Method, ReadRequest};
-use dart_net_tokio::driver::Outward;
+use dart_core::node::Bounds as PeerConfig;
+use dart_core::node::{Headers, Inbound, Plane};
 use dart_net_tokio::origin_server::Behaviour;
-use dart_net_tokio::peer_client::PeerConfig;
 use dart_net_tokio::seam::TokioDialer;
+use http_body_util::BodyExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,7 +102,7 @@ fn reply_with(body: &[u8]) -> Vec<u8> {
 }
 
 async fn read_block<D: dart_net_tokio::seam::Dialer>(
-    node: &dart_net_tokio::driver::NodeCore<D>,
+    node: &Arc<dart_net_tokio::driver::NodeDriver<D>>,
     url: &str,
     block: u64,
 ) {
@@ -110,17 +110,19 @@ async fn read_block<D: dart_net_tokio::seam::Dialer>(
     assert_eq!(got.expect("read completes"), block_bytes(SIZE, block), "block {block}");
 }
 
-/// Drives `read` past its head and body bytes to its terminal output.
-async fn to_the_end<D: dart_net_tokio::seam::Dialer>(
-    node: &dart_net_tokio::driver::NodeCore<D>,
-    read: &mut dart_core::engine::Read,
-) -> Outward {
-    loop {
-        match node.next(read).await {
-            Outward::Respond(_) | Outward::Emit(_) => {}
-            end @ (Outward::Finish | Outward::Fail(_) | Outward::Passthrough(_)) => return end,
-        }
-    }
+/// A client GET of block `block` through `node`, run to its end.
+async fn read_to_the_end<D: dart_net_tokio::seam::Dialer>(
+    node: Arc<dart_net_tokio::driver::NodeDriver<D>>,
+    url: &str,
+    block: u64,
+) -> u16 {
+    let range = block_range(SIZE, block).expect("range");
+    let headers = Headers::new().with("range", range);
+    let request = Inbound { method: "GET".into(), target: format!("/dart/{url}"), headers };
+    let resp = node.respond(Plane::Client, request).await;
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    status
 }
 
 #[tokio::test]
@@ -130,17 +132,11 @@ async fn a_caller_abandoning_a_peer_fetch_mid_request_charges_the_peer_nothing()
     let mut parent = scripted(|n| if n == 0 { Step::HoldThenGood } else { Step::Good }).await;
     let addr = parent.peer.peer_addr();
     let reader = reader_node(TokioDialer, &addr, breaker_config(3, LONG), PeerConfig::default());
-    let request = ReadRequest {
-        url: url.clone(),
-        method: Method::Get,
-        range: block_range(SIZE, 0).map(String::into_bytes),
-    };
-    let mut abandoned = reader.engine.lock().expect("engine lock").begin_read(request);
     tokio::select! {
-        out = to_the_end(&reader, &mut abandoned) => panic!("finished while the parent stalls: {out:?}"),
+        out = read_to_the_end(reader.clone(), &url, 0) => panic!("finished while the parent stalls: {out:?}"),
         n = parent.arrival() => assert_eq!(n, 0),
     }
-    // The driver's future is gone mid-request: its guard handed the permit back as abandoned.
+    // The client's request is gone mid-fetch: the node cancelled it and abandoned the permit.
     let counters = breaker_counters(&reader);
     assert_eq!(counters.abandoned, 1);
     let charged = (counters.answered, counters.soft, counters.hard, counters.validation);
@@ -170,14 +166,8 @@ async fn a_cancelled_half_open_probe_gives_its_slot_back() {
     assert_eq!(circuit(&reader, &addr), CircuitState::Open, "a lying parent opens at once");
     wait_until_healthy(&reader, &addr).await;
 
-    let request = ReadRequest {
-        url: url.clone(),
-        method: Method::Get,
-        range: block_range(SIZE, 1).map(String::into_bytes),
-    };
-    let mut probing = reader.engine.lock().expect("engine lock").begin_read(request);
     tokio::select! {
-        out = to_the_end(&reader, &mut probing) => panic!("finished while the probe stalls: {out:?}"),
+        out = read_to_the_end(reader.clone(), &url, 1) => panic!("finished while the probe stalls: {out:?}"),
         n = parent.arrival() => assert_eq!(n, 1),
     }
     assert!(healthy(&reader, &addr), "the abandoned probe's slot is free again");

@@ -6,7 +6,7 @@ use crate::support::*;
 use dart_core::breaker::{HardReason, Observation, Outcome};
 use dart_core::engine::PeerAnswer;
 use dart_core::hash::{BlockKey, ChunkKey};
-use dart_net_tokio::peer_client::PeerConfig;
+use dart_core::node::Bounds as PeerConfig;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

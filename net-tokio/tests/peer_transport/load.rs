@@ -3,8 +3,8 @@
 
 use crate::support::*;
 use dart_core::engine::{BlockClass, PeerAnswer};
+use dart_core::node::Bounds as PeerConfig;
 use dart_net_tokio::cache::BlockCache;
-use dart_net_tokio::peer_client::PeerConfig;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -6,9 +6,9 @@ use dart_core::breaker::{CircuitState, Observation, Outcome};
 use dart_core::codec::wire::block_path;
 use dart_core::engine::{BlockClass, PeerAnswer};
 use dart_core::hash::BlockKey;
+use dart_core::node::Bounds as PeerConfig;
 use dart_net_tokio::cache::BlockCache;
 use dart_net_tokio::origin_server::Behaviour;
-use dart_net_tokio::peer_client::PeerConfig;
 use dart_net_tokio::seam::TokioDialer;
 use std::time::Duration;
 
@@ -161,7 +161,8 @@ async fn five_credential_refusals_relayed_by_a_healthy_peer_leave_its_circuit_cl
     assert_eq!(got, block_bytes(SIZE, 0));
     for block in 1..=5 {
         let failure = read(&reader, &expired, block_range(SIZE, block)).await.expect_err("403");
-        assert_eq!(failure.status, 502, "block {block}: the reader's own origin fetch is refused");
+        // The head (206) was out before the block was fetched: the refusal cuts the body short.
+        assert!(failure.committed, "block {block}: the reader's own origin fetch is refused");
         assert_eq!(circuit(&reader, &parent), CircuitState::Closed, "after refusal {block}");
     }
     let counters = breaker_counters(&reader);
@@ -187,7 +188,7 @@ async fn a_miss_relayed_down_a_three_node_chain_is_cached_by_every_node() {
     for (name, cache) in [("root", &root.cache), ("middle", &middle.cache)] {
         assert_eq!(cache.get(&key).as_deref(), Some(&got[..]), "{name} cached the block");
     }
-    assert_eq!(reader.cache.get(&key).as_deref(), Some(&got[..]), "the reader cached it");
+    assert_eq!(reader.store().get(&key).as_deref(), Some(&got[..]), "the reader cached it");
     assert_eq!(engine_stats(&reader).block_source_peer, 1);
     assert_eq!(middle.stats().block_source_peer, 1, "the middle got it from the root");
     assert_eq!(root.stats().block_source_origin, 1, "only the root went to the origin");

@@ -1,22 +1,22 @@
-//! Fixtures: an in-test origin, real peer servers (a `PeerPlane` over a `NodeCore`), reader nodes
-//! whose engine routes misses to a parent peer, hand-written hostile servers on raw sockets, and
-//! dialers that count or never finish.
+//! Fixtures: an in-test origin, real peer servers (a node driver serving its peer plane), reader
+//! nodes whose misses go to a parent peer, a bare fetcher that asks one peer for one block
+//! through the node machine, hand-written hostile servers on raw sockets, and dialers that count
+//! or never finish.
 
 use bytes::Bytes;
 use dart_core::breaker::{BackoffPolicy, Breaker, BreakerConfig, BreakerCounters, CircuitState};
+use dart_core::engine::resolve::UpstreamMode;
 use dart_core::engine::route::Placement;
-use dart_core::engine::{Engine, EngineConfig, EngineStats, Method, P2p, ReadFailure, ReadRequest};
+use dart_core::engine::{Engine, EngineConfig, EngineStats, P2p, PeerAnswer};
 use dart_core::geometry::Geometry;
 use dart_core::hash::BlockKey;
 use dart_core::membership::{Member, View};
+use dart_core::node::{Bounds, Headers, Inbound, Node, NodeConfig, Plane};
 use dart_net_tokio::cache::{BlockCache, MemCache};
-use dart_net_tokio::driver::{NodeCore, Outward};
-use dart_net_tokio::metrics::Metrics;
-use dart_net_tokio::origin::{OriginConfig, OriginFetcher};
+use dart_net_tokio::client::HttpClient;
+use dart_net_tokio::driver::NodeDriver;
 use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
-use dart_net_tokio::peer_client::{PeerClient, PeerConfig};
-use dart_net_tokio::peer_plane::PeerPlane;
-use dart_net_tokio::seam::{Dialer, Listener, SeamConnector, ShellClock, TokioDialer};
+use dart_net_tokio::seam::{Dialer, Listener, SeamConnector, TokioDialer};
 use dart_net_tokio::server::{serve, ServeOptions};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -64,14 +64,72 @@ pub fn closed_addr() -> SocketAddr {
     l.local_addr().expect("addr")
 }
 
-/// A peer client with the given bounds.
-pub fn peer_client(config: PeerConfig) -> PeerClient<TokioDialer> {
-    PeerClient::new(TokioDialer, config, "reader")
+/// Peer bounds small enough for tests that need them to fire, `header` and `request` apart.
+pub fn bounds(header: Duration, request: Duration) -> Bounds {
+    Bounds { peer_head: header, peer_request: request, ..Bounds::default() }
 }
 
-/// Peer bounds small enough for tests that need them to fire, `header` and `request` apart.
-pub fn bounds(header: Duration, request: Duration) -> PeerConfig {
-    PeerConfig { response_header_timeout: header, request_timeout: request, ..Default::default() }
+/// Starts a driver for `node` whose timers run for the rest of the test.
+fn drive<D: Dialer>(
+    node: Node,
+    store: Arc<dyn BlockCache>,
+    dialer: D,
+    b: &Bounds,
+) -> Arc<NodeDriver<D>> {
+    let client = HttpClient::new(dialer, None, b.pool_idle_per_host, b.pool_idle);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    std::mem::forget(stop);
+    NodeDriver::start(node, store, client, stopped)
+}
+
+fn node(engine: Engine, self_id: &str, advertise: &str, bounds: Bounds) -> Node {
+    let config = NodeConfig {
+        mode: UpstreamMode::prefix("dart"),
+        bounds,
+        self_id: self_id.to_owned(),
+        advertise: advertise.to_owned(),
+    };
+    Node::new(engine, config).expect("valid bounds")
+}
+
+/// A bare peer fetcher: one node (breaker disabled, so every request is sent) asking one peer for
+/// one block through the node machine's peer path and the shell's client.
+pub struct Fetcher<D: Dialer> {
+    /// The fetching node.
+    pub driver: Arc<NodeDriver<D>>,
+}
+
+impl<D: Dialer> Fetcher<D> {
+    /// Asks the peer at `addr` for block `key` of `url` at relay depth `hop`, reading at most
+    /// `expected + 1` body bytes.
+    pub async fn fetch_block(
+        &self,
+        addr: &str,
+        key: BlockKey,
+        url: &str,
+        hop: u64,
+        expected: u64,
+    ) -> PeerAnswer {
+        let answer = self.driver.fetch_block(addr, key, url, hop, expected).await;
+        answer.expect("the fetcher's breaker is disabled: every request is sent")
+    }
+}
+
+/// A fetcher named `reader` dialing through `dialer` with `bounds`.
+pub fn fetcher_with<D: Dialer>(dialer: D, bounds: Bounds) -> Fetcher<D> {
+    let mut engine = Engine::new(engine_config());
+    let placement = Placement::new(View::new(Vec::new()), "reader", 2, 1);
+    let off = BreakerConfig { failure_threshold: 0, ..BreakerConfig::default() };
+    let breaker = Breaker::new(off).expect("breaker");
+    engine.enable_p2p(P2p { placement, breaker });
+    let store: Arc<dyn BlockCache> = Arc::new(MemCache::default());
+    let n = node(engine, "reader", "reader:9000", bounds);
+    Fetcher { driver: drive(n, store, dialer, &bounds) }
+}
+
+/// A fetcher over real sockets.
+pub fn peer_client(bounds: Bounds) -> Fetcher<TokioDialer> {
+    fetcher_with(TokioDialer, bounds)
 }
 
 /// The generated-object origin.
@@ -127,11 +185,11 @@ impl Listener for CountingListener {
     }
 }
 
-/// A real peer server: a `PeerPlane` over a node whose engine is a tree root (no peer path), so
-/// a relay it cannot serve from its cache goes to the origin.
+/// A real peer server: a node serving its peer plane; a tree root (no peer path) unless it has
+/// parents, so a relay it cannot serve from its cache goes to the origin.
 pub struct PeerServer {
     pub addr: SocketAddr,
-    pub node: Arc<NodeCore<TokioDialer>>,
+    pub node: Arc<NodeDriver<TokioDialer>>,
     pub cache: Arc<MemCache>,
     pub accepts: Arc<AtomicU64>,
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -140,7 +198,7 @@ pub struct PeerServer {
 impl PeerServer {
     /// The server's engine counters.
     pub fn stats(&self) -> EngineStats {
-        self.node.engine.lock().expect("engine lock").stats()
+        self.node.stats()
     }
 
     /// The server's peer-plane address as peers name it.
@@ -171,9 +229,9 @@ fn serve_peer(listener: TcpListener, self_id: &str, parents: &[&str]) -> PeerSer
     let cache = Arc::new(MemCache::default());
     let breaker = breaker_config(3, Duration::from_secs(60));
     let node =
-        node_core(TokioDialer, self_id, cache.clone(), parents, breaker, PeerConfig::default());
-    let plane = Arc::new(PeerPlane::new(node.clone(), self_id, &addr.to_string()));
-    let handler = move |req| plane.clone().handle(req);
+        node_driver(TokioDialer, self_id, cache.clone(), parents, breaker, Bounds::default());
+    let d = node.clone();
+    let handler = move |req| d.clone().handle(Plane::Peer, req);
     let accepts = Arc::new(AtomicU64::new(0));
     let counting = CountingListener { inner: listener, accepts: accepts.clone() };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -194,53 +252,48 @@ pub fn breaker_config(threshold: u32, cooldown: Duration) -> BreakerConfig {
     }
 }
 
-/// A node's machinery over `cache`: a tree root without `parents`; with them, a node outside
-/// the cluster view (members `parent-0`, `parent-1`, ...), so every miss goes to the rank-0
-/// member for its chunk — with a single parent, always that parent.
-fn node_core<D: Dialer>(
+/// A node over `cache`: a tree root without `parents`; with them, a node outside the cluster
+/// view (members `parent-0`, `parent-1`, ...), so every miss goes to the rank-0 member for its
+/// chunk — with a single parent, always that parent.
+fn node_driver<D: Dialer>(
     dialer: D,
     self_id: &str,
     cache: Arc<dyn BlockCache>,
     parents: &[&str],
     breaker: BreakerConfig,
-    peer: PeerConfig,
-) -> Arc<NodeCore<D>> {
+    bounds: Bounds,
+) -> Arc<NodeDriver<D>> {
     let mut engine = Engine::new(engine_config());
-    let mut peers = None;
     if !parents.is_empty() {
         let members =
             parents.iter().enumerate().map(|(i, a)| Member::ready(&format!("parent-{i}"), a));
         let placement = Placement::new(View::new(members.collect()), self_id, 2, 1);
         let breaker = Breaker::new(breaker).expect("breaker config");
         engine.enable_p2p(P2p { placement, breaker });
-        peers = Some(PeerClient::new(dialer.clone(), peer, self_id));
     }
-    let engine = Arc::new(Mutex::new(engine));
-    let clock = ShellClock::start();
-    let metrics = Arc::new(Metrics::new(engine.clone(), cache.clone(), clock));
-    let origin = OriginFetcher::new(dialer, OriginConfig::default()).expect("origin client");
-    Arc::new(NodeCore { engine, cache, origin, peers, metrics, clock })
+    let n = node(engine, self_id, "", bounds);
+    drive(n, cache, dialer, &bounds)
 }
 
-/// A reader node whose every miss goes to `parent` (see [`node_core`]).
+/// A reader node whose every miss goes to `parent` (see [`node_driver`]).
 pub fn reader_node<D: Dialer>(
     dialer: D,
     parent: &str,
     breaker: BreakerConfig,
-    peer: PeerConfig,
-) -> Arc<NodeCore<D>> {
-    reader_of(dialer, &[parent], breaker, peer)
+    bounds: Bounds,
+) -> Arc<NodeDriver<D>> {
+    reader_of(dialer, &[parent], breaker, bounds)
 }
 
-/// A reader node whose misses go to the rank-0 parent of each chunk (see [`node_core`]).
+/// A reader node whose misses go to the rank-0 parent of each chunk (see [`node_driver`]).
 pub fn reader_of<D: Dialer>(
     dialer: D,
     parents: &[&str],
     breaker: BreakerConfig,
-    peer: PeerConfig,
-) -> Arc<NodeCore<D>> {
+    bounds: Bounds,
+) -> Arc<NodeDriver<D>> {
     let cache = Arc::new(MemCache::default());
-    node_core(dialer, "reader", cache, parents, breaker, peer)
+    node_driver(dialer, "reader", cache, parents, breaker, bounds)
 }
 
 /// Which of `parents` a reader outside the view asks for block `block` of `url`.
@@ -252,30 +305,31 @@ pub fn parent_for(parents: &[&str], url: &str, block: u64) -> usize {
 }
 
 /// The reader's view of its parent's circuit.
-pub fn circuit<D: Dialer>(node: &NodeCore<D>, parent: &str) -> CircuitState {
-    let engine = node.engine.lock().expect("engine lock");
-    engine.p2p().expect("peer path").breaker.state(&parent.to_owned(), node.clock.now())
+pub fn circuit<D: Dialer>(node: &NodeDriver<D>, parent: &str) -> CircuitState {
+    let now = node.clock().now();
+    node.with_node(|n| n.engine().p2p().expect("peer path").breaker.state(&parent.to_owned(), now))
 }
 
 /// The reader's breaker counters.
-pub fn breaker_counters<D: Dialer>(node: &NodeCore<D>) -> BreakerCounters {
-    let engine = node.engine.lock().expect("engine lock");
-    engine.p2p().expect("peer path").breaker.counters().clone()
+pub fn breaker_counters<D: Dialer>(node: &NodeDriver<D>) -> BreakerCounters {
+    node.with_node(|n| n.engine().p2p().expect("peer path").breaker.counters().clone())
 }
 
 /// Whether the reader's breaker would admit a request to `parent` now.
-pub fn healthy<D: Dialer>(node: &NodeCore<D>, parent: &str) -> bool {
-    let engine = node.engine.lock().expect("engine lock");
-    engine.p2p().expect("peer path").breaker.healthy(&parent.to_owned(), node.clock.now())
+pub fn healthy<D: Dialer>(node: &NodeDriver<D>, parent: &str) -> bool {
+    let now = node.clock().now();
+    node.with_node(|n| {
+        n.engine().p2p().expect("peer path").breaker.healthy(&parent.to_owned(), now)
+    })
 }
 
 /// A node's engine counters.
-pub fn engine_stats<D: Dialer>(node: &NodeCore<D>) -> EngineStats {
-    node.engine.lock().expect("engine lock").stats()
+pub fn engine_stats<D: Dialer>(node: &NodeDriver<D>) -> EngineStats {
+    node.stats()
 }
 
 /// Waits (bounded) until `parent`'s circuit would admit a probe again.
-pub async fn wait_until_healthy<D: Dialer>(node: &NodeCore<D>, parent: &str) {
+pub async fn wait_until_healthy<D: Dialer>(node: &NodeDriver<D>, parent: &str) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while !healthy(node, parent) {
         assert!(tokio::time::Instant::now() < deadline, "cooldown never elapsed");
@@ -283,27 +337,37 @@ pub async fn wait_until_healthy<D: Dialer>(node: &NodeCore<D>, parent: &str) {
     }
 }
 
-/// A client GET of `range` (e.g. `bytes=0-4095`) of `url`, driven through `NodeCore::next`.
+/// How a read through a node failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadFailure {
+    /// The status answered (the head's status when the body was cut short).
+    pub status: u16,
+    /// The head had been sent: the body was cut short.
+    pub committed: bool,
+    /// The error text.
+    pub error: String,
+}
+
+/// A client GET of `range` (e.g. `bytes=0-4095`) of `url` through `node`'s client plane.
 pub async fn read<D: Dialer>(
-    node: &NodeCore<D>,
+    node: &Arc<NodeDriver<D>>,
     url: &str,
     range: Option<String>,
 ) -> Result<Vec<u8>, ReadFailure> {
-    let request = ReadRequest {
-        url: url.to_owned(),
-        method: Method::Get,
-        range: range.map(String::into_bytes),
-    };
-    let mut read = node.engine.lock().expect("engine lock").begin_read(request);
-    let mut body = Vec::new();
-    loop {
-        match node.next(&mut read).await {
-            Outward::Respond(_) => {}
-            Outward::Emit(bytes) => body.extend_from_slice(&bytes),
-            Outward::Finish => return Ok(body),
-            Outward::Fail(failure) => return Err(failure),
-            Outward::Passthrough(url) => panic!("unexpected passthrough to {url}"),
+    let mut headers = Headers::new();
+    if let Some(r) = range {
+        headers.push("range", r);
+    }
+    let request = Inbound { method: "GET".into(), target: format!("/dart/{url}"), headers };
+    let resp = node.clone().respond(Plane::Client, request).await;
+    let status = resp.status().as_u16();
+    match resp.into_body().collect().await {
+        Ok(body) if status < 400 => Ok(body.to_bytes().to_vec()),
+        Ok(body) => {
+            let error = String::from_utf8_lossy(&body.to_bytes()).trim_end().to_owned();
+            Err(ReadFailure { status, committed: false, error })
         }
+        Err(e) => Err(ReadFailure { status, committed: true, error: e.to_string() }),
     }
 }
 

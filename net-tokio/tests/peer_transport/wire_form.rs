@@ -6,9 +6,9 @@ use dart_core::breaker::Observation;
 use dart_core::codec::wire::block_path;
 use dart_core::engine::{BlockClass, EngineStats, PeerAnswer};
 use dart_core::hash::{BlockKey, ChunkKey};
+use dart_core::node::Bounds as PeerConfig;
 use dart_net_tokio::cache::BlockCache;
 use dart_net_tokio::origin_server::Behaviour;
-use dart_net_tokio::peer_client::PeerConfig;
 use tokio::io::AsyncWriteExt;
 
 const SIZE: u64 = 5 * BLOCK + 100;
