@@ -102,12 +102,20 @@ impl<D: Dialer> HttpClient<D> {
         }
     }
 
-    /// A connection ready to send: a pooled one if any is alive, else a fresh dial. Unbounded:
-    /// the caller's timers bound it.
-    pub async fn connect(&self, key: &PoolKey) -> Result<SendRequest<Empty<Bytes>>, DialError> {
+    /// A connection ready to send: a pooled one if any is alive (`true`: reused), else a fresh
+    /// dial. Unbounded: the caller's timers bound it.
+    pub async fn connect(
+        &self,
+        key: &PoolKey,
+    ) -> Result<(SendRequest<Empty<Bytes>>, bool), DialError> {
         if let Some(sender) = self.take_idle(key) {
-            return Ok(sender);
+            return Ok((sender, true));
         }
+        self.dial(key).await.map(|s| (s, false))
+    }
+
+    /// A fresh connection, never a pooled one.
+    pub async fn dial(&self, key: &PoolKey) -> Result<SendRequest<Empty<Bytes>>, DialError> {
         let stream =
             dial_maybe_tls(&self.dialer, self.tls.as_ref(), &key.host, key.port, key.https).await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()

@@ -84,6 +84,9 @@ enum Deferred {
 /// Runs one [`Node`] on tokio; see the module doc.
 pub struct NodeDriver<D: Dialer> {
     inner: Mutex<Inner>,
+    /// The runtime the driver was started on: every task it spawns runs there, whoever feeds it
+    /// (in a turmoil simulation, on the node's own host).
+    rt: tokio::runtime::Handle,
     clock: ShellClock,
     store: Arc<dyn BlockCache>,
     client: HttpClient<D>,
@@ -123,6 +126,7 @@ impl<D: Dialer> NodeDriver<D> {
             };
             NodeDriver {
                 inner: Mutex::new(inner),
+                rt: tokio::runtime::Handle::current(),
                 clock,
                 store,
                 client,
@@ -131,7 +135,7 @@ impl<D: Dialer> NodeDriver<D> {
                 timer: Notify::new(),
             }
         });
-        tokio::spawn(driver.clone().run_timers(stop));
+        driver.rt.spawn(driver.clone().run_timers(stop));
         driver
     }
 
@@ -229,7 +233,7 @@ impl<D: Dialer> NodeDriver<D> {
                 Output::Send(req) => {
                     let id = req.id;
                     tracing::debug!(io = %id, endpoint = ?req.endpoint, url = %req.url, range = ?req.headers.get_str("range"), "send");
-                    let task = tokio::spawn(self.clone().exchange(req));
+                    let task = self.rt.spawn(self.clone().exchange(req));
                     inner.ios.insert(id, task.abort_handle());
                 }
                 Output::Cancel(io) => {
@@ -297,20 +301,19 @@ impl<D: Dialer> NodeDriver<D> {
             match d {
                 Deferred::StoreGet(op, key) => {
                     let driver = self.clone();
-                    let store = self.store.clone();
-                    tokio::spawn(async move {
-                        let got = tokio::task::spawn_blocking(move || store.get(&key)).await;
-                        // A store that panicked is a miss, never a stuck read.
-                        let block = got.unwrap_or(None);
+                    self.rt.spawn_blocking(move || {
+                        let get = || driver.store.get(&key);
+                        // A store that panics is a miss, never a stuck read.
+                        let block = std::panic::catch_unwind(std::panic::AssertUnwindSafe(get))
+                            .unwrap_or(None);
                         driver.feed(Input::Store { op, block });
                     });
                 }
                 Deferred::StorePut(key, data, class) => {
                     let driver = self.clone();
-                    let store = self.store.clone();
-                    tokio::spawn(async move {
-                        let _ =
-                            tokio::task::spawn_blocking(move || store.put(key, &data, class)).await;
+                    self.rt.spawn_blocking(move || {
+                        let put = || driver.store.put(key, &data, class);
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(put));
                         driver.lock().pending_puts.remove(&key);
                     });
                 }
@@ -391,17 +394,37 @@ impl<D: Dialer> NodeDriver<D> {
             Ok(_) => return report(IoEvent::Failed(IoError::Invalid("https to a peer".into()))),
             Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
         };
-        let mut sender = match self.client.connect(&target.key).await {
+        let (mut sender, reused) = match self.client.connect(&target.key).await {
             Ok(s) => s,
             Err(e) => return report(IoEvent::Failed(IoError::Connect(e.to_string()))),
         };
         report(IoEvent::Connected);
-        let request = match build_request(&target.path_and_query, &target.authority, &req.headers) {
+        let request = || build_request(&target.path_and_query, &target.authority, &req.headers);
+        let first = match request() {
             Ok(r) => r,
             Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
         };
-        let resp = match sender.send_request(request).await {
+        let resp = match sender.send_request(first).await {
             Ok(r) => r,
+            // A pooled connection may have died while idle (the server closed it, a partition
+            // broke it) before our request reached anyone: a GET is safe to send once more, on
+            // a fresh connection. Any other failure is the exchange's.
+            Err(_) if reused => {
+                let retried = async {
+                    let mut fresh =
+                        self.client.dial(&target.key).await.map_err(|e| e.to_string())?;
+                    let again = request()?;
+                    let resp = fresh.send_request(again).await.map_err(|e| cause(&e))?;
+                    Ok::<_, String>((fresh, resp))
+                };
+                match retried.await {
+                    Ok((fresh, resp)) => {
+                        sender = fresh;
+                        resp
+                    }
+                    Err(e) => return report(IoEvent::Failed(IoError::Broken(e))),
+                }
+            }
             Err(e) => return report(IoEvent::Failed(IoError::Broken(cause(&e)))),
         };
         let (parts, mut incoming) = resp.into_parts();

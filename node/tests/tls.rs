@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
-use dart_net_tokio::seam::{Listener, SeamConnector, TokioDialer};
+use dart_net_tokio::seam::{Dialer, Listener, Seam, SeamConnector, TokioDialer};
 use dart_net_tokio::server::ServeOptions;
 use dart_node::cli::NodeFlags;
 use http_body_util::{BodyExt, Empty};
@@ -75,7 +75,45 @@ async fn tls_origin() -> TlsOrigin {
     TlsOrigin { port, ca_pem: key.cert.pem(), stats, _stop: tx }
 }
 
-async fn node(name: &str, ca_file: Option<std::path::PathBuf>) -> (dart_node::Running, TempDir) {
+/// Real sockets with an injected name table: `localhost` is 127.0.0.1 and no other name
+/// resolves, so no test asks the system's resolver.
+#[derive(Clone, Copy, Debug, Default)]
+struct NamedSeam;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct NamedDialer;
+
+impl Dialer for NamedDialer {
+    type Io = tokio::net::TcpStream;
+
+    async fn dial(&self, host: &str, port: u16) -> std::io::Result<Self::Io> {
+        let ip: std::net::IpAddr = match host {
+            "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+            other => other.parse().map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, format!("no such host {other}"))
+            })?,
+        };
+        tokio::net::TcpStream::connect((ip, port)).await
+    }
+}
+
+impl Seam for NamedSeam {
+    type Listener = tokio::net::TcpListener;
+    type Dialer = NamedDialer;
+
+    async fn bind(&self, addr: SocketAddr) -> std::io::Result<Self::Listener> {
+        tokio::net::TcpListener::bind(addr).await
+    }
+
+    fn dialer(&self) -> NamedDialer {
+        NamedDialer
+    }
+}
+
+async fn node(
+    name: &str,
+    ca_file: Option<std::path::PathBuf>,
+) -> (dart_node::Running<NamedDialer>, TempDir) {
     let dir = std::env::temp_dir().join(format!("dart-tls-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let flags = NodeFlags {
@@ -90,7 +128,8 @@ async fn node(name: &str, ca_file: Option<std::path::PathBuf>) -> (dart_node::Ru
         drain_secs: 1,
         ..NodeFlags::default()
     };
-    (dart_node::start(&flags).await.expect("node starts"), TempDir(dir))
+    let running = dart_node::start_on(NamedSeam, &flags, None).await.expect("node starts");
+    (running, TempDir(dir))
 }
 
 async fn get(addr: SocketAddr, url: &str) -> (u16, Bytes) {

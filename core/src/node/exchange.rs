@@ -80,6 +80,7 @@ pub(super) enum Job {
 /// One outbound exchange.
 #[derive(Debug)]
 pub(super) struct Exchange {
+    pub endpoint: Endpoint,
     pub url: String,
     pub sent: Instant,
     pub connected: bool,
@@ -184,6 +185,7 @@ impl Node {
             Job::Origin { .. } | Job::Peer(_) | Job::Roster { .. } => Some(request),
         };
         let mut x = Exchange {
+            endpoint,
             url: url.clone(),
             sent: now,
             connected: false,

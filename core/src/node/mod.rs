@@ -204,9 +204,10 @@ impl Node {
         self.requests.len()
     }
 
-    /// Exchanges in flight, with the request each serves (none for a flight or a roster fetch).
-    pub fn exchanges(&self) -> Vec<(IoId, Option<RequestId>)> {
-        self.exchanges.iter().map(|(id, x)| (*id, x.request())).collect()
+    /// Exchanges in flight: whom each talks to and the request it serves (none for a flight,
+    /// a roster fetch or a direct block fetch).
+    pub fn exchanges(&self) -> Vec<(IoId, Endpoint, Option<RequestId>)> {
+        self.exchanges.iter().map(|(id, x)| (*id, x.endpoint, x.request())).collect()
     }
 
     /// Handles one input at `now`; see the type's driving contract.

@@ -144,10 +144,10 @@ impl Harness {
             .with("content-length", (e - s + 1).to_string());
         self.io(req.id, IoEvent::Connected);
         self.io(req.id, IoEvent::Head { status: 206, headers });
-        if self.node.exchanges().iter().any(|(i, _)| *i == req.id) {
+        if self.node.exchanges().iter().any(|(i, _, _)| *i == req.id) {
             self.io(req.id, IoEvent::Body(content(s, e - s + 1)));
         }
-        if self.node.exchanges().iter().any(|(i, _)| *i == req.id) {
+        if self.node.exchanges().iter().any(|(i, _, _)| *i == req.id) {
             self.io(req.id, IoEvent::End);
         }
     }

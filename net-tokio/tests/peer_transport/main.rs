@@ -6,6 +6,7 @@
 mod bounds;
 mod breaker;
 mod hostile;
+mod isolation;
 mod load;
 mod relay;
 mod support;
