@@ -54,7 +54,6 @@ mod dirlock;
 mod error;
 mod lru;
 mod mem;
-mod sketch;
 mod tiered;
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use dart_core::hash::BlockKey;
 
 use super::arena::{slot_checksum, Arena, LoadReport};
 use super::config::Budgets;
-use super::sketch::Sketch;
 use super::{BlockClass, StoreError, WarmStart};
+use dart_core::admission::{admits, Sketch};
 
 /// Owned arena file name inside the cache directory.
 pub(crate) const OWNED_FILE: &str = "blocks.owned";
@@ -66,7 +66,7 @@ impl Borrowed {
         }
         if self.arena.is_full() {
             let victim = self.arena.lru_key().expect("a full arena has a victim");
-            if self.sketch.estimate(&key) < self.sketch.estimate(&victim) {
+            if !admits(&self.sketch, &key, &victim) {
                 return Ok(PutOutcome::Refused);
             }
         }

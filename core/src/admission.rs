@@ -1,20 +1,22 @@
-//! TinyLFU frequency estimator for borrowed admission: 4-bit count-min counters behind a doorkeeper
-//! bloom filter, halved periodically (store.md §4; DART's `internal/store/sketch.go`).
+//! TinyLFU admission for borrowed blocks (spec/store.md §4): a frequency estimator of 4-bit
+//! count-min counters behind a doorkeeper bloom filter, halved periodically, and the verdict a full
+//! budget applies to a candidate against its LRU victim. Pure: the disk store and the simulator's
+//! cache both call it, so the admission scenarios run is the admission production makes.
 
-use dart_core::hash::{fmix64, BlockKey};
+use crate::hash::{fmix64, BlockKey};
 
 /// The 64-bit golden-ratio constant DART mixes keys with.
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The estimator is sized for at least this many keys: a tiny sketch aliases every key, and an
 /// unseen candidate would inherit a warm key's count.
-pub(crate) const MIN_KEYS: u64 = 256;
+pub const MIN_KEYS: u64 = 256;
 /// A 4-bit counter saturates here.
 const COUNTER_MAX: u64 = 15;
 /// Counters per `u64` word.
 const COUNTERS_PER_WORD: u64 = 16;
 
 /// The estimator's hash of `key`: `fmix64(chunk ^ (block * GOLDEN))`.
-pub(crate) fn key_hash(key: &BlockKey) -> u64 {
+pub fn key_hash(key: &BlockKey) -> u64 {
     fmix64(key.chunk.0 ^ key.block.wrapping_mul(GOLDEN))
 }
 
@@ -24,9 +26,15 @@ fn probes(h: u64) -> [u64; 4] {
     [h, h >> 16, h2, h2 >> 16]
 }
 
+/// Whether a full budget admits `candidate` by evicting `victim`: only if the candidate is at least
+/// as popular (TinyLFU; ties admit, so a cold cache still turns over).
+pub fn admits(sketch: &Sketch, candidate: &BlockKey, victim: &BlockKey) -> bool {
+    sketch.estimate(candidate) >= sketch.estimate(victim)
+}
+
 /// Count-min sketch of 4-bit counters with a doorkeeper.
 #[derive(Debug)]
-pub(crate) struct Sketch {
+pub struct Sketch {
     /// Packed 4-bit counters, 16 per word; `counter_mask + 1` of them.
     counters: Vec<u64>,
     counter_mask: u64,
@@ -41,7 +49,7 @@ pub(crate) struct Sketch {
 
 impl Sketch {
     /// An estimator for a cache of `slots` entries, sized for `max(slots, 256)` keys.
-    pub(crate) fn new(slots: u64) -> Self {
+    pub fn new(slots: u64) -> Self {
         let keys = slots.max(MIN_KEYS);
         let counters = (keys * 4).next_power_of_two();
         let door_bits = (keys * 8).next_power_of_two();
@@ -58,7 +66,7 @@ impl Sketch {
     }
 
     /// Records one access of `key`: a first sighting only enters the doorkeeper.
-    pub(crate) fn increment(&mut self, key: &BlockKey) {
+    pub fn increment(&mut self, key: &BlockKey) {
         let positions = probes(key_hash(key));
         if !self.door_contains(positions) {
             for p in positions {
@@ -82,7 +90,7 @@ impl Sketch {
 
     /// Estimated access count of `key`: the minimum of its counters, plus 1 if the doorkeeper
     /// has seen it.
-    pub(crate) fn estimate(&self, key: &BlockKey) -> u64 {
+    pub fn estimate(&self, key: &BlockKey) -> u64 {
         let positions = probes(key_hash(key));
         let min = positions
             .iter()
@@ -114,12 +122,12 @@ impl Sketch {
 
     /// Sized key count, counter count and doorkeeper bit count.
     #[cfg(test)]
-    pub(crate) fn dimensions(&self) -> (u64, u64, u64) {
+    pub fn dimensions(&self) -> (u64, u64, u64) {
         (self.halve_at / 10, self.counter_mask + 1, self.door_mask + 1)
     }
 
     /// Asserts the table sizes are powers of two and consistent with their masks.
-    pub(crate) fn check_invariants(&self) {
+    pub fn check_invariants(&self) {
         let counters = self.counter_mask + 1;
         let door_bits = self.door_mask + 1;
         assert!(counters.is_power_of_two() && door_bits.is_power_of_two());
@@ -132,7 +140,7 @@ impl Sketch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dart_core::hash::ChunkKey;
+    use crate::hash::ChunkKey;
 
     fn key(chunk: u64, block: u64) -> BlockKey {
         BlockKey { chunk: ChunkKey(chunk), block }
@@ -207,5 +215,17 @@ mod tests {
         assert!(s.estimate(&warm) >= 15);
         let unseen_warm = (0..1000).filter(|&i| s.estimate(&key(i, i)) >= 2).count();
         assert!(unseen_warm < 20, "{unseen_warm} of 1000 unseen keys alias the warm key");
+    }
+
+    #[test]
+    fn a_full_budget_admits_a_candidate_only_if_it_is_at_least_as_popular_as_the_victim() {
+        let mut s = Sketch::new(1024);
+        let (hot, cold) = (key(1, 1), key(2, 2));
+        assert!(admits(&s, &cold, &hot), "ties admit: a cold cache turns over");
+        for _ in 0..4 {
+            s.increment(&hot);
+        }
+        assert!(!admits(&s, &cold, &hot), "an unseen key never evicts a popular one");
+        assert!(admits(&s, &hot, &cold));
     }
 }
