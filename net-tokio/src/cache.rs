@@ -2,7 +2,7 @@
 //! production, a small in-memory map in simulations (turmoil stalls on blocking file I/O).
 
 use bytes::Bytes;
-use dart_core::engine::BlockClass;
+use dart_core::engine::{BlockClass, Window};
 use dart_core::hash::BlockKey;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -15,10 +15,18 @@ pub trait BlockCache: Send + Sync + 'static {
     /// A copy of the block's bytes, if held. May read the disk: call it off the async workers
     /// when [`BlockCache::blocking`].
     fn get(&self, key: &BlockKey) -> Option<Bytes>;
-    /// The answer to a look-up when it needs no disk read (a RAM hit, or a key the index does not
-    /// hold); `None` when only [`BlockCache::get`] can tell.
-    fn try_get_now(&self, key: &BlockKey) -> Option<Option<Bytes>> {
-        Some(self.get(key))
+    /// The bytes of `window` of the block, if it is held with exactly `window.block_len` bytes;
+    /// a store may read just those bytes. May read the disk, as [`BlockCache::get`].
+    fn get_window(&self, key: &BlockKey, window: Window) -> Option<Bytes> {
+        self.get(key).and_then(|b| window.slice(&b))
+    }
+    /// The answer to a look-up (of `window`, or of the whole block) when it needs no disk read (a
+    /// RAM hit, or a key the index does not hold); `None` when only a disk read can tell.
+    fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
+        Some(match window {
+            Some(w) => self.get_window(key, w),
+            None => self.get(key),
+        })
     }
     /// Whether `get` and `put` may block on the disk (the driver then runs them on the blocking
     /// pool).
@@ -29,6 +37,9 @@ pub trait BlockCache: Send + Sync + 'static {
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass);
     /// Occupancy.
     fn stats(&self) -> CacheStats;
+    /// Releases what the store holds (files, the directory lock); later gets miss and puts are
+    /// refused. Idempotent.
+    fn close(&self) {}
 }
 
 /// An unbounded-by-design in-memory cache for tests and simulations, write-once per key.
@@ -69,8 +80,22 @@ impl BlockCache for crate::store::BlockStore {
         crate::store::BlockStore::get(self, key)
     }
 
-    fn try_get_now(&self, key: &BlockKey) -> Option<Option<Bytes>> {
-        crate::store::BlockStore::get_from_ram(self, key)
+    fn get_window(&self, key: &BlockKey, window: Window) -> Option<Bytes> {
+        crate::store::BlockStore::get_window(
+            self,
+            key,
+            window.start,
+            window.len(),
+            window.block_len,
+        )
+    }
+
+    fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
+        let held = crate::store::BlockStore::get_from_ram(self, key)?;
+        Some(match window {
+            Some(w) => held.and_then(|b| w.slice(&b)),
+            None => held,
+        })
     }
 
     fn blocking(&self) -> bool {
@@ -86,6 +111,10 @@ impl BlockCache for crate::store::BlockStore {
 
     fn stats(&self) -> CacheStats {
         crate::store::BlockStore::stats(self)
+    }
+
+    fn close(&self) {
+        crate::store::BlockStore::close(self)
     }
 }
 

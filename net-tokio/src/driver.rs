@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::seam::{Dialer, ShellClock};
 use bytes::Bytes;
 use dart_core::codec::roster::Roster;
-use dart_core::engine::{EngineStats, PeerAnswer};
+use dart_core::engine::{EngineStats, PeerAnswer, Window};
 use dart_core::hash::BlockKey;
 use dart_core::node::{
     Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId, IoRequest,
@@ -76,7 +76,7 @@ struct Inner {
 
 /// Work found while draining that must happen outside the lock.
 enum Deferred {
-    StoreGet(dart_core::node::StoreOp, BlockKey),
+    StoreGet(dart_core::node::StoreOp, BlockKey, Option<Window>),
     StorePut(BlockKey, Bytes, dart_core::engine::BlockClass),
     Event(Event),
 }
@@ -174,9 +174,25 @@ impl<D: Dialer> NodeDriver<D> {
         &self.store
     }
 
+    /// Stops serving: closes the store (releasing its directory lock). The caller stops the
+    /// listeners and the timer task first; exchanges still in flight then end as store misses
+    /// and refused puts.
+    pub fn close(&self) {
+        self.store.close();
+    }
+
     /// The core's clock.
     pub fn clock(&self) -> ShellClock {
         self.clock
+    }
+
+    /// A store read that turns a panicking store into a miss.
+    fn store_get(&self, key: &BlockKey, window: Option<Window>) -> Option<Bytes> {
+        let get = || match window {
+            Some(w) => self.store.get_window(key, w),
+            None => self.store.get(key),
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(get)).unwrap_or(None)
     }
 
     fn snapshot(&self) -> (EngineStats, Option<usize>) {
@@ -246,14 +262,15 @@ impl<D: Dialer> NodeDriver<D> {
                 Output::Pipe { io, to } => {
                     inner.pipes.insert(io, to);
                 }
-                Output::StoreGet { op, key } => {
-                    let ready = match inner.pending_puts.get(&key) {
-                        Some(data) => Some(Some(data.clone())),
-                        None => self.store.try_get_now(&key),
+                Output::StoreGet { op, key, window } => {
+                    let ready = match (inner.pending_puts.get(&key), window) {
+                        (Some(data), Some(w)) => Some(w.slice(data)),
+                        (Some(data), None) => Some(Some(data.clone())),
+                        (None, _) => self.store.try_get_now(&key, window),
                     };
                     match ready {
                         Some(block) => queue.push_back(Input::Store { op, block }),
-                        None => deferred.push(Deferred::StoreGet(op, key)),
+                        None => deferred.push(Deferred::StoreGet(op, key, window)),
                     }
                 }
                 Output::StorePut { key, data, class } => {
@@ -299,15 +316,22 @@ impl<D: Dialer> NodeDriver<D> {
     fn carry_out(self: &Arc<Self>, deferred: Vec<Deferred>) {
         for d in deferred {
             match d {
-                Deferred::StoreGet(op, key) => {
-                    let driver = self.clone();
-                    self.rt.spawn_blocking(move || {
-                        let get = || driver.store.get(&key);
-                        // A store that panics is a miss, never a stuck read.
-                        let block = std::panic::catch_unwind(std::panic::AssertUnwindSafe(get))
-                            .unwrap_or(None);
-                        driver.feed(Input::Store { op, block });
-                    });
+                Deferred::StoreGet(op, key, window) => {
+                    // A store that panics is a miss, never a stuck read.
+                    let get = || self.store_get(&key, window);
+                    if self.rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+                        // The read runs in the task that asked, with its worker handed off:
+                        // the executor keeps running on the other threads, and the answer needs
+                        // no hop to a pool thread and back.
+                        let block = tokio::task::block_in_place(get);
+                        self.feed(Input::Store { op, block });
+                    } else {
+                        let driver = self.clone();
+                        self.rt.spawn_blocking(move || {
+                            let block = driver.store_get(&key, window);
+                            driver.feed(Input::Store { op, block });
+                        });
+                    }
                 }
                 Deferred::StorePut(key, data, class) => {
                     let driver = self.clone();

@@ -120,6 +120,8 @@ impl<D: Dialer> Running<D> {
                 result = Drained::TimedOut;
             }
         }
+        // The store goes last, so that a restart on the same directory finds its lock free.
+        self.driver.close();
         result
     }
 }

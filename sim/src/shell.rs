@@ -168,9 +168,12 @@ impl Sim {
             Action::Probe { url } => self.ask_origin(n, rid, url, None),
             Action::Passthrough { url } => self.passthrough(n, rid, url),
             Action::Respond(head) => self.on_head(n, rid, head),
-            Action::Lookup { key } => {
+            Action::Lookup { key, window } => {
                 let node = &mut self.nodes[n];
-                let hit = node.cache.get(&key);
+                let hit = match window {
+                    Some(w) => node.cache.get(&key).and_then(|b| w.slice(&b)),
+                    None => node.cache.get(&key),
+                };
                 let active = node.reads.get_mut(&rid).expect("driven read");
                 if hit.is_some() && active.record().is_some() {
                     self.blocks.push(BlockEvent { at: now, node: n, source: BlockSource::Cache });

@@ -18,7 +18,7 @@ mod tests;
 
 pub use read::{
     block_verdict, Action, FetchedBlock, Method, PeerAnswer, Read, ReadError, ReadFailure,
-    ReadRequest, ResponseHead, Verdict,
+    ReadRequest, ResponseHead, Verdict, Window,
 };
 
 use crate::breaker::{Admission, Breaker, Outcome, Permit};

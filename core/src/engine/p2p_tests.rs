@@ -106,8 +106,12 @@ impl Cluster {
                     let answer = self.origin.probe();
                     read.handle_probe(&mut self.nodes[at].engine, answer, now);
                 }
-                Action::Lookup { key } => {
-                    let hit = self.nodes[at].cache.get(&key).cloned();
+                Action::Lookup { key, window } => {
+                    let whole = self.nodes[at].cache.get(&key).cloned();
+                    let hit = match window {
+                        Some(w) => whole.and_then(|b| w.slice(&b)),
+                        None => whole,
+                    };
                     read.handle_lookup(&mut self.nodes[at].engine, hit, now);
                 }
                 Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
@@ -398,18 +402,22 @@ fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin
     let answer = c.origin.probe();
     read.handle_probe(&mut c.nodes[leaf].engine, answer, now);
     let Some(Action::Respond(_)) = read.poll_action() else { panic!("head") };
-    let Some(Action::Lookup { key }) = read.poll_action() else { panic!("lookup") };
+    let Some(Action::Lookup { key, window }) = read.poll_action() else { panic!("lookup") };
     read.handle_lookup(&mut c.nodes[leaf].engine, None, now);
     let Some(Action::FetchPeer { permit, .. }) = read.poll_action() else { panic!("ask the root") };
     // While the root fails, a sibling read of this node caches the block.
     let sibling_copy = Bytes::from(c.expected(0, 3));
     let dead = PeerAnswer::Failed(Observation::DialFailed);
     read.handle_peer(&mut c.nodes[leaf].engine, permit, dead, now);
-    let Some(Action::Lookup { key: again }) = read.poll_action() else {
+    let Some(Action::Lookup { key: again, window: window_again }) = read.poll_action() else {
         panic!("the store is consulted again before the origin");
     };
-    assert_eq!(again, key);
-    read.handle_lookup(&mut c.nodes[leaf].engine, Some(sibling_copy), now);
+    assert_eq!((again, window_again), (key, window));
+    let answer = match window {
+        Some(w) => w.slice(&sibling_copy),
+        None => Some(sibling_copy),
+    };
+    read.handle_lookup(&mut c.nodes[leaf].engine, answer, now);
     let Some(Action::Emit(b)) = read.poll_action() else { panic!("served from the store") };
     assert_eq!(b[..], c.expected(0, 3)[..]);
     assert!(matches!(read.poll_action(), Some(Action::Finish)));

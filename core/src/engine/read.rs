@@ -130,10 +130,14 @@ pub enum Action {
     },
     /// Send the response head (for a relay: 200 with `X-DART-Node`).
     Respond(ResponseHead),
-    /// Look `key` up in the local store and answer with [`Read::handle_lookup`].
+    /// Look `key` up in the local store and answer with [`Read::handle_lookup`]: with a
+    /// `window`, only those bytes of the block, and only if the stored block has exactly the
+    /// window's `block_len` (anything else is answered as a miss); without, the whole block.
     Lookup {
         /// The block.
         key: BlockKey,
+        /// The part of the block the read needs, when it is not the whole block.
+        window: Option<Window>,
     },
     /// Ask `peer` for block `key` (`GET /peer/v1/block/<key>` with `X-DART-Origin: url` and
     /// `X-DART-Hop: hop`), bounded by the peer client's timeouts, and answer with
@@ -193,6 +197,35 @@ pub enum Action {
     Fail(ReadFailure),
 }
 
+/// Bytes `start..=end` of a block whose full length is `block_len` (offsets within the block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// First byte, from the block's start.
+    pub start: u64,
+    /// Last byte (inclusive), from the block's start.
+    pub end: u64,
+    /// The block's exact geometry length: a stored block of another length is a miss.
+    pub block_len: u64,
+}
+
+impl Window {
+    /// Bytes in the window.
+    pub fn len(&self) -> u64 {
+        self.end - self.start + 1
+    }
+
+    /// Never true: a window holds at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The window's bytes of a whole `block`, if `block` has exactly `block_len` bytes.
+    pub fn slice(&self, block: &Bytes) -> Option<Bytes> {
+        (block.len() as u64 == self.block_len)
+            .then(|| block.slice(self.start as usize..=self.end as usize))
+    }
+}
+
 /// What may be done with a fetched block (decided identically by a read and by the shell's
 /// flight, which fills the cache before it ends so that later readers find the block).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,6 +262,8 @@ struct Job {
     seg: Segment,
     key: BlockKey,
     expected: u64,
+    /// The part of the block a look-up asks for (a client read needing less than the block).
+    window: Option<Window>,
     upstreams: VecDeque<PeerRef>,
     /// A cut-through relay has committed its head to the upstream peer's stream.
     streaming: bool,
@@ -311,7 +346,7 @@ impl Read {
         let url = url.unwrap_or_default();
         let object = engine.identify(&url);
         let mut read = Read::blank(url, object, Kind::Relay { key, fetch, hop });
-        read.out.push_back(Action::Lookup { key });
+        read.out.push_back(Action::Lookup { key, window: None });
         read.state = State::AwaitRelayLookup;
         read
     }
@@ -390,7 +425,14 @@ impl Read {
         match std::mem::replace(&mut self.state, State::Done) {
             State::AwaitRelayLookup => self.relay_lookup(engine, cached, now),
             State::AwaitLookup(mut job) => match cached {
-                Some(data) if data.len() as u64 == job.expected => {
+                Some(data) if job.window.is_some_and(|w| data.len() as u64 == w.len()) => {
+                    engine.stats.block_source_cache += 1;
+                    self.emitted += data.len() as u64;
+                    engine.stats.client_bytes += data.len() as u64;
+                    self.out.push_back(Action::Emit(data));
+                    self.next_block(engine);
+                }
+                Some(data) if job.window.is_none() && data.len() as u64 == job.expected => {
                     engine.stats.block_source_cache += 1;
                     self.deliver(engine, job.seg, &data);
                 }
@@ -475,6 +517,7 @@ impl Read {
                 seg,
                 key,
                 expected,
+                window: None,
                 upstreams,
                 streaming: false,
                 tried_peer: false,
@@ -513,7 +556,7 @@ impl Read {
             // While the peers failed, a concurrent read may have cached the block: look again
             // before paying the origin.
             job.rechecked = true;
-            self.out.push_back(Action::Lookup { key: job.key });
+            self.out.push_back(Action::Lookup { key: job.key, window: job.window });
             self.state = State::AwaitLookup(job);
             return;
         }
@@ -729,11 +772,16 @@ impl Read {
                     .block_len(self.size, seg.block_index)
                     .expect("segments lie inside the object");
                 let key = engine.block_key(&self.object, seg.block_index);
-                self.out.push_back(Action::Lookup { key });
+                let block_start = seg.block_index * geometry.block_bytes();
+                let (start, end) = (seg.from - block_start, seg.to - block_start);
+                let whole = start == 0 && end + 1 == expected;
+                let window = (!whole).then_some(Window { start, end, block_len: expected });
+                self.out.push_back(Action::Lookup { key, window });
                 self.state = State::AwaitLookup(Job {
                     seg,
                     key,
                     expected,
+                    window,
                     upstreams: VecDeque::new(),
                     streaming: false,
                     tried_peer: false,

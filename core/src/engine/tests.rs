@@ -159,8 +159,12 @@ impl World {
                     break;
                 }
                 Action::Respond(head) => out.head = Some(head),
-                Action::Lookup { key } => {
-                    let hit = self.cache.get(&key).cloned();
+                Action::Lookup { key, window } => {
+                    let whole = self.cache.get(&key).cloned();
+                    let hit = match window {
+                        Some(w) => whole.and_then(|b| w.slice(&b)),
+                        None => whole,
+                    };
                     read.handle_lookup(&mut self.engine, hit, Instant::ZERO);
                 }
                 Action::FetchOrigin { start, end, .. } => {

@@ -362,12 +362,16 @@ pub enum Output {
         /// The request whose body it becomes.
         to: RequestId,
     },
-    /// Look a block up and answer with [`Input::Store`].
+    /// Look a block up and answer with [`Input::Store`]: the whole block, or with a `window`
+    /// only those bytes, and only if the stored block has exactly the window's `block_len`
+    /// (otherwise a miss). A window lets a store read just the bytes a range needs.
     StoreGet {
         /// The operation.
         op: StoreOp,
         /// The block.
         key: BlockKey,
+        /// The part of the block wanted, if not all of it.
+        window: Option<crate::engine::Window>,
     },
     /// Store a validated block; best effort (a refusal never fails anything).
     StorePut {

@@ -203,11 +203,11 @@ impl Node {
                 };
                 self.send_requester(rid, Output::Respond { id: rid, head });
             }
-            Action::Lookup { key } => {
+            Action::Lookup { key, window } => {
                 let op = self.next_store_op();
                 self.store_ops.insert(op, (rid, key));
                 self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Store(op);
-                self.emit(Output::StoreGet { op, key });
+                self.emit(Output::StoreGet { op, key, window });
             }
             Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
                 let fetch = super::peer::PeerFetch { key, url, hop, expected: expected_len };

@@ -77,8 +77,13 @@ impl Harness {
         let mut queue = Vec::new();
         while let Some(out) = self.node.poll_output() {
             match &out {
-                Output::StoreGet { op, key } => {
-                    queue.push(Input::Store { op: *op, block: self.store.get(key).cloned() })
+                Output::StoreGet { op, key, window } => {
+                    let whole = self.store.get(key).cloned();
+                    let block = match window {
+                        Some(w) => whole.and_then(|b| w.slice(&b)),
+                        None => whole,
+                    };
+                    queue.push(Input::Store { op: *op, block })
                 }
                 Output::StorePut { key, data, .. } => {
                     self.store.entry(*key).or_insert_with(|| data.clone());
@@ -469,9 +474,10 @@ fn body_parts_wait_for_the_transport_to_drain() {
         let mut ops = Vec::new();
         while let Some(o) = node.poll_output() {
             match o {
-                Output::StoreGet { op, key } => {
+                Output::StoreGet { op, key, window } => {
                     let b = key.block;
-                    ops.push((op, content(b * BLOCK, (SIZE - b * BLOCK).min(BLOCK))))
+                    let block = content(b * BLOCK, (SIZE - b * BLOCK).min(BLOCK));
+                    ops.push((op, window.map_or(Some(block.clone()), |w| w.slice(&block))))
                 }
                 Output::Body { .. } => bodies += 1,
                 Output::End { .. } => ended = true,
@@ -479,7 +485,7 @@ fn body_parts_wait_for_the_transport_to_drain() {
             }
         }
         for (op, block) in ops {
-            node.handle_input(Input::Store { op, block: Some(block) }, t);
+            node.handle_input(Input::Store { op, block }, t);
         }
         node.check_invariants();
     }

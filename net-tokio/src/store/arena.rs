@@ -365,6 +365,30 @@ impl Arena {
         Ok(Some(Bytes::from(buf)))
     }
 
+    /// Bytes `start..start + len` of `key`'s slot, refreshing its recency, if it holds exactly
+    /// `block_len` bytes (a block of another length is a miss: the reader would refuse it).
+    pub(crate) fn read_window(
+        &mut self,
+        key: &BlockKey,
+        start: u64,
+        len: u64,
+        block_len: u64,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let Some(&slot) = self.index.get(key) else {
+            return Ok(None);
+        };
+        let (_, held) = self.slots[slot as usize].live.expect("indexed slot is live");
+        if held != block_len || start.saturating_add(len) > block_len {
+            return Ok(None);
+        }
+        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, self.layout.data_offset(slot) + start)
+            .map_err(io_error(&self.path))?;
+        self.lru.touch(slot);
+        Ok(Some(Bytes::from(buf)))
+    }
+
     /// Writes `data` under an absent `key`, evicting the LRU block if full. `data_sum` is
     /// [`slot_checksum`] of the bytes, required exactly when headers are kept. On error the slot
     /// goes back to the free list and `key` stays absent.

@@ -203,6 +203,30 @@ impl BlockStore {
         }
     }
 
+    /// Bytes `start..start + len` of `key`'s block, if it is held with exactly `block_len` bytes.
+    /// A RAM hit is a slice of the held block; a disk hit reads only those bytes (and, unlike
+    /// [`BlockStore::get`], is not promoted into RAM: only whole-block reads are).
+    pub fn get_window(
+        &self,
+        key: &BlockKey,
+        start: u64,
+        len: u64,
+        block_len: u64,
+    ) -> Option<Bytes> {
+        if self.is_closed() || len == 0 || start.checked_add(len)? > block_len {
+            return None;
+        }
+        if let Some(mem) = &self.mem {
+            let hit = lock(mem).get(key);
+            if let Some(bytes) = hit {
+                self.disk.touch(key);
+                let whole = bytes.len() as u64 == block_len;
+                return whole.then(|| bytes.slice(start as usize..(start + len) as usize));
+            }
+        }
+        self.disk.get_window(key, start, len, block_len)
+    }
+
     /// Stores `data` under `key` in the budget of `class`, and mirrors it into RAM.
     ///
     /// Returns whether the block is now cached (`false` only when TinyLFU refused a borrowed block

@@ -99,6 +99,29 @@ fn get_returns_exactly_the_bytes_put_and_a_miss_is_none() {
 }
 
 #[test]
+fn a_window_reads_just_its_bytes_and_only_of_a_block_of_the_stated_length() {
+    let dir = TestDir::new("window");
+    for mem in [0, 4] {
+        let store = open(&dir, 4, 2, mem);
+        assert!(put(&store, 1, BlockClass::Owned));
+        assert!(put(&store, 2, BlockClass::Borrowed));
+        let short = bytes(3, 0, BLOCK as usize - 3);
+        assert!(store.put(key(3), &short, BlockClass::Owned).unwrap());
+        for i in [1, 2] {
+            let got = store.get_window(&key(i), 3, 5, BLOCK);
+            assert_eq!(got.as_deref(), Some(&bytes(i, 0, BLOCK as usize)[3..8]), "mem {mem}");
+        }
+        assert_eq!(store.get_window(&key(3), 0, 4, BLOCK), None, "a wrong length is a miss");
+        let tail = store.get_window(&key(3), 0, 4, BLOCK - 3);
+        assert_eq!(tail.as_deref(), Some(&short[..4]));
+        assert_eq!(store.get_window(&key(1), BLOCK - 1, 2, BLOCK), None, "past the block");
+        assert_eq!(store.get_window(&key(9), 0, 1, BLOCK), None);
+        store.check_invariants();
+        store.close();
+    }
+}
+
+#[test]
 fn put_is_write_once_and_a_re_put_refreshes_recency() {
     let dir = TestDir::new("write-once");
     let store = open(&dir, 2, 1, 0);

@@ -141,6 +141,35 @@ impl Tiered {
         read_or_drop(&mut borrowed.arena, key, true)
     }
 
+    /// Bytes `start..start + len` of `key`, if held with exactly `block_len` bytes: owned first,
+    /// then borrowed (which feeds the estimator), reading only those bytes.
+    pub(crate) fn get_window(
+        &self,
+        key: &BlockKey,
+        start: u64,
+        len: u64,
+        block_len: u64,
+    ) -> Option<Bytes> {
+        let read = |arena: &mut Arena| match arena.read_window(key, start, len, block_len) {
+            Ok(found) => found,
+            Err(StoreError::Closed) => None,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "dropping an unreadable cached block");
+                arena.remove(key);
+                None
+            }
+        };
+        {
+            let mut owned = lock(&self.owned);
+            if owned.contains(key) {
+                return read(&mut owned);
+            }
+        }
+        let mut borrowed = lock(&self.borrowed);
+        borrowed.sketch.increment(key);
+        read(&mut borrowed.arena)
+    }
+
     /// Records a RAM-tier hit: refreshes the disk copy's recency and, unless the key is owned,
     /// feeds the estimator (issue #11 S1).
     pub(crate) fn touch(&self, key: &BlockKey) {
