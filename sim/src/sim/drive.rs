@@ -39,6 +39,14 @@ struct Context {
     timer: bool,
 }
 
+/// Buffers [`Sim::feed`] reuses from one input to the next.
+#[derive(Default)]
+pub(crate) struct Buffers {
+    pending: VecDeque<(Input, Context)>,
+    dirty: Vec<RequestId>,
+    outputs: Vec<Output>,
+}
+
 enum Stimulus {
     Input(Input),
     Timeout,
@@ -108,8 +116,10 @@ impl Sim {
 
     fn run_machine(&mut self, n: usize, first: Stimulus) {
         let now = self.now;
-        let mut pending: VecDeque<(Input, Context)> = VecDeque::new();
-        let mut dirty: Vec<RequestId> = Vec::new();
+        // A machine's outputs never feed another machine synchronously, so the buffers are free.
+        let mut pending = std::mem::take(&mut self.buffers.pending);
+        let mut dirty = std::mem::take(&mut self.buffers.dirty);
+        let mut outputs = std::mem::take(&mut self.buffers.outputs);
         let mut next = Some(match first {
             Stimulus::Input(input) => {
                 let ctx = self.context(n, &input);
@@ -118,7 +128,6 @@ impl Sim {
             Stimulus::Timeout => (Stimulus::Timeout, Context { timer: true, ..Context::default() }),
         });
         let mut inputs = 0usize;
-        let mut outputs = Vec::new();
         while let Some((stimulus, ctx)) = next.take() {
             inputs += 1;
             assert!(inputs <= super::INPUTS_PER_STEP_MAX, "n{n}: inputs piling up in one step");
@@ -135,12 +144,11 @@ impl Sim {
             for out in outputs.drain(..) {
                 self.carry(n, out, ctx, &mut passthrough, &mut pending, &mut dirty);
                 if self.violation.is_some() {
-                    return;
+                    return; // the run stops here
                 }
             }
             if passthrough > 0 {
-                self.violate(Some(n), "a passthrough without its origin request".into());
-                return;
+                return self.violate(Some(n), "a passthrough without its origin request".into());
             }
             if let Some((input, ctx)) = pending.pop_front() {
                 next = Some((Stimulus::Input(input), ctx));
@@ -148,9 +156,11 @@ impl Sim {
         }
         dirty.sort();
         dirty.dedup();
-        for rid in dirty {
+        for &rid in &dirty {
             self.flush_peer(n, rid);
         }
+        dirty.clear();
+        self.buffers = Buffers { pending, dirty, outputs };
         self.touch(n);
     }
 
@@ -197,8 +207,10 @@ impl Sim {
                 };
                 self.trace.line(self.now, format_args!("cancel n{n} {io} {id}"));
                 let call = self.remove_call(id, true).expect("a live call");
-                if ctx.timer && call.connected {
-                    // A timed-out connection is dropped, not returned to the pool.
+                if call.connected && (ctx.timer || !call.head_delivered) {
+                    // A connection abandoned while its request waited for an answer (a bound
+                    // fired, or the requester this exchange served went away) is closed, not
+                    // returned to the pool: the next request dials.
                     self.net.set_warm(Endpoint::Node(n), call.to, false);
                 }
             }
@@ -584,7 +596,8 @@ impl Sim {
         let now = self.now;
         let stage = self.calls[&id].stage;
         let answer = if p.head_sent {
-            let mut answer = self.calls[&id].answer.clone().expect("a streamed head");
+            let call = self.calls.get_mut(&id).expect("a live call");
+            let mut answer = call.answer.take().expect("a streamed head");
             answer.body = Body::Parts(parts);
             answer.ending = ending;
             if let Some(lie) = p.lie {

@@ -105,6 +105,7 @@ pub struct Sim {
     pub(crate) violation: Option<Violation>,
     pub(crate) stale_refetches: u64,
     pub(crate) peer_answers: BTreeMap<(usize, String), u64>,
+    buffers: drive::Buffers,
     events: u64,
     fault_active: Vec<bool>,
     crashes: Vec<u32>,
@@ -158,6 +159,7 @@ impl Sim {
             violation: None,
             stale_refetches: 0,
             peer_answers: BTreeMap::new(),
+            buffers: drive::Buffers::default(),
             events: 0,
             fault_active: vec![false; spec.plan.faults.len()],
             crashes: vec![0; cluster.nodes],
@@ -282,6 +284,7 @@ impl Sim {
     fn check_all(&mut self) {
         for node in &self.nodes {
             node.check_invariants();
+            node.check_exchanges();
         }
         self.net.check_invariants();
         for (id, call) in &self.calls {

@@ -154,10 +154,10 @@ impl Sim {
                 let call = self.calls.get_mut(&id).expect("a live call");
                 call.head_delivered = true;
                 call.connected = true;
-                let answer = call.answer.as_ref().expect("a head of an answer");
-                let (status, headers) = (answer.status, answer.headers.clone());
+                let answer = call.answer.as_mut().expect("a head of an answer");
+                // Only the status is looked at after the head went out.
+                let (status, headers) = (answer.status, std::mem::take(&mut answer.headers));
                 let io = call.io;
-                self.trace.line(self.now, format_args!("head {id} n{n} {status}"));
                 self.feed(n, Input::Io { id: io, event: IoEvent::Head { status, headers } });
             }
             Step::Group(i) => {
@@ -183,16 +183,18 @@ impl Sim {
 
     /// Delivers body group `i` of call `id` (to its caller's machine, or piped to a client).
     fn deliver_group(&mut self, id: CallId, i: usize) {
-        let call = self.calls.get(&id).expect("a live call");
-        let answer = call.answer.as_ref().expect("a body of an answer");
+        let block_bytes = self.block_bytes();
+        let call = self.calls.get_mut(&id).expect("a live call");
         let (n, io, pipe) = (call.node, call.io, call.pipe_to);
-        let parts: Vec<Bytes> = match &answer.body {
-            Body::Parts(parts) => parts.clone(),
-            Body::Window { object, start, len } => {
-                let ends = group_ends(&answer.body, self.block_bytes());
+        let answer = call.answer.as_mut().expect("a body of an answer");
+        let parts: Vec<Bytes> = match &mut answer.body {
+            // A peer answer is one group: its parts are delivered once.
+            Body::Parts(parts) => std::mem::take(parts),
+            &mut Body::Window { object, start, len } => {
+                let ends = group_ends(&Body::Window { object, start, len }, block_bytes);
                 let from = if i == 0 { 0 } else { ends[i - 1] };
-                let to = ends[i].min(*len);
-                let shape = self.spec.cluster.objects[*object].shape();
+                let to = ends[i].min(len);
+                let shape = self.spec.cluster.objects[object].shape();
                 let bytes = to - from;
                 self.origin.account(self.now, bytes);
                 if bytes == 0 {
@@ -218,10 +220,10 @@ impl Sim {
 
     /// The last body group of call `id` and its end.
     fn tail(&mut self, id: CallId) {
-        let groups = {
+        let (groups, len) = {
             let call = &self.calls[&id];
             let answer = call.answer.as_ref().expect("a tail of an answer");
-            group_ends(&answer.body, self.block_bytes()).len()
+            (group_ends(&answer.body, self.block_bytes()).len(), answer.body.len())
         };
         self.deliver_group(id, groups - 1);
         if !self.calls.contains_key(&id) {
@@ -237,7 +239,7 @@ impl Sim {
                 IoEvent::Failed(IoError::Broken(why))
             }
         };
-        self.trace.line(self.now, format_args!("done {id} n{n} {}B {event:?}", answer.body.len()));
+        self.trace.line(self.now, format_args!("done {id} n{n} {len}B {event:?}"));
         self.feed(n, Input::Io { id: call.io, event });
     }
 
@@ -321,12 +323,12 @@ impl Sim {
             self.trace.line(self.now, format_args!("held {id} n{j}"));
             return;
         }
-        let call = &self.calls[&id];
-        let prefix = format!("http://{}", crate::node::member_addr(j));
-        let target = call.url.strip_prefix(&prefix).unwrap_or(&call.url).to_owned();
+        let call = self.calls.get_mut(&id).expect("a live call");
+        let authority = call.url.strip_prefix("http://").unwrap_or(&call.url);
+        let target = authority.find('/').map_or("/", |i| &authority[i..]).to_owned();
         let path = target.split_once('?').map_or(target.as_str(), |(p, _)| p);
         let key = dart_core::codec::wire::parse_block_path(path).ok();
-        let headers = call.headers.clone();
+        let headers = std::mem::take(&mut call.headers);
         let rid = self.nodes[j].next_request_id();
         self.calls.get_mut(&id).expect("a live call").callee_request = Some(rid);
         self.nodes[j].peers.insert(
@@ -342,7 +344,6 @@ impl Sim {
                 lie: None,
             },
         );
-        self.trace.line(self.now, format_args!("serve {id} n{j} {rid} {target}"));
         let request = Inbound { method: "GET".into(), target, headers };
         self.feed(j, Input::Request { id: rid, plane: Plane::Peer, request });
     }
