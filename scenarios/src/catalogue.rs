@@ -201,7 +201,7 @@ fn dead_root() -> Scenario {
         let base = baseline(run);
         let worst = latencies(r, Phase::Safety, &[root]).last().copied().unwrap_or_default();
         let base_worst = latencies(&base, Phase::Safety, &[]).last().copied().unwrap_or_default();
-        let per_level = bounds.peer_header + bounds.peer_dial;
+        let per_level = bounds.peer_head + bounds.peer_dial;
         let depth = (run.spec.cluster.nodes as f64).log2().floor() as u32;
         check.that(
             worst <= base_worst + per_level * depth + secs(2),
@@ -296,7 +296,7 @@ fn stalled_peer() -> Scenario {
         let base_worst = latencies(&base, Phase::Safety, &[]).last().copied().unwrap_or_default();
         let timeouts = r.peer_answers.get(&(stalled, "TimedOut".to_owned())).copied().unwrap_or(0);
         let opens = circuits_to(r, &member_addr(stalled)).filter(|(_, e)| e.to == CircuitState::Open).count();
-        let header = run.spec.cluster.bounds.peer_header;
+        let header = run.spec.cluster.bounds.peer_head;
         check.gap(
             worst <= base_worst + header + secs(2),
             format!("a stalled peer costs a read at most one head bound (slowest {worst:?}, {base_worst:?} without)"),

@@ -1,41 +1,30 @@
-//! A run as a value: the cluster's shape, the shell's bounds, the phases, the workload and the
+//! A run as a value: the cluster's shape, the nodes' bounds, the phases, the workload and the
 //! fault plan. Together with a seed it determines the run exactly.
 
 use crate::fault::FaultPlan;
 use crate::net::NetConfig;
 use crate::origin::{ObjectDef, OriginConfig};
 use crate::workload::Workload;
+use dart_core::breaker::BreakerConfig;
 use dart_core::engine::EngineConfig;
 use dart_core::geometry::Geometry;
+use dart_core::node::Bounds;
 use std::time::Duration;
 
-/// The shell's bounds on every exchange (the values `net-tokio` uses, and seeds/peer.md §3.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ShellBounds {
-    /// Origin dial bound.
-    pub origin_dial: Duration,
-    /// Origin response-head bound.
-    pub origin_header: Duration,
-    /// Origin whole-request bound.
-    pub origin_request: Duration,
-    /// Peer dial bound.
-    pub peer_dial: Duration,
-    /// Peer response-head bound.
-    pub peer_header: Duration,
-    /// Peer whole-request bound.
-    pub peer_request: Duration,
+/// The peer path's settings (`None` in [`ClusterConfig`]: every node reads the origin).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Distribution-tree fanout.
+    pub fanout: usize,
+    /// HRW owners per chunk.
+    pub replicas: usize,
+    /// Breaker settings (the seed is replaced by one drawn from the node's RNG).
+    pub breaker: BreakerConfig,
 }
 
-impl Default for ShellBounds {
+impl Default for PeerConfig {
     fn default() -> Self {
-        ShellBounds {
-            origin_dial: Duration::from_secs(10),
-            origin_header: Duration::from_secs(30),
-            origin_request: Duration::from_secs(300),
-            peer_dial: Duration::from_secs(1),
-            peer_header: Duration::from_secs(10),
-            peer_request: Duration::from_secs(30),
-        }
+        PeerConfig { fanout: 2, replicas: 1, breaker: BreakerConfig::default() }
     }
 }
 
@@ -52,12 +41,12 @@ pub struct ClusterConfig {
     pub net: NetConfig,
     /// The origin's timing.
     pub origin: OriginConfig,
-    /// The shell's exchange bounds.
-    pub bounds: ShellBounds,
+    /// Every node's bounds (the node machine's exchange timers); the defaults are core's.
+    pub bounds: Bounds,
     /// Blocks each node's cache holds.
     pub cache_blocks: usize,
     /// The peer path (`None`: every node reads the origin itself).
-    pub peer: Option<crate::node::PeerConfig>,
+    pub peer: Option<PeerConfig>,
     /// Relays stream blocks through as they arrive (the engine's `cut_through`); off, they
     /// store and forward whole blocks.
     pub cut_through: bool,
@@ -74,9 +63,9 @@ impl ClusterConfig {
             objects,
             net: NetConfig::datacenter(),
             origin: OriginConfig::default(),
-            bounds: ShellBounds::default(),
+            bounds: Bounds::default(),
             cache_blocks: 1 << 20,
-            peer: Some(crate::node::PeerConfig::default()),
+            peer: Some(PeerConfig::default()),
             cut_through: true,
         }
     }

@@ -93,6 +93,21 @@ impl Contents {
         Bytes::from(out)
     }
 
+    /// Whether `data` is the generator's own handle on bytes `start..start + data.len()` of
+    /// `object` (within one block; a pointer comparison, no byte is read).
+    pub fn aliases(&self, object: ObjectShape, start: u64, data: &[u8]) -> bool {
+        let len = data.len() as u64;
+        if len == 0 || start.saturating_add(len) > object.size {
+            return false;
+        }
+        let block = start / self.block_bytes;
+        if (start + len - 1) / self.block_bytes != block {
+            return false;
+        }
+        let from = self.base(object, block) + (start % self.block_bytes) as usize;
+        data.as_ptr() as usize == self.noise.as_ptr() as usize + from
+    }
+
     /// Checks that `data` is exactly bytes `start..start + data.len()` of `object`.
     pub fn check(&self, object: ObjectShape, start: u64, data: &Bytes) -> Result<(), Mismatch> {
         let len = data.len() as u64;
@@ -143,6 +158,8 @@ mod tests {
         }
         assert_eq!(c.check(OBJ, 130, &w), Ok(()));
         assert_eq!(c.check(OBJ, 130, &Bytes::copy_from_slice(&w)), Ok(()), "copies compare");
+        assert!(c.aliases(OBJ, 130, &w) && c.aliases(OBJ, 135, &w.slice(5..)));
+        assert!(!c.aliases(OBJ, 130, &Bytes::copy_from_slice(&w)) && !c.aliases(OBJ, 131, &w));
     }
 
     #[test]

@@ -270,6 +270,19 @@ impl Net {
         bytes: u64,
         ready: Instant,
     ) -> (Instant, Instant) {
+        let (first, last, _) = self.transfer_slot(from, to, bytes, ready);
+        (first, last)
+    }
+
+    /// [`Net::transfer`], also returning the slot `(start, end)` a bulk message took on the
+    /// sender's egress (for [`Net::release`]).
+    pub fn transfer_slot(
+        &mut self,
+        from: Endpoint,
+        to: Endpoint,
+        bytes: u64,
+        ready: Instant,
+    ) -> (Instant, Instant, Option<(Instant, Instant)>) {
         let spec = self.link(from, to);
         let divisor: u64 = self
             .cond
@@ -281,16 +294,26 @@ impl Net {
             u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(bandwidth))
                 .unwrap_or(u64::MAX),
         );
-        let start = if bytes >= BULK_BYTES_MIN {
-            let slot = &mut self.egress_free[from.index()];
-            let start = ready.max(*slot);
-            *slot = start + tx;
-            start
+        let (start, slot) = if bytes >= BULK_BYTES_MIN {
+            let free = &mut self.egress_free[from.index()];
+            let start = ready.max(*free);
+            *free = start + tx;
+            (start, Some((start, start + tx)))
         } else {
-            ready
+            (ready, None)
         };
         let latency = self.latency(from, to);
-        (start + latency, start + tx + latency)
+        (start + latency, start + tx + latency, slot)
+    }
+
+    /// The receiver dropped a bulk message at `now` that held `slot` on `from`'s egress: the
+    /// rest is not sent. Only the last reservation can be given back (later messages were timed
+    /// behind it already).
+    pub fn release(&mut self, from: Endpoint, slot: (Instant, Instant), now: Instant) {
+        let free = &mut self.egress_free[from.index()];
+        if *free == slot.1 && now < slot.1 {
+            *free = now.max(slot.0);
+        }
     }
 
     /// Whether a pooled connection `from → to` is believed usable by `from`.

@@ -1,175 +1,30 @@
-//! One simulated node: the real core [`Engine`] and its [`Read`]s, a block cache, and the shell
-//! state production keeps beside them (the origin flight table and who waits on which flight).
-//! The behaviour that drives these lives in `shell.rs`; this module is the state and its bounds.
+//! One simulated node: the core's node machine ([`dart_core::node::Node`]) and a block cache,
+//! plus what a driver keeps beside them: the inbound requests it handed the machine (local client
+//! reads and peers' requests, each with what the oracle needs to judge its answer), the map from
+//! the machine's exchanges to simulated calls, and the faults its peer plane is under.
+//!
+//! The machine makes every decision; this module is state and bounds only. `sim/` drives it.
 
 use crate::cache::SimCache;
 use crate::calls::CallId;
+use crate::config::ClusterConfig;
 use crate::fault::Lie;
 use crate::workload::Expected;
-use bytes::Bytes;
-use dart_core::breaker::{Breaker, BreakerConfig, BreakerEvent, Permit};
-use dart_core::engine::flight::{FlightId, FlightTable, DEFAULT_MAX_FLIGHT};
+use dart_core::breaker::{Breaker, BreakerEvent};
+use dart_core::engine::resolve::UpstreamMode;
 use dart_core::engine::route::Placement;
-use dart_core::engine::{BlockClass, Engine, EngineConfig, Method, P2p, Read, ResponseHead};
+use dart_core::engine::{Engine, EngineConfig, EngineStats, Method, P2p};
 use dart_core::hash::BlockKey;
 use dart_core::membership::{Member, View};
+use dart_core::node::{Bounds, Head, IoId, Node, NodeConfig, RequestId, REQUESTS_MAX};
 use dart_core::rng::{self, Rng};
 use dart_core::time::Instant;
 use std::collections::BTreeMap;
 
-/// Most reads one node drives at once.
-pub const READS_PER_NODE_MAX: usize = 1 << 16;
+pub use crate::config::PeerConfig;
 
-/// A read's id, unique in a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ReadId(pub u64);
-
-impl std::fmt::Display for ReadId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "r{}", self.0)
-    }
-}
-
-/// What a coalesced origin flight fetches (the shell's flight key: object identity, not URL).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FlightKey {
-    /// The size probe of an object.
-    Probe(String),
-    /// A block window of an object.
-    Block(String, u64, u64),
-}
-
-/// Compact trace form (the identity is the same for every window of an object).
-impl std::fmt::Display for FlightKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FlightKey::Probe(_) => f.write_str("probe"),
-            FlightKey::Block(_, s, e) => write!(f, "{s}-{e}"),
-        }
-    }
-}
-
-/// How the leader of a block flight fills the cache before the flight ends.
-#[derive(Clone, Copy, Debug)]
-pub struct Fill {
-    /// The block.
-    pub key: BlockKey,
-    /// Its geometry length.
-    pub expected_len: u64,
-    /// The object size the read knew.
-    pub object_size: u64,
-    /// Budget.
-    pub class: BlockClass,
-}
-
-/// A caller waiting on a flight: its read and its own URL (for a refusal retry).
-#[derive(Clone, Debug)]
-pub struct Waiter {
-    /// The read.
-    pub read: ReadId,
-    /// The read's own upstream URL.
-    pub url: String,
-}
-
-/// A flight in progress.
-#[derive(Clone, Debug)]
-pub struct FlightState {
-    /// Its key.
-    pub key: FlightKey,
-    /// Leader first, then joiners in arrival order.
-    pub waiters: Vec<Waiter>,
-    /// The leader's cache fill.
-    pub fill: Option<Fill>,
-}
-
-/// The question a read waits on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Waiting {
-    /// A size probe.
-    Probe,
-    /// An origin block fetch.
-    Fetch,
-    /// A peer block fetch.
-    Peer,
-    /// The verbatim passthrough exchange.
-    Passthrough,
-}
-
-/// Whom a read answers.
-#[derive(Debug)]
-pub enum ReadKind {
-    /// A local client.
-    Client {
-        /// Index of its record.
-        record: usize,
-        /// GET or HEAD.
-        method: Method,
-        /// What it must answer.
-        expected: Expected,
-        /// Absolute offset of the next byte to emit.
-        next_offset: u64,
-    },
-    /// A peer's block request (call `call`), served by a relay read.
-    Relay {
-        /// The inbound call to answer.
-        call: CallId,
-        /// The block.
-        key: BlockKey,
-        /// The head, once emitted.
-        head: Option<ResponseHead>,
-        /// The body, once emitted.
-        body: Option<Bytes>,
-        /// The head went out ahead of the body (cut-through from an upstream peer).
-        streaming: bool,
-        /// The copy a cut-through relay kept of the block it streamed.
-        copy: Option<Bytes>,
-    },
-}
-
-/// One read in progress on a node.
-pub struct ActiveRead {
-    /// The core state machine.
-    pub read: Read,
-    /// Client or relay.
-    pub kind: ReadKind,
-    /// The object index.
-    pub object: usize,
-    /// The question outstanding.
-    pub waiting: Option<Waiting>,
-    /// The breaker permit of the peer request outstanding.
-    pub permit: Option<Permit<String>>,
-    /// The last fetched block was sliced from a Range-ignoring 200 (it must not be stored).
-    pub last_range_ignored: bool,
-    /// The last question answered was a cache look-up (no time has passed since).
-    pub just_looked_up: bool,
-}
-
-impl ActiveRead {
-    /// The client record, for a client read.
-    pub fn record(&self) -> Option<usize> {
-        match self.kind {
-            ReadKind::Client { record, .. } => Some(record),
-            ReadKind::Relay { .. } => None,
-        }
-    }
-}
-
-/// The peer path's settings (`None` in [`crate::ClusterConfig`]: every node reads the origin).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerConfig {
-    /// Distribution-tree fanout.
-    pub fanout: usize,
-    /// HRW owners per chunk.
-    pub replicas: usize,
-    /// Breaker settings (the seed is replaced by one drawn from the node's RNG).
-    pub breaker: BreakerConfig,
-}
-
-impl Default for PeerConfig {
-    fn default() -> Self {
-        PeerConfig { fanout: 2, replicas: 1, breaker: BreakerConfig::default() }
-    }
-}
+/// Most inbound requests (client and peer) a simulated node tracks at once.
+pub const INBOUND_MAX: usize = REQUESTS_MAX;
 
 /// Member id of node `i`.
 pub fn member_id(i: usize) -> String {
@@ -188,7 +43,7 @@ pub fn node_of_addr(addr: &str) -> Option<usize> {
 
 /// Node indices in the order the distribution tree of block `block` of object `object` (by
 /// index) ranks them: position 0 is the root that fetches from the origin.
-pub fn tree_order(cluster: &crate::ClusterConfig, object: usize, block: u64) -> Vec<usize> {
+pub fn tree_order(cluster: &ClusterConfig, object: usize, block: u64) -> Vec<usize> {
     let engine = Engine::new(cluster.engine());
     let key = engine.block_key(&engine.identify(&crate::origin::object_url(object, "x", 0)), block);
     let placement = Placement::new(static_view(cluster.nodes), &member_id(0), 2, 1);
@@ -213,70 +68,135 @@ pub struct PeerFaults {
     pub lies: Vec<Lie>,
 }
 
-/// One node.
-pub struct Node {
+/// What the head of a client read turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientHead {
+    /// No head yet.
+    None,
+    /// A block-path head the oracle accepted.
+    Block,
+    /// The origin's own head, proxied (it carries the origin's validator).
+    Passthrough {
+        /// The origin's status.
+        status: u16,
+        /// The exchange whose body is piped, once the machine said so.
+        piped: Option<IoId>,
+    },
+    /// An error answer (the machine's text reply).
+    Error {
+        /// Its status.
+        status: u16,
+        /// Its body so far.
+        text: Vec<u8>,
+    },
+}
+
+/// A local client's read handed to the machine.
+#[derive(Clone, Debug)]
+pub struct ClientRequest {
+    /// Index of its record.
+    pub record: usize,
+    /// The object index.
+    pub object: usize,
+    /// GET or HEAD.
+    pub method: Method,
+    /// What it must answer.
+    pub expected: Expected,
+    /// The head, once sent.
+    pub head: ClientHead,
+    /// Absolute offset of the next body byte.
+    pub next_offset: u64,
+    /// Body bytes delivered (block path or piped).
+    pub bytes: u64,
+    /// The machine's [`dart_core::node::Event::Failed`] for it, if any.
+    pub failure: Option<(u16, String)>,
+}
+
+/// A peer's request (simulated call `call`) handed to this node's machine, and its answer so far.
+#[derive(Clone, Debug)]
+pub struct PeerRequest {
+    /// The call it arrived on.
+    pub call: CallId,
+    /// The block asked for, if the path named one.
+    pub key: Option<BlockKey>,
+    /// The head, once the machine sent it.
+    pub head: Option<Head>,
+    /// Body parts so far.
+    pub body: Vec<bytes::Bytes>,
+    /// Body bytes so far.
+    pub body_len: u64,
+    /// The head was put on the wire (the caller's call carries it).
+    pub head_sent: bool,
+    /// How the answer ended: `Some(true)` complete, `Some(false)` aborted.
+    pub ended: Option<bool>,
+    /// The lie told in the head of a stream, told again in its body.
+    pub lie: Option<Lie>,
+}
+
+/// One simulated node.
+pub struct SimNode {
     /// Index in the cluster.
     pub index: usize,
-    /// Bumped at every crash; calls of an older incarnation are void.
+    /// Bumped at every crash; events of an older incarnation are void.
     pub incarnation: u32,
-    /// The process is running.
-    pub up: bool,
-    /// The core engine.
-    pub engine: Engine,
+    /// The node machine; `None` while the process is down.
+    pub machine: Option<Node>,
     /// The block cache.
     pub cache: SimCache,
-    /// The origin flight table (the shell's coalescing).
-    pub flights: FlightTable<FlightKey>,
-    /// Waiters and fills of the flights in progress.
-    pub flight_state: BTreeMap<FlightId, FlightState>,
-    /// Leader calls in flight per block window (must never exceed one).
-    pub leading: BTreeMap<FlightKey, u32>,
-    /// Reads in progress.
-    pub reads: BTreeMap<ReadId, ActiveRead>,
     /// Peer-plane faults.
     pub peer_faults: PeerFaults,
     /// When the node's timer event is scheduled.
     pub timer_at: Option<Instant>,
-    /// Breaker transitions drained so far.
+    /// Breaker transitions seen so far, across incarnations.
     pub circuit_events: Vec<BreakerEvent<String>>,
-    config: EngineConfig,
+    /// Client reads in progress.
+    pub clients: BTreeMap<RequestId, ClientRequest>,
+    /// Peers' requests in progress.
+    pub peers: BTreeMap<RequestId, PeerRequest>,
+    /// The machine's exchanges in flight and the calls that carry them.
+    pub exchanges: BTreeMap<IoId, CallId>,
+    next_request: u64,
+    engine: EngineConfig,
+    bounds: Bounds,
     peer: Option<(PeerConfig, View)>,
     rng: Rng,
 }
 
-impl Node {
-    /// A fresh node; with `peer` its engine takes the peer path over `view`.
+impl SimNode {
+    /// A running node; with `peer` its engine takes the peer path over the view.
     pub fn new(
         index: usize,
-        config: EngineConfig,
+        engine: EngineConfig,
+        bounds: Bounds,
         cache_blocks: usize,
         peer: Option<(PeerConfig, View)>,
         rng: Rng,
     ) -> Self {
-        let mut node = Node {
+        let mut node = SimNode {
             index,
             incarnation: 0,
-            up: true,
-            engine: Engine::new(config.clone()),
+            machine: None,
             cache: SimCache::new(cache_blocks),
-            flights: FlightTable::new(DEFAULT_MAX_FLIGHT),
-            flight_state: BTreeMap::new(),
-            leading: BTreeMap::new(),
-            reads: BTreeMap::new(),
             peer_faults: PeerFaults::default(),
             timer_at: None,
             circuit_events: Vec::new(),
-            config,
+            clients: BTreeMap::new(),
+            peers: BTreeMap::new(),
+            exchanges: BTreeMap::new(),
+            next_request: 0,
+            engine,
+            bounds,
             peer,
             rng,
         };
-        node.engine = node.fresh_engine();
+        node.machine = Some(node.fresh_machine());
         node
     }
 
-    /// An engine as the process starts it; its breaker's jitter descends from the node's RNG.
-    fn fresh_engine(&mut self) -> Engine {
-        let mut engine = Engine::new(self.config.clone());
+    /// A machine as the process starts it: a fresh engine whose breaker's jitter descends from
+    /// the node's RNG.
+    fn fresh_machine(&mut self) -> Node {
+        let mut engine = Engine::new(self.engine.clone());
         if let Some((peer, view)) = &self.peer {
             let placement =
                 Placement::new(view.clone(), &member_id(self.index), peer.fanout, peer.replicas);
@@ -285,85 +205,88 @@ impl Node {
                 Breaker::with_rng(peer.breaker.clone(), rng).expect("valid breaker config");
             engine.enable_p2p(P2p { placement, breaker });
         }
-        engine
+        let config = NodeConfig {
+            mode: UpstreamMode::prefix("dart"),
+            bounds: self.bounds,
+            self_id: member_id(self.index),
+            advertise: member_addr(self.index),
+        };
+        Node::new(engine, config).expect("valid bounds")
     }
 
-    /// The earliest deadline of the node's state machines (the breaker's probe deadlines).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.engine.p2p().and_then(|p| p.breaker.poll_timeout())
+    /// Whether the process is running.
+    pub fn is_up(&self) -> bool {
+        self.machine.is_some()
     }
 
-    /// Fires the node's timers due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(p) = self.engine.p2p_mut() {
-            if p.breaker.poll_timeout().is_some_and(|t| t <= now) {
-                p.breaker.handle_timeout(now);
-            }
-        }
+    /// The machine. Panics while the process is down (a driver bug).
+    pub fn machine(&mut self) -> &mut Node {
+        self.machine.as_mut().expect("a running node")
     }
 
-    /// Drains the breaker's transition events into the node's history; returns how many.
-    pub fn drain_events(&mut self) -> usize {
-        let Some(p) = self.engine.p2p_mut() else { return 0 };
-        let mut n = 0;
-        while let Some(e) = p.breaker.poll_event() {
-            self.circuit_events.push(e);
-            n += 1;
-        }
-        n
+    /// The engine's counters (zero while down: the process's memory is gone).
+    pub fn stats(&self) -> EngineStats {
+        self.machine.as_ref().map(Node::stats).unwrap_or_default()
     }
 
-    /// Restarts the process with a fresh engine (its object table and breaker are gone).
-    pub fn restart(&mut self) {
-        self.cache.drop_torn();
-        self.up = true;
-        self.engine = self.fresh_engine();
+    /// A fresh request id (unique per node, across incarnations).
+    pub fn next_request_id(&mut self) -> RequestId {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        id
     }
 
-    /// The process dies: reads, flights and the engine's memory are gone; the cache survives only
-    /// if `keep_cache`. Returns the records of the reads that were cut off.
-    pub fn crash(&mut self, keep_cache: bool) -> Vec<usize> {
-        let cut: Vec<usize> = self.reads.values().filter_map(ActiveRead::record).collect();
-        self.up = false;
+    /// The process dies: its machine (engine, breaker, requests, flights) is gone; the cache
+    /// survives only if `keep_cache`. Returns the records of the client reads cut off and the
+    /// calls the machine had in flight.
+    pub fn crash(&mut self, keep_cache: bool) -> (Vec<usize>, Vec<CallId>) {
+        let cut: Vec<usize> = self.clients.values().map(|c| c.record).collect();
+        let calls: Vec<CallId> = self.exchanges.values().copied().collect();
+        self.machine = None;
         self.incarnation += 1;
-        self.reads.clear();
-        self.flights = FlightTable::new(DEFAULT_MAX_FLIGHT);
-        self.flight_state.clear();
-        self.leading.clear();
-        self.engine = Engine::new(self.config.clone());
+        self.clients.clear();
+        self.peers.clear();
+        self.exchanges.clear();
+        self.timer_at = None;
         if keep_cache {
             self.cache.tear_newest();
         } else {
             self.cache.clear();
         }
-        cut
+        (cut, calls)
     }
 
-    /// Asserts the node's invariants and those of every core state machine it holds.
+    /// The process starts again with a fresh machine; a warm start drops torn writes.
+    pub fn restart(&mut self) {
+        self.cache.drop_torn();
+        self.machine = Some(self.fresh_machine());
+    }
+
+    /// Asserts the node's invariants and the machine's own.
     pub fn check_invariants(&self) {
-        self.engine.check_invariants();
-        self.flights.check_invariants();
         self.cache.check_invariants();
-        assert!(self.reads.len() <= READS_PER_NODE_MAX, "reads above their bound");
-        assert_eq!(self.flights.len(), self.flight_state.len(), "a flight without waiters");
-        assert!(self.leading.values().all(|&n| n == 1), "two leaders for one window");
-        if !self.up {
-            assert!(self.reads.is_empty() && self.flight_state.is_empty());
-        }
-        if self.up {
-            self.cache.check_no_torn();
-        }
-        for r in self.reads.values() {
-            match r.waiting {
-                Some(Waiting::Passthrough) => assert!(r.read.is_done()),
-                Some(Waiting::Probe | Waiting::Fetch | Waiting::Peer) => assert!(!r.read.is_done()),
-                None => panic!("a read waits for nothing: {:?}", r.kind),
+        assert!(self.clients.len() + self.peers.len() <= INBOUND_MAX, "requests above bound");
+        match &self.machine {
+            None => {
+                assert!(self.clients.is_empty() && self.peers.is_empty(), "requests while down");
+                assert!(self.exchanges.is_empty(), "exchanges while down");
             }
-            assert_eq!(
-                r.permit.is_some(),
-                r.waiting == Some(Waiting::Peer),
-                "permit held iff asking a peer"
-            );
+            Some(machine) => {
+                machine.check_invariants();
+                self.cache.check_no_torn();
+            }
         }
+    }
+
+    /// Asserts that the driver carries exactly the machine's exchanges (a sweep check: it lists
+    /// them).
+    pub fn check_exchanges(&self) {
+        let Some(machine) = &self.machine else { return };
+        let live: Vec<IoId> = machine.exchanges().into_iter().map(|(io, _, _)| io).collect();
+        assert!(
+            live.iter().copied().eq(self.exchanges.keys().copied()),
+            "the machine's exchanges {live:?} and the driver's calls {:?} disagree",
+            self.exchanges
+        );
     }
 }

@@ -1,6 +1,6 @@
-//! The simulated origin: objects whose bytes come from [`Contents`], answered as HTTP status,
-//! headers and a body window, so that the node's shell judges them with the same core functions
-//! production uses. Its misbehaviours are properties of an object (Range-blind, hidden total) or
+//! The simulated origin: objects whose bytes come from [`Contents`](crate::content::Contents),
+//! answered as HTTP status, header fields and a body window, which the node machine judges
+//! itself. Its misbehaviours are properties of an object (Range-blind, hidden total) or
 //! transient faults (errors, truncation, stalls, slowness); presigned URLs expire.
 
 use crate::content::ObjectShape;
@@ -105,6 +105,21 @@ pub struct OriginAnswer {
 }
 
 impl OriginAnswer {
+    /// The header fields sent: `content-length` and `content-range` when known, and the object's
+    /// validator (`etag`), which the block path never copies into its own heads: a client head
+    /// carrying it is the origin's, proxied.
+    pub fn headers(&self, object: usize) -> dart_core::node::Headers {
+        let mut h = dart_core::node::Headers::new();
+        if let Some(n) = self.content_length {
+            h.push("content-length", n.to_string());
+        }
+        if let Some(cr) = &self.content_range {
+            h.push("content-range", cr.as_str());
+        }
+        h.push("etag", format!("\"o{object}\""));
+        h
+    }
+
     fn status(status: u16) -> Self {
         OriginAnswer {
             status,

@@ -90,18 +90,9 @@ impl ReadRecord {
     }
 }
 
-/// Where one block a read served came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum BlockSource {
-    /// The node's cache.
-    Cache,
-    /// An origin fetch this read's flight led (or made alone).
-    Origin,
-    /// Another read's origin flight.
-    Coalesced,
-    /// A peer.
-    Peer,
-}
+/// Where one block a read served came from: the node machine's own
+/// [`Event::Block`](dart_core::node::Event::Block) source.
+pub use dart_core::node::BlockSource;
 
 /// A block served at a time by a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,8 +169,8 @@ pub struct RunReport {
     pub blocks: Vec<BlockEvent>,
     /// The first invariant violation.
     pub violation: Option<Violation>,
-    /// Origin fetches of a block the node already held, made by a read that failed over from a
-    /// peer without looking at its cache again (explained by the peer fault, but wasted).
+    /// Origin block fetches a node sent while its cache held the block (not right after a
+    /// look-up that found it, which is a violation): wasted, but explained by a race.
     pub stale_refetches: u64,
     /// Peer answers by (answering node, how they ended: `Block` or an observation).
     pub peer_answers: std::collections::BTreeMap<(usize, String), u64>,

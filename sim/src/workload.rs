@@ -30,6 +30,20 @@ impl RangeSpec {
         }
     }
 
+    /// Parses a `Range` header value as a client of this simulator sends it (`None`: absent or
+    /// not a single byte range, which an origin ignores).
+    pub fn parse(header: Option<&[u8]>) -> Option<RangeSpec> {
+        let Some(value) = header else { return Some(RangeSpec::Whole) };
+        let spec = std::str::from_utf8(value).ok()?.strip_prefix("bytes=")?;
+        let (a, b) = spec.split_once('-')?;
+        match (a.is_empty(), b.is_empty()) {
+            (true, false) => Some(RangeSpec::Suffix(b.parse().ok()?)),
+            (false, true) => Some(RangeSpec::From(a.parse().ok()?)),
+            (false, false) => Some(RangeSpec::Bounded(a.parse().ok()?, b.parse().ok()?)),
+            (true, true) => None,
+        }
+    }
+
     /// The inclusive window this range selects in an object of `size` bytes, if satisfiable.
     pub fn window(&self, size: u64) -> Option<(u64, u64)> {
         if size == 0 {
@@ -182,5 +196,11 @@ mod tests {
         let e = expected(RangeSpec::Suffix(3), 0);
         assert_eq!((e.status, e.content_range.as_deref()), (416, Some("bytes */0")));
         assert_eq!(RangeSpec::Suffix(3).header().as_deref(), Some(&b"bytes=-3"[..]));
+        for r in
+            [RangeSpec::Whole, RangeSpec::Bounded(3, 9), RangeSpec::From(4), RangeSpec::Suffix(2)]
+        {
+            assert_eq!(RangeSpec::parse(r.header().as_deref()), Some(r));
+        }
+        assert_eq!(RangeSpec::parse(Some(b"items=1-2")), None);
     }
 }

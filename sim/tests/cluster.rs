@@ -85,9 +85,13 @@ fn breaker_probe_deadlines_fire_as_node_timers_without_busy_loops() {
     peer.breaker.backoff =
         dart_core::breaker::BackoffPolicy::Fixed { cooldown: Duration::from_secs(1) };
     s.cluster.peer = Some(peer);
+    // Four objects read at spread-out times, so that requests keep reaching the stalled peer
+    // after circuits on it open and turn half-open (a relay whose requester hangs up abandons its
+    // own upstream request uncharged, so the requesters' own fetches must do the probing).
+    s.cluster.objects = (0..4).map(|i| ObjectDef::plain(2 << 20, 1 + i)).collect();
     let mut rng = dart_core::rng::from_seed(3);
     s.workload.safety =
-        Workload::everyone_reads_everything(&mut rng, 10, 1, Duration::from_secs(25));
+        Workload::everyone_reads_everything(&mut rng, 10, 4, Duration::from_secs(25));
     s.plan = one(FaultKind::Stall { node: stalled });
     s.plan.faults[0].at = Duration::ZERO;
     s.plan.faults[0].lasts = Duration::from_secs(60);

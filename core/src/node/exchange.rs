@@ -1,6 +1,7 @@
 //! Outbound exchanges: their bounds as timers and the routing of their progress to the job they
 //! serve (an origin flight, a peer fetch, a passthrough, a roster fetch).
 
+use super::body::BodyBuf;
 use super::io::{Endpoint, Headers, IoEvent, IoId, IoRequest, Output, RequestId};
 use super::Node;
 use crate::breaker::Permit;
@@ -25,7 +26,7 @@ pub(super) enum OriginBody {
     /// Waiting for the head.
     Head,
     /// Reading a block window under `plan`: `skip` bytes still to discard, then into `buf`.
-    Reading { plan: BodyPlan, skip: u64, buf: BytesMut },
+    Reading { plan: BodyPlan, skip: u64, buf: BodyBuf },
 }
 
 /// Who a peer block fetch answers.
@@ -46,7 +47,7 @@ pub(super) struct PeerJob {
     pub addr: String,
     pub expected: u64,
     /// The body so far, at most `expected + 1` bytes.
-    pub copy: BytesMut,
+    pub copy: BodyBuf,
     /// A relay's fetch that may cut through.
     pub stream: bool,
     /// The relay committed its head to this stream.

@@ -4,6 +4,7 @@
 //! never joins a finished flight), and a joiner whose leader's credential was refused retries
 //! alone with its own URL.
 
+use super::body::BodyBuf;
 use super::exchange::{Expiry, Job, OriginBody, Owner};
 use super::io::{
     BlockSource, Endpoint, Event, FetchKind, Headers, IoEvent, IoId, Output, RequestId,
@@ -19,7 +20,6 @@ use crate::engine::{block_verdict, BlockClass, FetchedBlock, Verdict};
 use crate::hash::BlockKey;
 use crate::identity::ObjectId;
 use crate::time::Instant;
-use bytes::BytesMut;
 
 /// Most bytes reserved up front for one origin body (larger windows grow as they arrive).
 const BODY_RESERVE_MAX: u64 = 64 << 20;
@@ -119,7 +119,7 @@ impl Node {
                         match plan_range_response(*start, *end, status, cr, cl) {
                             Ok(plan) => {
                                 let reserve = plan.read_max.min(BODY_RESERVE_MAX) as usize;
-                                let buf = BytesMut::with_capacity(reserve);
+                                let buf = BodyBuf::with_reserve(reserve);
                                 *body = OriginBody::Reading { plan, skip: plan.skip, buf };
                             }
                             Err(e) => self.origin_done(io, Err(e), true, now),
@@ -138,7 +138,7 @@ impl Node {
                 }
                 let room = plan.read_max - buf.len() as u64;
                 let take = (data.len() as u64).min(room) as usize;
-                buf.extend_from_slice(&data[..take]);
+                buf.push(data.slice(..take));
                 if buf.len() as u64 == plan.read_max {
                     // Whatever is left of the body is aborted.
                     let result = self.judge_block(io);
@@ -163,7 +163,7 @@ impl Node {
         let Job::Origin { body: OriginBody::Reading { plan, skip, buf }, .. } = &mut x.job else {
             unreachable!("a block window being read");
         };
-        let data = std::mem::take(buf).freeze();
+        let data = buf.take();
         let body = finish_range_body(plan, *skip == 0, data.len() as u64)?;
         Ok(Judged::Block(FetchedBlock { data, body, coalesced: false }))
     }

@@ -5,6 +5,7 @@
 //!
 //! See [`Node`] for the driving contract.
 
+mod body;
 mod bounds;
 mod exchange;
 mod flights;

@@ -3,6 +3,7 @@
 //! read bounded, cut-through with the last byte held back), and the roster exchange in both
 //! directions.
 
+use super::body::BodyBuf;
 use super::exchange::{Expiry, Job, PeerJob, PeerOwner};
 use super::io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoError, IoEvent, IoId,
@@ -142,7 +143,7 @@ impl Node {
             permit: Some(permit),
             addr,
             expected: fetch.expected,
-            copy: BytesMut::new(),
+            copy: BodyBuf::default(),
             stream: cut_through,
             streaming: false,
             forwarded: 0,
@@ -175,10 +176,10 @@ impl Node {
                     self.start_stream(rid, now);
                 }
             }
-            IoEvent::Body(data) => self.peer_body(io, &data, now),
+            IoEvent::Body(data) => self.peer_body(io, data, now),
             IoEvent::End => {
                 let answer = if job.streaming || job.copy.len() as u64 == job.expected {
-                    PeerAnswer::Block(std::mem::take(&mut job.copy).freeze())
+                    PeerAnswer::Block(job.copy.take())
                 } else {
                     PeerAnswer::Failed(Observation::WrongLength)
                 };
@@ -205,19 +206,19 @@ impl Node {
     }
 
     /// Keeps at most `expected + 1` bytes; a stream forwards all but the last byte at once.
-    fn peer_body(&mut self, io: IoId, data: &Bytes, now: Instant) {
+    fn peer_body(&mut self, io: IoId, data: Bytes, now: Instant) {
         let x = self.exchanges.get_mut(&io).expect("a live exchange");
         let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
         let limit = job.expected.saturating_add(1);
         let room = (limit - job.copy.len() as u64) as usize;
-        job.copy.extend_from_slice(&data[..data.len().min(room)]);
+        job.copy.push(data.slice(..data.len().min(room)));
         let mut forward = None;
         if job.streaming {
             // The last byte waits until the end proves the exact length, so a stream that turns
             // out short or long reaches the requester truncated, never as a whole block.
             let safe = (job.copy.len() as u64).min(job.expected.saturating_sub(1));
             if safe > job.forwarded {
-                let part = Bytes::copy_from_slice(&job.copy[job.forwarded as usize..safe as usize]);
+                let part = job.copy.slice(job.forwarded as usize..safe as usize);
                 job.forwarded = safe;
                 if let PeerOwner::Request(rid) = job.owner {
                     forward = Some((rid, part));
@@ -227,7 +228,7 @@ impl Node {
         let over = job.copy.len() as u64 > job.expected;
         let answer = over.then(|| {
             if job.streaming {
-                PeerAnswer::Block(std::mem::take(&mut job.copy).freeze())
+                PeerAnswer::Block(job.copy.take())
             } else {
                 PeerAnswer::Failed(Observation::WrongLength)
             }

@@ -536,3 +536,55 @@ fn a_roster_fetch_reports_the_responder_and_records_the_outcome() {
     assert_eq!(roster.members.len(), 1);
     assert_eq!(h.node.engine().p2p().expect("p2p").breaker.counters().answered, 1);
 }
+
+#[test]
+fn a_block_that_arrives_in_one_part_is_stored_and_served_without_a_copy() {
+    // From the origin: one 206 part is the block the store gets.
+    let mut h = Harness::new(node_with(engine(), ""));
+    size_known(&mut h);
+    h.read(1, Some("bytes=0-9"));
+    let fetch = h.take_sends().remove(0);
+    let part = content(0, BLOCK);
+    let headers = Headers::new()
+        .with("content-range", format!("bytes 0-{}/{SIZE}", BLOCK - 1))
+        .with("content-length", BLOCK.to_string());
+    h.io(fetch.id, IoEvent::Head { status: 206, headers });
+    h.io(fetch.id, IoEvent::Body(part.clone()));
+    h.io(fetch.id, IoEvent::End);
+    let stored = h.store.values().next().expect("stored").clone();
+    assert_eq!(stored.as_ptr(), part.as_ptr(), "the stored block is the part, not a copy");
+    // From a peer, cut through: the forwarded parts and the stored block are all the part.
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Head { status: 200, headers: Headers::new() });
+    let part = content(BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(part.clone()));
+    h.io(up.id, IoEvent::End);
+    let forwarded: Vec<Bytes> = h
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Body { data, .. } => Some(data.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forwarded.len(), 2, "all but the last byte, then the last byte");
+    assert_eq!(forwarded[0].as_ptr(), part.as_ptr());
+    assert_eq!(forwarded[1].as_ptr(), part[BLOCK as usize - 1..].as_ptr());
+    let stored = h.store.values().next().expect("stored").clone();
+    assert_eq!(stored.as_ptr(), part.as_ptr());
+    // Parts that come in pieces are joined.
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 8, 2);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Head { status: 200, headers: Headers::new() });
+    let whole = content(2 * BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(whole.slice(..100)));
+    h.io(up.id, IoEvent::Body(whole.slice(100..)));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.body_of(8), whole.to_vec());
+    assert_eq!(h.store.values().next().map(|b| b.to_vec()), Some(whole.to_vec()));
+}

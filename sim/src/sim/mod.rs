@@ -1,19 +1,26 @@
 //! The event loop: a virtual clock that jumps to the next event, one seeded RNG from which every
-//! component's seed is drawn, the calls in flight between endpoints, fault application, phases,
-//! and the invariant checks run after every step.
+//! component's seed is drawn, fault application, phases, the invariant checks run after every
+//! step, and the report. Driving the node machines is in `drive.rs`, the calls between endpoints
+//! in `transport.rs`.
 
-pub use crate::calls::{Call, CallFailure, CallId};
+mod drive;
+mod transport;
+
+use crate::calls::{Call, CallId};
 use crate::config::{CheckLevel, SimSpec, FULL_CHECK_EVERY};
 use crate::content::Contents;
 use crate::fault::{FaultKind, ORIGIN_SIDE};
 use crate::net::{Endpoint, Net};
-use crate::node::Node;
+use crate::node::{member_addr, static_view, SimNode};
 use crate::origin::Origin;
 use crate::queue::Queue;
 use crate::report::{BlockEvent, NodeReport, Phase, ReadOutcome, ReadRecord, RunReport, Violation};
 use crate::trace::Trace;
 use dart_core::breaker::CircuitState;
-use dart_core::hash::ChunkKey;
+use dart_core::engine::Engine;
+use dart_core::hash::{BlockKey, ChunkKey};
+use dart_core::identity::ObjectId;
+use dart_core::node::RequestId;
 use dart_core::rng::{self, Rng};
 use dart_core::time::Instant;
 use std::collections::BTreeMap;
@@ -23,19 +30,51 @@ use std::time::Duration;
 pub const CALLS_MAX: usize = 1 << 20;
 /// How long a liveness client waits before retrying a failed read.
 pub const LIVENESS_RETRY_DELAY: Duration = Duration::from_secs(1);
-/// Most actions one drive of a read may carry out before it must wait (a runaway guard).
-pub const ACTIONS_PER_DRIVE_MAX: usize = 1 << 16;
+/// Most inputs one event may feed a node before its outputs must settle (a runaway guard).
+pub const INPUTS_PER_STEP_MAX: usize = 1 << 20;
+
+/// What a call does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The handshake completes: the caller is told `Connected`.
+    Connected,
+    /// The request reaches the callee.
+    Arrive,
+    /// The response head reaches the caller.
+    Head,
+    /// Body group `i` (not the last) reaches the caller.
+    Group(usize),
+    /// The last body group and the end (or the break) reach the caller.
+    Tail,
+    /// The caller learns the call failed.
+    Fail,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Event {
-    ReadStart { record: usize },
-    CallArrive { call: CallId },
-    CallReply { call: CallId },
-    CallHead { call: CallId },
-    CallError { call: CallId },
-    NodeTimer { node: usize },
-    FaultStart { fault: usize },
-    FaultEnd { fault: usize },
+    ReadStart {
+        record: usize,
+    },
+    Call {
+        call: CallId,
+        gen: u32,
+        step: Step,
+    },
+    /// A caller went away: the callee node's machine hears `Input::Cancel` for its request.
+    PeerCancel {
+        node: usize,
+        incarnation: u32,
+        request: RequestId,
+    },
+    NodeTimer {
+        node: usize,
+    },
+    FaultStart {
+        fault: usize,
+    },
+    FaultEnd {
+        fault: usize,
+    },
     Heal,
     End,
 }
@@ -49,23 +88,30 @@ pub struct Sim {
     pub(crate) net: Net,
     pub(crate) origin: Origin,
     pub(crate) contents: Contents,
-    pub(crate) nodes: Vec<Node>,
+    pub(crate) nodes: Vec<SimNode>,
     pub(crate) calls: BTreeMap<CallId, Call>,
     pub(crate) next_call: u64,
-    pub(crate) next_read: u64,
     pub(crate) trace: Trace,
+    /// Which object each chunk key belongs to (the checker's map from cache keys back to bytes).
     pub(crate) chunk_objects: BTreeMap<ChunkKey, usize>,
+    /// Each object's identity, for block keys.
+    pub(crate) object_ids: Vec<ObjectId>,
+    /// An engine used only to compute block keys (identity and chunking are the nodes').
+    pub(crate) keys: Engine,
+    /// Origin requests in flight per (node, object, first byte, last byte): never above one.
+    pub(crate) origin_windows: BTreeMap<(usize, usize, u64, u64), u32>,
     pub(crate) records: Vec<ReadRecord>,
     pub(crate) blocks: Vec<BlockEvent>,
     pub(crate) violation: Option<Violation>,
     pub(crate) stale_refetches: u64,
     pub(crate) peer_answers: BTreeMap<(usize, String), u64>,
+    buffers: drive::Buffers,
     events: u64,
     fault_active: Vec<bool>,
     crashes: Vec<u32>,
     heal_at: Instant,
     end_at: Instant,
-    touched: Option<usize>,
+    touched: Vec<usize>,
     liveness_failures: Vec<String>,
 }
 
@@ -78,15 +124,22 @@ impl Sim {
         let origin_rng = rng::child(&mut root, "origin");
         let cluster = &spec.cluster;
         assert!(cluster.nodes > 0, "a cluster has nodes");
-        let view = crate::node::static_view(cluster.nodes);
-        let nodes: Vec<Node> = (0..cluster.nodes)
+        if let Err(e) = cluster.bounds.validate() {
+            panic!("unusable bounds: {e}");
+        }
+        let view = static_view(cluster.nodes);
+        let nodes: Vec<SimNode> = (0..cluster.nodes)
             .map(|i| {
                 let rng: Rng = rng::child(&mut root, &format!("n{i}"));
                 let peer = cluster.peer.clone().map(|p| (p, view.clone()));
-                Node::new(i, cluster.engine(), cluster.cache_blocks, peer, rng)
+                SimNode::new(i, cluster.engine(), cluster.bounds, cluster.cache_blocks, peer, rng)
             })
             .collect();
-        let chunk_objects = chunk_index(&nodes[0], cluster);
+        let keys = Engine::new(cluster.engine());
+        let object_ids: Vec<ObjectId> = (0..cluster.objects.len())
+            .map(|i| keys.identify(&crate::origin::object_url(i, "index", u64::MAX)))
+            .collect();
+        let chunk_objects = chunk_index(&keys, &object_ids, cluster);
         let heal_at = Instant::ZERO + spec.phases.safety;
         let end_at = heal_at + spec.phases.liveness;
         let mut sim = Sim {
@@ -96,20 +149,23 @@ impl Sim {
             nodes,
             calls: BTreeMap::new(),
             next_call: 0,
-            next_read: 0,
             trace: Trace::new(spec.record_trace),
             chunk_objects,
+            object_ids,
+            keys,
+            origin_windows: BTreeMap::new(),
             records: Vec::new(),
             blocks: Vec::new(),
             violation: None,
             stale_refetches: 0,
             peer_answers: BTreeMap::new(),
+            buffers: drive::Buffers::default(),
             events: 0,
             fault_active: vec![false; spec.plan.faults.len()],
             crashes: vec![0; cluster.nodes],
             heal_at,
             end_at,
-            touched: None,
+            touched: Vec::new(),
             liveness_failures: Vec::new(),
             queue: Queue::default(),
             now: Instant::ZERO,
@@ -148,7 +204,7 @@ impl Sim {
             debug_assert!(at >= self.now, "time never goes backwards in the queue");
             self.now = at;
             self.events += 1;
-            self.touched = None;
+            self.touched.clear();
             let end = event == Event::End;
             self.step(event);
             self.check_step();
@@ -165,10 +221,10 @@ impl Sim {
     fn step(&mut self, event: Event) {
         match event {
             Event::ReadStart { record } => self.start_read(record),
-            Event::CallArrive { call } => self.call_arrive(call),
-            Event::CallReply { call } => self.call_reply(call),
-            Event::CallHead { call } => self.call_head(call),
-            Event::CallError { call } => self.call_error(call),
+            Event::Call { call, gen, step } => self.call_step(call, gen, step),
+            Event::PeerCancel { node, incarnation, request } => {
+                self.peer_cancel(node, incarnation, request)
+            }
             Event::NodeTimer { node } => self.node_timer(node),
             Event::FaultStart { fault } => self.fault(fault, true),
             Event::FaultEnd { fault } => self.fault(fault, false),
@@ -186,7 +242,9 @@ impl Sim {
     }
 
     pub(crate) fn touch(&mut self, node: usize) {
-        self.touched = Some(node);
+        if !self.touched.contains(&node) {
+            self.touched.push(node);
+        }
     }
 
     fn check_step(&mut self) {
@@ -201,25 +259,15 @@ impl Sim {
         };
         if full {
             self.check_all();
-        } else if let (Some(n), true) = (self.touched, touched) {
-            self.nodes[n].check_invariants();
+        } else if touched {
+            for &n in &self.touched {
+                self.nodes[n].check_invariants();
+            }
         }
         assert!(self.calls.len() <= CALLS_MAX, "calls above their bound");
-        if let Some(n) = self.touched {
-            self.drain_circuit_events(n);
+        for i in 0..self.touched.len() {
+            let n = self.touched[i];
             self.arm_timer(n);
-        }
-    }
-
-    /// Moves node `n`'s breaker transitions into the trace and its history.
-    fn drain_circuit_events(&mut self, n: usize) {
-        let node = &mut self.nodes[n];
-        let before = node.circuit_events.len();
-        if node.drain_events() == 0 {
-            return;
-        }
-        for e in &self.nodes[n].circuit_events[before..] {
-            self.trace.line(self.now, format_args!("circuit n{n} {e}"));
         }
     }
 
@@ -236,14 +284,22 @@ impl Sim {
     fn check_all(&mut self) {
         for node in &self.nodes {
             node.check_invariants();
+            node.check_exchanges();
         }
         self.net.check_invariants();
+        for (id, call) in &self.calls {
+            let owner = self.nodes[call.node].exchanges.get(&call.io);
+            assert_eq!(owner, Some(id), "call {id} of no exchange");
+        }
+        assert!(self.origin_windows.values().all(|&n| n == 1), "origin window count drifted");
     }
 
-    /// Schedules node `n`'s timer event at its earliest deadline, if earlier than the one armed.
+    /// Schedules node `n`'s timer event at its machine's earliest deadline, if earlier than the
+    /// one armed.
     fn arm_timer(&mut self, n: usize) {
         let node = &mut self.nodes[n];
-        if let Some(at) = node.poll_timeout() {
+        let Some(machine) = &node.machine else { return };
+        if let Some(at) = machine.poll_timeout() {
             if node.timer_at.is_none_or(|t| at < t) {
                 node.timer_at = Some(at);
                 self.queue.push(at.max(self.now), Event::NodeTimer { node: n });
@@ -255,15 +311,20 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[n];
         if node.timer_at != Some(now) {
-            return;
+            return; // superseded by an earlier deadline, or the process died
         }
         node.timer_at = None;
-        node.handle_timeout(now);
-        if let Some(t) = node.poll_timeout().filter(|&t| t <= now) {
-            self.violate(
-                Some(n),
-                format!("timer due at {t} after handle_timeout({now}): busy loop"),
-            );
+        let Some(machine) = &node.machine else { return };
+        if machine.poll_timeout().is_some_and(|t| t <= now) {
+            self.trace.line(now, format_args!("timer n{n}"));
+            self.timeout(n);
+            let due = self.nodes[n].machine.as_ref().and_then(|m| m.poll_timeout());
+            if let Some(t) = due.filter(|&t| t <= now) {
+                self.violate(
+                    Some(n),
+                    format!("timer due at {t} after handle_timeout({now}): busy loop"),
+                );
+            }
         }
         self.touch(n);
     }
@@ -341,23 +402,27 @@ impl Sim {
         }
     }
 
+    /// Node `n`'s process dies: its machine is dropped, its client reads are cut off, the calls it
+    /// made vanish (callees serving them hear the reset) and calls to it are reset.
     fn crash(&mut self, n: usize, keep_cache: bool) {
-        if !self.nodes[n].up {
+        if !self.nodes[n].is_up() {
             return;
         }
-        let cut = self.nodes[n].crash(keep_cache);
+        let (cut, calls) = self.nodes[n].crash(keep_cache);
         for r in cut {
             self.close_record(r, ReadOutcome::Aborted);
         }
         self.crashes[n] += 1;
         self.net.set_down(Endpoint::Node(n), true);
-        self.calls.retain(|_, c| c.node != n);
+        for id in calls {
+            self.remove_call(id, true);
+        }
         self.reset_calls_to(n);
         self.touch(n);
     }
 
     fn restart(&mut self, n: usize) {
-        if self.nodes[n].up {
+        if self.nodes[n].is_up() {
             return;
         }
         self.nodes[n].restart();
@@ -383,7 +448,7 @@ impl Sim {
             self.fault(i, false);
         }
         let healed = self.net.is_healed() && self.origin.is_healed();
-        if !healed || self.nodes.iter().any(|n| !n.up) {
+        if !healed || self.nodes.iter().any(|n| !n.is_up()) {
             self.violate(None, "faults still in force after healing".into());
         }
         self.trace.line(self.now, format_args!("heal"));
@@ -405,15 +470,55 @@ impl Sim {
         }
     }
 
+    // ---- helpers for the checker ---------------------------------------------------------------
+
+    /// The key of block `block` of object `object`.
+    pub(crate) fn block_key(&self, object: usize, block: u64) -> BlockKey {
+        self.keys.block_key(&self.object_ids[object], block)
+    }
+
+    /// The object of block `key` and the block's geometry length, if it is of a known object.
+    pub(crate) fn block_of(&self, key: BlockKey) -> Option<(usize, u64)> {
+        let &object = self.chunk_objects.get(&key.chunk)?;
+        let size = self.spec.cluster.objects[object].size;
+        Some((object, self.spec.cluster.geometry.block_len(size, key.block)?))
+    }
+
+    /// Whether `data` is exactly block `key` of its object: exact geometry length, exact bytes,
+    /// never of a Range-blind object.
+    pub(crate) fn check_block(&self, key: BlockKey, data: &[bytes::Bytes]) -> Result<(), String> {
+        let Some(&object) = self.chunk_objects.get(&key.chunk) else {
+            return Err(format!("block {key} of no known object"));
+        };
+        let def = self.spec.cluster.objects[object];
+        let g = self.spec.cluster.geometry;
+        let want = g.block_len(def.size, key.block);
+        let len: u64 = data.iter().map(|d| d.len() as u64).sum();
+        if want != Some(len) {
+            return Err(format!("block {key}: {len} bytes, geometry says {want:?}"));
+        }
+        let mut at = key.block * g.block_bytes();
+        for part in data {
+            if let Err(m) = self.contents.check(def.shape(), at, part) {
+                return Err(format!("block {key} with a wrong byte at {}", m.offset));
+            }
+            at += part.len() as u64;
+        }
+        if def.range_blind {
+            return Err(format!("block {key} of a Range-blind object"));
+        }
+        Ok(())
+    }
+
     fn report(mut self) -> RunReport {
         let now = self.now;
-        let peers: Vec<String> = (0..self.nodes.len()).map(crate::node::member_addr).collect();
+        let peers: Vec<String> = (0..self.nodes.len()).map(member_addr).collect();
         let nodes = self
             .nodes
             .iter_mut()
             .zip(&self.crashes)
             .map(|(n, &crashes)| {
-                let p2p = n.engine.p2p();
+                let p2p = n.machine.as_ref().and_then(|m| m.engine().p2p());
                 let unclosed = p2p.map_or(Vec::new(), |p| {
                     peers
                         .iter()
@@ -422,7 +527,7 @@ impl Sim {
                         .collect()
                 });
                 NodeReport {
-                    engine: n.engine.stats(),
+                    engine: n.stats(),
                     cached_blocks: n.cache.len(),
                     crashes,
                     breaker: p2p.map(|p| p.breaker.counters().clone()),
@@ -470,15 +575,18 @@ fn record(phase: Phase, index: usize, node: usize, object: usize) -> ReadRecord 
     }
 }
 
-/// Which object each chunk key belongs to (the checker's map from cache keys back to bytes).
-fn chunk_index(node: &Node, cluster: &crate::config::ClusterConfig) -> BTreeMap<ChunkKey, usize> {
+/// Which object each chunk key belongs to.
+fn chunk_index(
+    keys: &Engine,
+    ids: &[ObjectId],
+    cluster: &crate::config::ClusterConfig,
+) -> BTreeMap<ChunkKey, usize> {
     let mut out = BTreeMap::new();
     let g = cluster.geometry;
     for (i, o) in cluster.objects.iter().enumerate() {
-        let id = node.engine.identify(&crate::origin::object_url(i, "index", u64::MAX));
         let mut block = 0;
         while block < g.block_count(o.size) {
-            let key = node.engine.block_key(&id, block);
+            let key = keys.block_key(&ids[i], block);
             let previous = out.insert(key.chunk, i);
             assert!(previous.is_none_or(|p| p == i), "two objects share a chunk key");
             block += g.blocks_per_chunk();
@@ -509,15 +617,10 @@ mod tests {
         Sim::new(spec, 1)
     }
 
-    fn key_of_block(sim: &Sim, block: u64) -> dart_core::hash::BlockKey {
-        let e = &sim.nodes[0].engine;
-        e.block_key(&e.identify(&crate::origin::object_url(0, "x", u64::MAX)), block)
-    }
-
     #[test]
     fn a_corrupted_cached_block_is_caught_when_it_is_served() {
         let mut s = sim(vec![ReadSpec::whole(Duration::ZERO, 0, 0)]);
-        let key = key_of_block(&s, 2);
+        let key = s.block_key(0, 2);
         let shape = s.spec.cluster.objects[0].shape();
         let mut bad = s.contents.window(shape, 2 << 10, 1 << 10).to_vec();
         bad[100] ^= 0xff;
@@ -530,7 +633,7 @@ mod tests {
     #[test]
     fn a_short_cached_block_is_a_miss_for_the_core_and_never_served() {
         let mut s = sim(vec![ReadSpec::whole(Duration::ZERO, 0, 0)]);
-        let key = key_of_block(&s, 1);
+        let key = s.block_key(0, 1);
         s.nodes[0].cache.put(key, Bytes::from_static(b"short"), BlockClass::Owned);
         let r = s.run();
         assert!(r.passed(), "{}", r.summary());
@@ -543,6 +646,6 @@ mod tests {
         let r = sim(vec![ReadSpec::whole(Duration::ZERO, 1, 0)]).run();
         let lines = r.trace.expect("recorded");
         assert!(lines.len() as u64 >= r.events);
-        assert!(lines.iter().any(|l| l.contains("call c0 n1 -> origin probe")));
+        assert!(lines.iter().any(|l| l.contains("send n1 x0 c0 -> origin probe o0")), "{lines:#?}");
     }
 }
