@@ -188,6 +188,14 @@ impl Node {
 
     fn act(&mut self, rid: RequestId, action: Action, now: Instant) {
         let req = self.requests.get_mut(&rid).expect("a driven request");
+        if req.cancelled && asks(&action) {
+            // Nobody waits for this request any more: it ends instead of asking anything else.
+            self.requests.remove(&rid);
+            if let Action::FetchPeer { permit, .. } = action {
+                self.engine.abandon(permit, now);
+            }
+            return;
+        }
         match action {
             Action::Probe { url } => {
                 let object = req.read.object().clone();
@@ -274,8 +282,12 @@ impl Node {
         }
         self.counters.cancelled += 1;
         if let Wait::Peer(io) = req.wait {
-            if self.peer_streaming(io) {
-                // A relay mid-stream keeps copying: the block is still worth caching.
+            if req.plane == Plane::Peer || self.peer_streaming(io) {
+                // A relay keeps its upstream exchange to its end: mid-stream the block is still
+                // worth caching, and before the head its outcome is evidence about the upstream
+                // that only this relay can record (its requester's equal bound fires first, so a
+                // relay that gave up with it would never learn that its parent stalls). It asks
+                // nothing further (see `act`).
                 self.requests.get_mut(&rid).expect("a live request").cancelled = true;
                 return;
             }
@@ -392,6 +404,22 @@ impl Node {
         } else {
             self.reply(rid, Plane::Client, 502, &format!("dart: {error}"), Headers::new());
         }
+    }
+}
+
+/// Whether `action` asks a question (look-up, probe, fetch, passthrough).
+fn asks(action: &Action) -> bool {
+    match action {
+        Action::Probe { .. }
+        | Action::Passthrough { .. }
+        | Action::Lookup { .. }
+        | Action::FetchPeer { .. }
+        | Action::FetchOrigin { .. } => true,
+        Action::Respond(_)
+        | Action::Store { .. }
+        | Action::Emit(_)
+        | Action::Finish
+        | Action::Fail(_) => false,
     }
 }
 

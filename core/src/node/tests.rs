@@ -588,3 +588,20 @@ fn a_block_that_arrives_in_one_part_is_stored_and_served_without_a_copy() {
     assert_eq!(h.body_of(8), whole.to_vec());
     assert_eq!(h.store.values().next().map(|b| b.to_vec()), Some(whole.to_vec()));
 }
+
+#[test]
+fn a_relay_whose_requester_leaves_still_learns_that_its_upstream_stalls() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Connected);
+    h.feed(Input::Cancel { id: RequestId(7) });
+    assert!(!h.cancelled(up.id), "the upstream exchange goes on");
+    h.advance(Duration::from_secs(10));
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!((b.counters().soft, b.counters().abandoned), (1, 0), "the stall is recorded");
+    assert!(h.sends().is_empty(), "nothing further is asked for a requester that left");
+    assert_eq!(h.node.live_requests(), 0);
+    assert!(h.head_of(7).is_none() && !h.ended(7));
+}
