@@ -33,7 +33,7 @@ pub fn admits(sketch: &Sketch, candidate: &BlockKey, victim: &BlockKey) -> bool 
 }
 
 /// Count-min sketch of 4-bit counters with a doorkeeper.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Sketch {
     /// Packed 4-bit counters, 16 per word; `counter_mask + 1` of them.
     counters: Vec<u64>,

@@ -44,6 +44,7 @@ pub fn all() -> Vec<Scenario> {
         lying_peer_corrupt(),
         breaker_churn(),
         crash_restart(),
+        small_caches(),
         network_blip(),
         origin_errors(),
         chain(),
@@ -641,6 +642,35 @@ fn crash_restart() -> Scenario {
         let lost = r.blocks.iter().filter(|b| b.node == order[2] && b.source == BlockSource::Cache).count();
         check.that(kept > 0, "the node that kept its cache serves from it after the restart");
         check.note(format!("after restart: kept-cache node served {kept} blocks from cache, lost-cache node {lost}"));
+    })
+}
+
+fn small_caches() -> Scenario {
+    Scenario::new(
+        "small-caches",
+        "caches far smaller than the working set: TinyLFU admission decides what stays",
+        |seed, scale| {
+            let nodes = pick(scale, 8, 32) as usize;
+            let block = pick(scale, 64 << 10, MIB);
+            let objects: Vec<ObjectDef> =
+                (0..3).map(|i| ObjectDef::plain(32 * block, seed.wrapping_add(i))).collect();
+            let mut spec = everyone_reads(seed, nodes, objects, block, ms(5));
+            // Less than one object: every cache fills, evicts, and refuses borrowed copies.
+            spec.cluster.cache_blocks = 24;
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        safety_reads_finish(run, check, &[]);
+        let rejected: u64 = r.nodes.iter().map(|n| n.admit_rejected).sum();
+        let evicted: u64 = r.nodes.iter().map(|n| n.evictions).sum();
+        check.that(evicted > 0, "caches filled and evicted");
+        check.that(rejected > 0, "TinyLFU refused borrowed copies less popular than their victims");
+        check.note(format!(
+            "{evicted} evictions, {rejected} borrowed admissions refused; origin {} range requests",
+            r.origin.range_requests
+        ));
     })
 }
 

@@ -1,15 +1,22 @@
 //! A node's block cache in the simulator, mirroring the store's contract (spec/store.md §1):
 //! write-once per key, exact length, owned and borrowed budgets, a crash keeps it (warm start with
-//! verification) or loses it (cold start). Blocks are `Bytes` handles, usually slices of the one
+//! verification) or loses it (cold start). Once full, a borrowed block is admitted only if the
+//! core's TinyLFU verdict ([`dart_core::admission::admits`], the one the disk store applies) finds
+//! it at least as popular as the block it would evict. One capacity stands for both budgets, and
+//! the estimator starts counting when the cache first fills (so that caches that never fill cost
+//! nothing). Blocks are `Bytes` handles, usually slices of the one
 //! shared content buffer, so a large cluster costs pointers, not copies.
 
 use bytes::Bytes;
+use dart_core::admission::{admits, Sketch};
 use dart_core::engine::BlockClass;
 use dart_core::hash::BlockKey;
 use std::collections::BTreeMap;
 
 /// Most blocks one simulated cache holds; past it the oldest borrowed block is evicted first.
 pub const CACHE_BLOCKS_MAX: usize = 1 << 20;
+/// Most keys the admission estimator is sized for (its memory is per node).
+pub const SKETCH_KEYS_MAX: usize = 1 << 16;
 
 #[derive(Clone, Debug)]
 struct Slot {
@@ -29,6 +36,10 @@ pub struct SimCache {
     pub duplicate_puts: u64,
     /// Blocks evicted at capacity.
     pub evictions: u64,
+    /// Borrowed blocks refused by TinyLFU admission.
+    pub admit_rejected: u64,
+    /// The admission estimator, from the first time the cache is full.
+    sketch: Option<Sketch>,
 }
 
 impl SimCache {
@@ -42,7 +53,21 @@ impl SimCache {
             torn: std::collections::BTreeSet::new(),
             duplicate_puts: 0,
             evictions: 0,
+            admit_rejected: 0,
+            sketch: None,
         }
+    }
+
+    /// A look-up by a read: the block, if held, counted as an access by the admission estimator
+    /// unless it is owned (as the disk store counts them).
+    pub fn lookup(&mut self, key: &BlockKey) -> Option<Bytes> {
+        let slot = self.blocks.get(key);
+        if slot.is_none_or(|s| s.class == BlockClass::Borrowed) {
+            if let Some(sketch) = &mut self.sketch {
+                sketch.increment(key);
+            }
+        }
+        slot.map(|s| s.data.clone())
     }
 
     /// The block, if held (a handle: blocks are immutable).
@@ -55,14 +80,32 @@ impl SimCache {
         self.blocks.contains_key(key)
     }
 
-    /// Offers a block; the first bytes for a key win. Returns whether it was inserted.
+    /// Offers a block; the first bytes for a key win; a borrowed block may be refused once the
+    /// cache is full. Returns whether it was inserted.
     pub fn put(&mut self, key: BlockKey, data: Bytes, class: BlockClass) -> bool {
         assert!(!data.is_empty(), "the store rejects empty blocks");
+        if class == BlockClass::Borrowed {
+            if let Some(sketch) = &mut self.sketch {
+                // An insertion is an access (as in the store).
+                sketch.increment(&key);
+            }
+        }
         if self.blocks.contains_key(&key) {
             self.duplicate_puts += 1;
             return false;
         }
         if self.blocks.len() >= self.capacity {
+            let sketch = self
+                .sketch
+                .get_or_insert_with(|| Sketch::new(self.capacity.min(SKETCH_KEYS_MAX) as u64));
+            if class == BlockClass::Borrowed {
+                let victim =
+                    self.order.values().find(|k| self.blocks[*k].class == BlockClass::Borrowed);
+                if victim.is_some_and(|v| !admits(sketch, &key, v)) {
+                    self.admit_rejected += 1;
+                    return false;
+                }
+            }
             self.evict_one();
         }
         let seq = self.next_seq;
@@ -161,6 +204,21 @@ mod tests {
         assert!(!c.put(key(1), Bytes::from_static(b"bb"), BlockClass::Owned));
         assert_eq!(c.get(&key(1)).as_deref(), Some(&b"aa"[..]));
         assert_eq!(c.duplicate_puts, 1);
+    }
+
+    #[test]
+    fn a_full_cache_refuses_a_borrowed_block_less_popular_than_its_victim() {
+        let mut c = SimCache::new(2);
+        c.put(key(1), Bytes::from_static(b"a"), BlockClass::Borrowed);
+        c.put(key(2), Bytes::from_static(b"b"), BlockClass::Borrowed);
+        assert!(c.put(key(3), Bytes::from_static(b"c"), BlockClass::Borrowed), "cold: ties admit");
+        for _ in 0..4 {
+            c.lookup(&key(2));
+        }
+        assert!(!c.put(key(4), Bytes::from_static(b"d"), BlockClass::Borrowed));
+        assert_eq!(c.admit_rejected, 1);
+        assert!(c.put(key(5), Bytes::from_static(b"e"), BlockClass::Owned), "owned always admits");
+        c.check_invariants();
     }
 
     #[test]

@@ -132,6 +132,10 @@ pub struct NodeReport {
     pub engine: EngineStats,
     /// Blocks cached at the end.
     pub cached_blocks: usize,
+    /// Blocks evicted at capacity.
+    pub evictions: u64,
+    /// Borrowed blocks refused by TinyLFU admission (core's verdict).
+    pub admit_rejected: u64,
     /// Crashes.
     pub crashes: u32,
     /// Every breaker transition, across incarnations.

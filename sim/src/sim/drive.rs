@@ -231,7 +231,7 @@ impl Sim {
                 }
             }
             Output::StoreGet { op, key, window } => {
-                let whole = self.nodes[n].cache.get(&key);
+                let whole = self.nodes[n].cache.lookup(&key);
                 let want = self.block_of(key).map(|(_, len)| len);
                 let hit = whole.as_ref().is_some_and(|b| Some(b.len() as u64) == want);
                 let ctx = Context { store_hit: hit.then_some(key), ..Context::default() };

@@ -529,6 +529,8 @@ impl Sim {
                 NodeReport {
                     engine: n.stats(),
                     cached_blocks: n.cache.len(),
+                    evictions: n.cache.evictions,
+                    admit_rejected: n.cache.admit_rejected,
                     crashes,
                     breaker: p2p.map(|p| p.breaker.counters().clone()),
                     unclosed,
