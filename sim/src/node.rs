@@ -75,7 +75,7 @@ pub enum ClientHead {
     None,
     /// A block-path head the oracle accepted.
     Block,
-    /// The origin's own head, proxied (it carries the origin's validator).
+    /// The origin's own head, proxied (the machine sent a passthrough exchange for this read).
     Passthrough {
         /// The origin's status.
         status: u16,
@@ -110,6 +110,8 @@ pub struct ClientRequest {
     pub bytes: u64,
     /// The machine's [`dart_core::node::Event::Failed`] for it, if any.
     pub failure: Option<(u16, String)>,
+    /// The machine sent a passthrough exchange for it (its head is then the origin's).
+    pub passthrough: bool,
 }
 
 /// A peer's request (simulated call `call`) handed to this node's machine, and its answer so far.

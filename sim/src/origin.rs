@@ -106,8 +106,7 @@ pub struct OriginAnswer {
 
 impl OriginAnswer {
     /// The header fields sent: `content-length` and `content-range` when known, and the object's
-    /// validator (`etag`), which the block path never copies into its own heads: a client head
-    /// carrying it is the origin's, proxied.
+    /// validator (`etag`), as real origins send (a passthrough copies it to the client).
     pub fn headers(&self, object: usize) -> dart_core::node::Headers {
         let mut h = dart_core::node::Headers::new();
         if let Some(n) = self.content_length {

@@ -2,7 +2,7 @@
 //! serve (an origin flight, a peer fetch, a passthrough, a roster fetch).
 
 use super::body::BodyBuf;
-use super::io::{Endpoint, Headers, IoEvent, IoId, IoRequest, Output, RequestId};
+use super::io::{Endpoint, Headers, IoEvent, IoId, IoRequest, Output, Purpose, RequestId};
 use super::Node;
 use crate::breaker::Permit;
 use crate::engine::flight::{FlightId, FlightKey};
@@ -107,6 +107,16 @@ impl Exchange {
         }
     }
 
+    pub fn purpose(&self) -> Purpose {
+        match &self.job {
+            Job::Origin { key: FlightKey::Probe(_), .. } => Purpose::Probe,
+            Job::Origin { key: FlightKey::Block(..), .. } => Purpose::Window,
+            Job::Peer(_) => Purpose::PeerBlock,
+            Job::Passthrough { .. } => Purpose::Passthrough,
+            Job::Roster { .. } => Purpose::Roster,
+        }
+    }
+
     pub fn flight(&self) -> Option<FlightId> {
         match &self.job {
             Job::Origin { owner: Owner::Flight(fid), .. } => Some(*fid),
@@ -201,10 +211,11 @@ impl Node {
         if let Some(at) = x.deadline {
             self.timers.insert((at, id));
         }
+        let (purpose, request) = (x.purpose(), x.request());
         let previous = self.exchanges.insert(id, x);
         assert!(previous.is_none(), "exchange ids are never reused");
         self.counters.exchanges += 1;
-        self.emit(Output::Send(IoRequest { id, endpoint, url, headers }));
+        self.emit(Output::Send(IoRequest { id, endpoint, purpose, request, url, headers }));
         id
     }
 

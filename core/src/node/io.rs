@@ -140,6 +140,22 @@ pub enum Endpoint {
     Peer,
 }
 
+/// What an exchange is for (for logs, metrics and the simulator's bookkeeping; the driver treats
+/// every exchange alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Purpose {
+    /// An origin size probe (`Range: bytes=0-0`).
+    Probe,
+    /// An origin block window.
+    Window,
+    /// A verbatim passthrough to a Range-blind origin.
+    Passthrough,
+    /// A block from a peer.
+    PeerBlock,
+    /// A peer's roster.
+    Roster,
+}
+
 /// An outbound `GET` the driver must send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IoRequest {
@@ -147,6 +163,10 @@ pub struct IoRequest {
     pub id: IoId,
     /// Whom it goes to.
     pub endpoint: Endpoint,
+    /// What it is for.
+    pub purpose: Purpose,
+    /// The one request it serves, if any (a flight serves several; a roster fetch none).
+    pub request: Option<RequestId>,
     /// The absolute URL (`http://host:port/path?query`, or `https://` for an origin).
     pub url: String,
     /// Header fields to send besides `host`.

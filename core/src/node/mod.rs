@@ -19,7 +19,7 @@ mod tests;
 pub use bounds::{Bounds, BoundsError, BOUND_MAX};
 pub use io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,
-    IoRequest, Output, Plane, RequestId, StoreOp, HEADERS_MAX,
+    IoRequest, Output, Plane, Purpose, RequestId, StoreOp, HEADERS_MAX,
 };
 
 use crate::engine::flight::{FlightId, FlightKey, FlightTable};

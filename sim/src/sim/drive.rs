@@ -21,7 +21,7 @@ use dart_core::engine::Method;
 use dart_core::hash::BlockKey;
 use dart_core::node::{
     Endpoint as IoEndpoint, Event, Head, Headers, Inbound, Input, IoEvent, IoRequest, Output,
-    Plane, RequestId,
+    Plane, Purpose, RequestId,
 };
 use std::collections::VecDeque;
 
@@ -98,6 +98,7 @@ impl Sim {
                 next_offset,
                 bytes: 0,
                 failure: None,
+                passthrough: false,
             },
         );
         let request = Inbound { method: method.into(), target: format!("/dart/{url}"), headers };
@@ -132,7 +133,6 @@ impl Sim {
             inputs += 1;
             assert!(inputs <= super::INPUTS_PER_STEP_MAX, "n{n}: inputs piling up in one step");
             let Some(machine) = self.nodes[n].machine.as_mut() else { break };
-            let before = machine.stats().passthrough;
             match stimulus {
                 Stimulus::Input(input) => machine.handle_input(input, now),
                 Stimulus::Timeout => machine.handle_timeout(now),
@@ -140,15 +140,11 @@ impl Sim {
             while let Some(out) = machine.poll_output() {
                 outputs.push(out);
             }
-            let mut passthrough = machine.stats().passthrough - before;
             for out in outputs.drain(..) {
-                self.carry(n, out, ctx, &mut passthrough, &mut pending, &mut dirty);
+                self.carry(n, out, ctx, &mut pending, &mut dirty);
                 if self.violation.is_some() {
                     return; // the run stops here
                 }
-            }
-            if passthrough > 0 {
-                return self.violate(Some(n), "a passthrough without its origin request".into());
             }
             if let Some((input, ctx)) = pending.pop_front() {
                 next = Some((Stimulus::Input(input), ctx));
@@ -195,12 +191,11 @@ impl Sim {
         n: usize,
         out: Output,
         ctx: Context,
-        passthrough: &mut u64,
         pending: &mut VecDeque<(Input, Context)>,
         dirty: &mut Vec<RequestId>,
     ) {
         match out {
-            Output::Send(req) => self.send(n, req, ctx, passthrough, pending),
+            Output::Send(req) => self.send(n, req, ctx, pending),
             Output::Cancel(io) => {
                 let Some(&id) = self.nodes[n].exchanges.get(&io) else {
                     return self.violate(Some(n), format!("cancel of unknown exchange {io}"));
@@ -307,7 +302,6 @@ impl Sim {
         n: usize,
         req: IoRequest,
         ctx: Context,
-        passthrough: &mut u64,
         pending: &mut VecDeque<(Input, Context)>,
     ) {
         let io = req.id;
@@ -316,9 +310,13 @@ impl Sim {
                 let Some((object, _)) = parse_url(&req.url) else {
                     return self.violate(Some(n), format!("origin request for {}", req.url));
                 };
-                if *passthrough > 0 {
-                    // The read just turned to passthrough: this is its verbatim request.
-                    *passthrough -= 1;
+                if req.purpose == Purpose::Passthrough {
+                    let client = req.request.and_then(|rid| self.nodes[n].clients.get_mut(&rid));
+                    let Some(client) = client else {
+                        return self
+                            .violate(Some(n), format!("a passthrough for no client: {req:?}"));
+                    };
+                    client.passthrough = true;
                     (CallKind::Passthrough { object }, None)
                 } else {
                     let range = req.headers.get_str("range").and_then(parse_window);
@@ -382,7 +380,7 @@ impl Sim {
         }
         let (record, e) = (c.record, c.expected.clone());
         let text = head.headers.get_str("content-type").is_some_and(|t| t.starts_with("text/"));
-        c.head = if head.headers.get("etag").is_some() {
+        c.head = if c.passthrough {
             ClientHead::Passthrough { status: head.status, piped: None }
         } else if head.status >= 400 && text {
             ClientHead::Error { status: head.status, text: Vec::new() }
