@@ -1,10 +1,14 @@
-//! Sans-IO core of dart: geometry, placement, codecs, the read-through engine and the per-peer
-//! circuit breaker, as pure state machines.
+//! Sans-IO core of dart: one node as one state machine ([`node::Node`]), and beneath it geometry,
+//! placement, codecs, the read-through engine, origin flights, the per-peer circuit breaker and
+//! TinyLFU admission, as pure state machines and functions.
 //!
 //! Nothing in this crate performs I/O, reads a clock or draws ambient randomness. Time comes in as
-//! [`time::Instant`] arguments, randomness as seeded [`rng::Rng`]s, and decisions go out as values
-//! that a shell (`dart-net-tokio`) or the simulator (`dart-sim`) carries out. Because both drivers
-//! run this same code, every decision the simulator checks is the decision production makes.
+//! [`time::Instant`] arguments, randomness as seeded [`rng::Rng`]s, and decisions go out as values.
+//! Both drivers execute [`node::Node`]: the tokio/hyper shell (`dart-net-tokio`, wired by
+//! `dart-node`, also run under turmoil) and the simulator (`dart-sim`). Which source serves a
+//! block, what is coalesced and cached, whom the breaker blames, when an exchange is given up and
+//! what a relay forwards are decided here once; the drivers keep only transport and world
+//! mechanics (docs/architecture.md lists them).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
