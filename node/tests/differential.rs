@@ -18,7 +18,7 @@ use dart_core::node::Event;
 use dart_net_tokio::body::{self, ResponseBody};
 use dart_net_tokio::cache::MemCache;
 use dart_net_tokio::driver::NodeDriver;
-use dart_net_tokio::seam::{Seam, SeamConnector};
+use dart_net_tokio::seam::SeamConnector;
 use dart_net_tokio::server::{serve, ServeOptions};
 use dart_node::cli::NodeFlags;
 use dart_sim::content::Contents;
@@ -32,10 +32,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use turmoil_seam::{TurmoilDialer, TurmoilListener};
+use turmoil_seam::{TurmoilDialer, TurmoilListener, TurmoilSeam};
 
 const NODES: usize = 4;
 const BLOCK: u64 = 64 << 10;
@@ -125,26 +124,6 @@ fn simulate() -> Outcome {
         })
         .collect();
     Outcome { delivered, per_window, opened }
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct TurmoilSeam;
-
-impl Seam for TurmoilSeam {
-    type Listener = TurmoilListener;
-    type Dialer = TurmoilDialer;
-
-    async fn bind(&self, addr: SocketAddr) -> std::io::Result<TurmoilListener> {
-        TurmoilListener::bind(addr.port()).await
-    }
-
-    fn dialer(&self) -> TurmoilDialer {
-        TurmoilDialer
-    }
-
-    fn wall_clock(&self) -> bool {
-        false
-    }
 }
 
 fn flags(i: usize) -> NodeFlags {

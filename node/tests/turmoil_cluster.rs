@@ -17,7 +17,7 @@ use dart_core::node::{Bounds, Endpoint};
 use dart_net_tokio::cache::MemCache;
 use dart_net_tokio::driver::NodeDriver;
 use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
-use dart_net_tokio::seam::{Seam, SeamConnector};
+use dart_net_tokio::seam::SeamConnector;
 use dart_net_tokio::server::ServeOptions;
 use dart_node::cli::NodeFlags;
 use http_body_util::{BodyExt, Empty};
@@ -25,10 +25,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use turmoil_seam::{TurmoilDialer, TurmoilListener};
+use turmoil_seam::{TurmoilDialer, TurmoilListener, TurmoilSeam};
 
 const SEED: u64 = 0x005E_EDC1;
 const OBJECT_SEED: u64 = 11;
@@ -41,27 +40,6 @@ const ORIGIN_PORT: u16 = 80;
 
 fn seed() -> u64 {
     std::env::var("DART_TURMOIL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED)
-}
-
-/// The shell's seam over turmoil: simulated listeners and dialers, no wall clock.
-#[derive(Clone, Copy, Debug, Default)]
-struct TurmoilSeam;
-
-impl Seam for TurmoilSeam {
-    type Listener = TurmoilListener;
-    type Dialer = TurmoilDialer;
-
-    async fn bind(&self, addr: SocketAddr) -> std::io::Result<TurmoilListener> {
-        TurmoilListener::bind(addr.port()).await
-    }
-
-    fn dialer(&self) -> TurmoilDialer {
-        TurmoilDialer
-    }
-
-    fn wall_clock(&self) -> bool {
-        false
-    }
 }
 
 fn host(i: usize) -> String {

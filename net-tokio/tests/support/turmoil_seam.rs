@@ -42,3 +42,26 @@ impl Dialer for TurmoilDialer {
         turmoil::net::TcpStream::connect((host, port)).await
     }
 }
+
+/// The whole seam over turmoil: simulated listeners and dialers, and no wall clock (a `Date`
+/// header would read real time).
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(dead_code)] // each test binary that includes this file uses a subset
+pub struct TurmoilSeam;
+
+impl dart_net_tokio::seam::Seam for TurmoilSeam {
+    type Listener = TurmoilListener;
+    type Dialer = TurmoilDialer;
+
+    async fn bind(&self, addr: SocketAddr) -> io::Result<TurmoilListener> {
+        TurmoilListener::bind(addr.port()).await
+    }
+
+    fn dialer(&self) -> TurmoilDialer {
+        TurmoilDialer
+    }
+
+    fn wall_clock(&self) -> bool {
+        false
+    }
+}
