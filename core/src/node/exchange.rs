@@ -168,6 +168,17 @@ pub(super) enum Expiry {
     Request(Duration),
 }
 
+impl Expiry {
+    /// How a peer exchange that ran out of time is judged: a dial that never finished is a dial
+    /// failure, any later bound a timeout of our own.
+    pub fn observation(self) -> crate::breaker::Observation {
+        match self {
+            Expiry::Dial(_) => crate::breaker::Observation::DialFailed,
+            Expiry::Head(_) | Expiry::Request(_) => crate::breaker::Observation::TimedOut,
+        }
+    }
+}
+
 impl std::fmt::Display for Expiry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

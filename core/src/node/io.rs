@@ -184,6 +184,19 @@ pub enum IoError {
     Invalid(String),
 }
 
+impl IoError {
+    /// How a peer exchange that ended this way is judged for the breaker: a connection never
+    /// made is a dial failure (hard), a broken one an interrupted body (soft), a request that
+    /// could not be formed an unexpected status.
+    pub fn observation(&self) -> Observation {
+        match self {
+            IoError::Connect(_) => Observation::DialFailed,
+            IoError::Broken(_) => Observation::BodyInterrupted,
+            IoError::Invalid(_) => Observation::UnexpectedStatus(400),
+        }
+    }
+}
+
 impl fmt::Display for IoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -213,9 +213,15 @@ impl Node {
 
     /// Handles one input at `now`; see the type's driving contract.
     pub fn handle_input(&mut self, input: Input, now: Instant) {
+        self.guarded(now, |node| node.dispatch(input, now));
+        debug_assert!(self.out.len() <= OUTPUTS_MAX, "outputs piling up: the driver must drain");
+    }
+
+    /// Runs one input's handling; a panic inside fails what it touched (see [`Node::recover`]).
+    fn guarded(&mut self, now: Instant, f: impl FnOnce(&mut Node)) {
         self.working.clear();
         self.working_io = None;
-        let result = catch_unwind(AssertUnwindSafe(|| self.dispatch(input, now)));
+        let result = catch_unwind(AssertUnwindSafe(|| f(self)));
         if let Err(panic) = result {
             let message = panic_message(panic.as_ref());
             self.recover(message, now);
@@ -223,7 +229,6 @@ impl Node {
         self.working.clear();
         self.working_io = None;
         self.drain_circuit_events();
-        debug_assert!(self.out.len() <= OUTPUTS_MAX, "outputs piling up: the driver must drain");
     }
 
     fn dispatch(&mut self, input: Input, now: Instant) {
@@ -261,15 +266,7 @@ impl Node {
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.working.clear();
-        let result = catch_unwind(AssertUnwindSafe(|| self.fire_timers(now)));
-        if let Err(panic) = result {
-            let message = panic_message(panic.as_ref());
-            self.recover(message, now);
-        }
-        self.working.clear();
-        self.working_io = None;
-        self.drain_circuit_events();
+        self.guarded(now, |node| node.fire_timers(now));
         assert!(self.poll_timeout().is_none_or(|t| t > now), "handle_timeout must move the timer");
     }
 

@@ -6,8 +6,8 @@
 use super::body::BodyBuf;
 use super::exchange::{Expiry, Job, PeerJob, PeerOwner};
 use super::io::{
-    BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoError, IoEvent, IoId,
-    Output, Plane, RequestId,
+    BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoEvent, IoId, Output, Plane,
+    RequestId,
 };
 use super::requests::Wait;
 use super::{Node, LEARNED_MAX, ROSTER_FETCHES_MAX};
@@ -186,12 +186,7 @@ impl Node {
                 self.finish_peer(io, answer, false, now);
             }
             IoEvent::Failed(e) => {
-                let observation = match e {
-                    IoError::Connect(_) => Observation::DialFailed,
-                    IoError::Broken(_) => Observation::BodyInterrupted,
-                    IoError::Invalid(_) => Observation::UnexpectedStatus(400),
-                };
-                self.finish_peer(io, PeerAnswer::Failed(observation), false, now);
+                self.finish_peer(io, PeerAnswer::Failed(e.observation()), false, now);
             }
         }
     }
@@ -242,11 +237,7 @@ impl Node {
     }
 
     pub(super) fn peer_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
-        let observation = match expiry {
-            Expiry::Dial(_) => Observation::DialFailed,
-            Expiry::Head(_) | Expiry::Request(_) => Observation::TimedOut,
-        };
-        self.finish_peer(io, PeerAnswer::Failed(observation), true, now);
+        self.finish_peer(io, PeerAnswer::Failed(expiry.observation()), true, now);
     }
 
     /// Peer exchange `io` is over: report it, hand the answer and the permit to the read.
@@ -396,22 +387,13 @@ impl Node {
                 self.roster_done(io, result, false, now);
             }
             IoEvent::Failed(e) => {
-                let observation = match e {
-                    IoError::Connect(_) => Observation::DialFailed,
-                    IoError::Broken(_) => Observation::BodyInterrupted,
-                    IoError::Invalid(_) => Observation::UnexpectedStatus(400),
-                };
-                self.roster_done(io, failed(observation, e.to_string()), false, now);
+                self.roster_done(io, failed(e.observation(), e.to_string()), false, now);
             }
         }
     }
 
     pub(super) fn roster_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
-        let observation = match expiry {
-            Expiry::Dial(_) => Observation::DialFailed,
-            Expiry::Head(_) | Expiry::Request(_) => Observation::TimedOut,
-        };
-        self.roster_done(io, Err((observation, expiry.to_string())), true, now);
+        self.roster_done(io, Err((expiry.observation(), expiry.to_string())), true, now);
     }
 
     fn roster_done(

@@ -87,7 +87,18 @@ pub(crate) struct Tiered {
 /// Reads `key` from `arena` (refreshing recency if `touch`); an unreadable slot is dropped and
 /// reported as a miss.
 fn read_or_drop(arena: &mut Arena, key: &BlockKey, touch: bool) -> Option<Bytes> {
-    match arena.read(key, touch) {
+    let read = arena.read(key, touch);
+    found_or_drop(arena, key, read)
+}
+
+/// The result of a read of `key` from `arena`; an unreadable slot is dropped and reported as a
+/// miss.
+fn found_or_drop(
+    arena: &mut Arena,
+    key: &BlockKey,
+    read: Result<Option<Bytes>, StoreError>,
+) -> Option<Bytes> {
+    match read {
         Ok(found) => found,
         Err(StoreError::Closed) => None,
         Err(e) => {
@@ -150,14 +161,9 @@ impl Tiered {
         len: u64,
         block_len: u64,
     ) -> Option<Bytes> {
-        let read = |arena: &mut Arena| match arena.read_window(key, start, len, block_len) {
-            Ok(found) => found,
-            Err(StoreError::Closed) => None,
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "dropping an unreadable cached block");
-                arena.remove(key);
-                None
-            }
+        let read = |arena: &mut Arena| {
+            let read = arena.read_window(key, start, len, block_len);
+            found_or_drop(arena, key, read)
         };
         {
             let mut owned = lock(&self.owned);
