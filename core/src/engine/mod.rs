@@ -275,8 +275,8 @@ impl Engine {
     /// Asserts the engine's invariants.
     pub fn check_invariants(&self) {
         if let Some(p2p) = &self.p2p {
+            // The view is immutable and checked when built (`View::new`).
             p2p.breaker.check_invariants();
-            p2p.placement.view().check_invariants();
         }
         assert!(self.objects.len() <= OBJECTS_MAX);
         assert_eq!(self.objects.len(), self.object_order.len());
