@@ -2,6 +2,7 @@
 //! the peer block path and hop header, byte-size flags and credential redaction. Each parser takes
 //! hostile input: it never panics and returns a typed error.
 
+pub mod conditional;
 pub mod content_range;
 mod num;
 pub mod range;
