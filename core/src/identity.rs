@@ -79,6 +79,12 @@ impl ObjectId {
         ObjectId { id, content_addressed: true }
     }
 
+    /// The identity whose `id` is `id` (as a flight key carries it): content-addressed exactly
+    /// when `id` is a digest.
+    pub fn from_id(id: &str) -> Self {
+        ObjectId { id: id.to_owned(), content_addressed: is_digest(id) }
+    }
+
     fn located(text: &str) -> Self {
         let id: String = text.chars().filter(|&c| c != char::from(FIELD_SEP)).collect();
         ObjectId { id, content_addressed: false }

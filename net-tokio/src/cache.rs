@@ -35,6 +35,8 @@ pub trait BlockCache: Send + Sync + 'static {
     }
     /// Offers a validated block; best effort (a refusal or an I/O error never fails a read).
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass);
+    /// Drops a block (its object changed); no disk read or write, so callers may do it inline.
+    fn delete(&self, key: &BlockKey);
     /// Occupancy.
     fn stats(&self) -> CacheStats;
     /// Releases what the store holds (files, the directory lock); later gets miss and puts are
@@ -67,6 +69,10 @@ impl BlockCache for MemCache {
 
     fn put(&self, key: BlockKey, data: &Bytes, _class: BlockClass) {
         self.blocks.lock().expect("cache lock").entry(key).or_insert_with(|| data.clone());
+    }
+
+    fn delete(&self, key: &BlockKey) {
+        self.blocks.lock().expect("cache lock").remove(key);
     }
 
     fn stats(&self) -> CacheStats {
@@ -111,6 +117,10 @@ impl BlockCache for crate::store::BlockStore {
 
     fn stats(&self) -> CacheStats {
         crate::store::BlockStore::stats(self)
+    }
+
+    fn delete(&self, key: &BlockKey) {
+        crate::store::BlockStore::delete(self, key);
     }
 
     fn close(&self) {

@@ -273,6 +273,13 @@ impl<D: Dialer> NodeDriver<D> {
                         None => deferred.push(Deferred::StoreGet(op, key, window)),
                     }
                 }
+                Output::StoreDrop { keys } => {
+                    // At once, under the lock: a look-up that follows must not find them.
+                    for key in &keys {
+                        inner.pending_puts.remove(key);
+                        self.store.delete(key);
+                    }
+                }
                 Output::StorePut { key, data, class } => {
                     if self.store.blocking() {
                         if inner.pending_puts.len() < PENDING_PUTS_MAX {

@@ -88,6 +88,14 @@ pub struct NodeFlags {
     /// Recognise only OCI `/blobs/<digest>` paths as content addresses.
     #[arg(long)]
     pub oci_digest_only: bool,
+    /// How long an object's size and validators (ETag, Last-Modified) are trusted before a read
+    /// revalidates them with a 1-byte probe, when the origin's Cache-Control does not say.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub revalidate_after: std::time::Duration,
+    /// A URL prefix whose objects never change (repeatable): never revalidated, and their blocks
+    /// are not checked against a validator. Content-addressed paths are always treated so.
+    #[arg(long = "immutable", value_name = "URL_PREFIX")]
+    pub immutable: Vec<String>,
     /// This node's member id (visible ASCII); required with --peers.
     #[arg(long, default_value = "")]
     pub self_id: String,

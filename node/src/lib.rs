@@ -178,7 +178,15 @@ pub async fn start_on<S: Seam>(
     };
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
     let cut_through = !flags.store_and_forward;
-    let mut engine = Engine::new(EngineConfig { geometry, namespace, layout, cut_through });
+    let immutable_prefixes = flags.immutable.iter().map(|p| identify_prefix(p, layout)).collect();
+    let mut engine = Engine::new(EngineConfig {
+        geometry,
+        namespace,
+        layout,
+        cut_through,
+        revalidate_after: flags.revalidate_after,
+        immutable_prefixes,
+    });
     let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
     let advertise = p2p
         .as_ref()
@@ -262,6 +270,12 @@ pub async fn start_on<S: Seam>(
         flags.cache_size >> 20,
     );
     Ok(Running { client_addr, admin_addr, peer_addr, banner, driver, stop, servers })
+}
+
+/// An `--immutable` URL prefix in the form object identities take (identities canonicalise the
+/// URL: the prefix is matched against them).
+fn identify_prefix(prefix: &str, layout: IdLayout) -> String {
+    dart_core::identity::object_id(prefix, layout).id
 }
 
 fn upstream_mode(flags: &NodeFlags) -> anyhow::Result<UpstreamMode> {

@@ -22,6 +22,8 @@ pub const SKETCH_KEYS_MAX: usize = 1 << 16;
 struct Slot {
     data: Bytes,
     class: BlockClass,
+    /// Its place in the insertion order.
+    seq: u64,
 }
 
 /// One node's cache.
@@ -75,6 +77,14 @@ impl SimCache {
         self.blocks.get(key).map(|s| s.data.clone())
     }
 
+    /// Drops `key` (its object changed); returns whether it was held.
+    pub fn remove(&mut self, key: &BlockKey) -> bool {
+        let Some(slot) = self.blocks.remove(key) else { return false };
+        self.order.remove(&slot.seq);
+        self.torn.remove(key);
+        true
+    }
+
     /// Whether `key` is held.
     pub fn contains(&self, key: &BlockKey) -> bool {
         self.blocks.contains_key(key)
@@ -110,7 +120,7 @@ impl SimCache {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.blocks.insert(key, Slot { data, class });
+        self.blocks.insert(key, Slot { data, class, seq });
         self.order.insert(seq, key);
         true
     }

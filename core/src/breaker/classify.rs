@@ -34,6 +34,9 @@ pub enum Observation {
     WrongLength,
     /// The block validator rejected a complete, correctly sized body.
     ValidationFailed,
+    /// The peer answered for another version of the object (its validator differs from the
+    /// requester's): not the peer's fault, and not a block the requester may use.
+    VersionMismatch,
 }
 
 impl Observation {
@@ -63,9 +66,10 @@ impl Observation {
     /// The breaker outcome for this observation.
     pub fn outcome(self) -> Outcome {
         match self {
-            Observation::Served | Observation::Miss | Observation::UpstreamRefused { .. } => {
-                Outcome::Answered
-            }
+            Observation::Served
+            | Observation::Miss
+            | Observation::UpstreamRefused { .. }
+            | Observation::VersionMismatch => Outcome::Answered,
             Observation::CallerCancelled => Outcome::Cancelled,
             Observation::DialFailed => Outcome::HardFailure(HardReason::Dial),
             Observation::TimedOut

@@ -6,6 +6,7 @@
 //! and drives one [`Read`] per client request; see [`Read`] for the driving contract.
 
 pub mod flight;
+pub mod meta;
 pub mod origin;
 mod read;
 pub mod resolve;
@@ -16,9 +17,10 @@ mod p2p_tests;
 #[cfg(test)]
 mod tests;
 
+pub use meta::ObjectMeta;
 pub use read::{
-    block_verdict, Action, FetchedBlock, Method, PeerAnswer, Read, ReadError, ReadFailure,
-    ReadRequest, ResponseHead, Verdict, Window,
+    block_verdict, Action, FetchedBlock, Method, PeerAnswer, Preconditions, Read, ReadError,
+    ReadFailure, ReadRequest, ResponseHead, Verdict, Window, RESTARTS_MAX,
 };
 
 use crate::breaker::{Admission, Breaker, Outcome, Permit};
@@ -64,7 +66,16 @@ pub struct EngineConfig {
     /// Relays stream a block from their upstream peer while receiving it (cut-through); off,
     /// they store and forward whole blocks (kept for comparison benchmarks).
     pub cut_through: bool,
+    /// How long an object's size and validators are trusted before a revalidating probe, when
+    /// the origin's `Cache-Control` does not say (`--revalidate-after`).
+    pub revalidate_after: std::time::Duration,
+    /// URL prefixes whose objects never change (besides content-addressed paths): never
+    /// revalidated, and their blocks are not checked against a validator (`--immutable`).
+    pub immutable_prefixes: Vec<String>,
 }
+
+/// Default of [`EngineConfig::revalidate_after`].
+pub const DEFAULT_REVALIDATE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -73,6 +84,8 @@ impl Default for EngineConfig {
             namespace: Namespace::default(),
             layout: IdLayout::default(),
             cut_through: true,
+            revalidate_after: DEFAULT_REVALIDATE_AFTER,
+            immutable_prefixes: Vec::new(),
         }
     }
 }
@@ -110,6 +123,16 @@ pub struct EngineStats {
     pub relay_served: u64,
     /// Relay requests declined (404).
     pub relay_declined: u64,
+    /// Objects found changed at the origin (a new validator): their size, validators and cached
+    /// blocks were dropped.
+    pub object_changes: u64,
+    /// Probes made because an object's validators were no longer fresh.
+    pub revalidations: u64,
+    /// Peer answers refused because they described another version of the object.
+    pub peer_version_mismatch: u64,
+    /// Reads that went on with stale validators because the revalidating probe found the origin
+    /// unavailable (stale-if-error).
+    pub stale_served: u64,
 }
 
 /// The peer half of an engine: where this node sits and which peers are failing.
@@ -122,6 +145,9 @@ pub struct P2p {
 
 struct ObjectEntry {
     info: ObjectInfo,
+    meta: ObjectMeta,
+    /// Until when the entry is trusted without revalidation; `None`: forever (immutable).
+    fresh_until: Option<Instant>,
     seq: u64,
 }
 
@@ -242,22 +268,69 @@ impl Engine {
     }
 
     /// Starts a read; drive it with [`Read::poll_action`].
-    pub fn begin_read(&mut self, request: ReadRequest) -> Read {
-        Read::new(self, request)
+    pub fn begin_read(&mut self, request: ReadRequest, now: Instant) -> Read {
+        Read::new(self, request, now)
     }
 
-    /// Records what a probe of object `id` established, as a read's own probe answer does. The
-    /// shell's probe flight calls this before the flight ends, so that a read arriving after the
-    /// flight finds the size instead of probing again.
-    pub fn record_probe(&mut self, id: &ObjectId, outcome: ProbeOutcome) {
-        self.learn(id, outcome);
+    /// Records what a probe of object `id` established at `now`: its size (or Range-blindness)
+    /// and its validators, trusted for their freshness. The node's probe flight calls this before
+    /// the flight ends, so that a read arriving after the flight finds the size instead of
+    /// probing again. When an earlier entry described another version (another size or
+    /// validator), the object changed: returns the keys of the old version's blocks, which the
+    /// caller drops from the store.
+    pub fn record_probe(
+        &mut self,
+        id: &ObjectId,
+        outcome: ProbeOutcome,
+        meta: ObjectMeta,
+        now: Instant,
+    ) -> Vec<BlockKey> {
+        let old = self.objects.get(&id.id);
+        let changed = old.is_some_and(|old| match (old.info, outcome) {
+            (ObjectInfo::Sized(a), ProbeOutcome::Size(b)) => {
+                a != b || old.meta.same_version(&meta) == Some(false)
+            }
+            (ObjectInfo::RangeBlind, _) | (_, ProbeOutcome::RangeBlind { .. }) => false,
+        });
+        let stale = if changed {
+            self.stats.object_changes += 1;
+            self.forget(id)
+        } else {
+            Vec::new()
+        };
+        let fresh_until = if self.is_immutable(id) {
+            None
+        } else {
+            Some(now.saturating_add(meta.freshness(self.config.revalidate_after)))
+        };
+        self.insert(id, Self::info_of(outcome), meta, fresh_until);
+        stale
     }
 
-    fn learn(&mut self, id: &ObjectId, outcome: ProbeOutcome) {
-        let info = match outcome {
+    fn info_of(outcome: ProbeOutcome) -> ObjectInfo {
+        match outcome {
             ProbeOutcome::Size(n) => ObjectInfo::Sized(n),
             ProbeOutcome::RangeBlind { .. } => ObjectInfo::RangeBlind,
+        }
+    }
+
+    /// Records what a read learnt itself (its own probe's answer, a Range-ignoring block),
+    /// keeping the validators and freshness already known.
+    fn learn(&mut self, id: &ObjectId, outcome: ProbeOutcome) {
+        let (meta, fresh_until) = match self.objects.get(&id.id) {
+            Some(e) => (e.meta.clone(), e.fresh_until),
+            None => (ObjectMeta::default(), None),
         };
+        self.insert(id, Self::info_of(outcome), meta, fresh_until);
+    }
+
+    fn insert(
+        &mut self,
+        id: &ObjectId,
+        info: ObjectInfo,
+        meta: ObjectMeta,
+        fresh_until: Option<Instant>,
+    ) {
         if let Some(old) = self.objects.remove(&id.id) {
             self.object_order.remove(&old.seq);
         }
@@ -268,8 +341,48 @@ impl Engine {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.objects.insert(id.id.clone(), ObjectEntry { info, seq });
+        self.objects.insert(id.id.clone(), ObjectEntry { info, meta, fresh_until, seq });
         self.object_order.insert(seq, id.id.clone());
+    }
+
+    /// The validators and entity fields known for the object with identity `id`.
+    pub fn meta_of(&self, id: &str) -> Option<&ObjectMeta> {
+        self.objects.get(id).map(|e| &e.meta)
+    }
+
+    /// Whether what is known of object `id` may be used at `now` without revalidating.
+    pub fn is_fresh(&self, id: &ObjectId, now: Instant) -> bool {
+        self.objects.get(&id.id).is_some_and(|e| e.fresh_until.is_none_or(|t| now < t))
+    }
+
+    /// Whether object `id` never changes: content-addressed, or under an immutable prefix.
+    pub fn is_immutable(&self, id: &ObjectId) -> bool {
+        id.content_addressed
+            || self.config.immutable_prefixes.iter().any(|p| id.id.starts_with(p.as_str()))
+    }
+
+    /// Counts a peer answer refused for naming another version of its object.
+    pub fn note_peer_version_mismatch(&mut self) {
+        self.stats.peer_version_mismatch += 1;
+    }
+
+    /// Counts an object found changed by a block's answer.
+    pub fn note_change(&mut self) {
+        self.stats.object_changes += 1;
+    }
+
+    /// Forgets object `id` (it changed at the origin): returns the keys of every block of the
+    /// size it had, for the caller to drop from the store.
+    pub fn forget(&mut self, id: &ObjectId) -> Vec<BlockKey> {
+        let Some(entry) = self.objects.remove(&id.id) else { return Vec::new() };
+        self.object_order.remove(&entry.seq);
+        match entry.info {
+            ObjectInfo::Sized(size) => {
+                let blocks = self.config.geometry.block_count(size);
+                (0..blocks).map(|b| self.block_key(id, b)).collect()
+            }
+            ObjectInfo::RangeBlind => Vec::new(),
+        }
     }
 
     /// Asserts the engine's invariants.

@@ -51,12 +51,32 @@ pub enum OriginError {
     /// An invalid request was refused before any I/O (inverted window, overflowing index).
     #[error("invalid origin request: {0}")]
     InvalidRequest(&'static str),
+    /// The origin answered with another version of the object than the one being read (its
+    /// validator changed): no response may mix bytes of two versions.
+    #[error("the object changed at the origin")]
+    Changed,
 }
 
 impl OriginError {
     /// True for a credential refusal (401/403): a coalesced joiner retries alone with its own URL.
     pub fn is_refusal(&self) -> bool {
         matches!(self, OriginError::Status { status: 401 | 403 })
+    }
+
+    /// True when the origin could not be reached or failed on its side (a transport error, a
+    /// 5xx): a cache may go on with what it knew (stale-if-error). Not for 404 or refusals.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            OriginError::Transport(_) => true,
+            OriginError::Status { status } => *status >= 500,
+            OriginError::HiddenTotal
+            | OriginError::BadContentRange
+            | OriginError::WrongOffset { .. }
+            | OriginError::BodyLength { .. }
+            | OriginError::StartPastEnd { .. }
+            | OriginError::InvalidRequest(_)
+            | OriginError::Changed => false,
+        }
     }
 
     /// The origin's own status, when it answered with one.
@@ -69,7 +89,8 @@ impl OriginError {
             | OriginError::BodyLength { .. }
             | OriginError::StartPastEnd { .. }
             | OriginError::Transport(_)
-            | OriginError::InvalidRequest(_) => None,
+            | OriginError::InvalidRequest(_)
+            | OriginError::Changed => None,
         }
     }
 }

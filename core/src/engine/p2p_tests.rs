@@ -91,8 +91,9 @@ impl Cluster {
             url: self.url.clone(),
             method: Method::Get,
             range: range.map(|r| r.as_bytes().to_vec()),
+            conditions: Default::default(),
         };
-        let read = self.nodes[at].engine.begin_read(request);
+        let read = self.nodes[at].engine.begin_read(request, Instant::ZERO);
         self.drive(at, read)
     }
 
@@ -396,12 +397,17 @@ fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin
     let mut c = Cluster::new(2, 1, 4, Mode::Honours);
     let leaf = c.ranked(0)[1];
     let now = c.now;
-    let request = ReadRequest { url: c.url.clone(), method: Method::Get, range: None };
-    let mut read = c.nodes[leaf].engine.begin_read(request);
+    let request = ReadRequest {
+        url: c.url.clone(),
+        method: Method::Get,
+        range: None,
+        conditions: Default::default(),
+    };
+    let mut read = c.nodes[leaf].engine.begin_read(request, Instant::ZERO);
     let Some(Action::Probe { .. }) = read.poll_action() else { panic!("probe first") };
     let answer = c.origin.probe();
     read.handle_probe(&mut c.nodes[leaf].engine, answer, now);
-    let Some(Action::Respond(_)) = read.poll_action() else { panic!("head") };
+    // The head is held until the first body bytes are in hand.
     let Some(Action::Lookup { key, window }) = read.poll_action() else { panic!("lookup") };
     read.handle_lookup(&mut c.nodes[leaf].engine, None, now);
     let Some(Action::FetchPeer { permit, .. }) = read.poll_action() else { panic!("ask the root") };
@@ -418,6 +424,7 @@ fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin
         None => Some(sibling_copy),
     };
     read.handle_lookup(&mut c.nodes[leaf].engine, answer, now);
+    let Some(Action::Respond(_)) = read.poll_action() else { panic!("the head, with the bytes") };
     let Some(Action::Emit(b)) = read.poll_action() else { panic!("served from the store") };
     assert_eq!(b[..], c.expected(0, 3)[..]);
     assert!(matches!(read.poll_action(), Some(Action::Finish)));
@@ -442,11 +449,15 @@ fn a_relay_does_not_serve_a_cached_block_of_the_wrong_length_when_it_knows_the_s
     let root = c.ranked(0)[0];
     let url = c.url.clone();
     // The root learns the size, then its store is corrupted for block 0.
-    let read = c.nodes[root].engine.begin_read(ReadRequest {
-        url: url.clone(),
-        method: Method::Head,
-        range: None,
-    });
+    let read = c.nodes[root].engine.begin_read(
+        ReadRequest {
+            url: url.clone(),
+            method: Method::Head,
+            range: None,
+            conditions: Default::default(),
+        },
+        Instant::ZERO,
+    );
     assert!(matches!(c.drive(root, read), End::Finish(_)));
     let e = &c.nodes[root].engine;
     let key = e.block_key(&e.identify(&url), 0);

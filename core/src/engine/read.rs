@@ -1,9 +1,11 @@
 //! One client read as a state machine.
 
+use super::meta::ObjectMeta;
 use super::origin::{OriginError, ProbeOutcome, RangeBody};
 use super::route::PeerRef;
 use super::{BlockClass, Engine, ObjectInfo};
 use crate::breaker::{HardReason, Observation, Outcome, Permit};
+use crate::codec::conditional::{evaluate, Conditions, Validators, Verdict as Precondition};
 use crate::codec::range::{
     content_range_header, resolve_range, unsatisfied_content_range, RangeOutcome,
 };
@@ -24,7 +26,8 @@ pub enum Method {
     Head,
 }
 
-/// A client read: the resolved upstream URL, the method and the raw `Range` header.
+/// A client read: the resolved upstream URL, the method, the raw `Range` header and the
+/// request's preconditions.
 #[derive(Clone, Debug)]
 pub struct ReadRequest {
     /// Upstream URL (may carry a presigned query; it is a credential).
@@ -33,17 +36,60 @@ pub struct ReadRequest {
     pub method: Method,
     /// The raw `Range` header, if any.
     pub range: Option<Vec<u8>>,
+    /// Conditional-request header fields (RFC 9110 §13), raw.
+    pub conditions: Preconditions,
 }
 
-/// Status line and framing of the client response. `Accept-Ranges: bytes` always accompanies it.
+/// A request's precondition header fields, raw (see [`crate::codec::conditional`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    /// `If-Match`.
+    pub if_match: Option<Vec<u8>>,
+    /// `If-None-Match`.
+    pub if_none_match: Option<Vec<u8>>,
+    /// `If-Modified-Since`.
+    pub if_modified_since: Option<Vec<u8>>,
+    /// `If-Unmodified-Since`.
+    pub if_unmodified_since: Option<Vec<u8>>,
+    /// `If-Range`.
+    pub if_range: Option<Vec<u8>>,
+}
+
+impl Preconditions {
+    fn borrowed(&self) -> Conditions<'_> {
+        Conditions {
+            if_match: self.if_match.as_deref(),
+            if_none_match: self.if_none_match.as_deref(),
+            if_modified_since: self.if_modified_since.as_deref(),
+            if_unmodified_since: self.if_unmodified_since.as_deref(),
+            if_range: self.if_range.as_deref(),
+        }
+    }
+}
+
+/// What a read knew before it revalidated: the object's entry and, for a relay, the block it
+/// holds.
+#[derive(Debug)]
+struct Stale {
+    info: Option<ObjectInfo>,
+    held: Option<Bytes>,
+}
+
+/// Most times one read starts over because the object changed under it.
+pub const RESTARTS_MAX: u8 = 2;
+
+/// Status line and framing of the response, with the object's validators and entity fields.
+/// `Accept-Ranges: bytes` always accompanies a client's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResponseHead {
-    /// 200, 206 or 416.
+    /// 200, 206, 304, 412 or 416.
     pub status: u16,
     /// Exact body length: the block path never uses chunked framing.
     pub content_length: u64,
     /// `Content-Range` value for 206 and 416.
     pub content_range: Option<String>,
+    /// The object's validators and entity fields, as the origin sent them at the probe.
+    pub meta: ObjectMeta,
 }
 
 /// A block fetched from the origin, with the fetcher's judgement of the response.
@@ -286,7 +332,7 @@ enum State {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Kind {
-    Client { method: Method, range: Option<Vec<u8>> },
+    Client { method: Method, range: Option<Vec<u8>>, conditions: Preconditions },
     Relay { key: BlockKey, fetch: bool, hop: u64 },
 }
 
@@ -322,6 +368,15 @@ pub struct Read {
     size: u64,
     segments: Option<Segments>,
     head_sent: bool,
+    /// The client head, held until the first body bytes are in hand (a failure before then is
+    /// a clean status; an object that changed before then is read again).
+    pending_head: Option<ResponseHead>,
+    restarts: u8,
+    /// This read has probed the origin (it never probes twice for one answer).
+    probed: bool,
+    /// What this read would use if its revalidating probe finds the origin unavailable
+    /// (stale-if-error).
+    stale: Option<Stale>,
     emitted: u64,
     content_length: u64,
     state: State,
@@ -329,13 +384,24 @@ pub struct Read {
 }
 
 impl Read {
-    pub(super) fn new(engine: &mut Engine, request: ReadRequest) -> Read {
+    pub(super) fn new(engine: &mut Engine, request: ReadRequest, now: Instant) -> Read {
         let object = engine.identify(&request.url);
-        let kind = Kind::Client { method: request.method, range: request.range };
+        let kind = Kind::Client {
+            method: request.method,
+            range: request.range,
+            conditions: request.conditions,
+        };
         let mut read = Read::blank(request.url, object, kind);
+        let fresh = engine.is_fresh(&read.object, now);
         match engine.object(&read.object) {
-            Some(ObjectInfo::Sized(size)) => read.respond(engine, size),
-            Some(ObjectInfo::RangeBlind) => read.passthrough(engine),
+            Some(ObjectInfo::Sized(size)) if fresh => read.respond(engine, size),
+            Some(ObjectInfo::RangeBlind) if fresh => read.passthrough(engine),
+            info @ Some(_) => {
+                // Known, but no longer trusted: probe again; a new validator drops the old blocks.
+                engine.stats.revalidations += 1;
+                read.stale = Some(Stale { info, held: None });
+                read.probe();
+            }
             None => read.probe(),
         }
         read
@@ -359,6 +425,10 @@ impl Read {
             size: 0,
             segments: None,
             head_sent: false,
+            pending_head: None,
+            restarts: 0,
+            probed: false,
+            stale: None,
             emitted: 0,
             content_length: 0,
             state: State::AwaitProbe,
@@ -398,14 +468,21 @@ impl Read {
         now: Instant,
     ) {
         assert!(matches!(self.state, State::AwaitProbe), "probe answer out of turn");
+        self.probed = true;
         match answer {
             Ok(outcome) => {
                 engine.stats.probes += 1;
                 engine.learn(&self.object, outcome);
                 match (outcome, &self.kind) {
                     (ProbeOutcome::Size(size), Kind::Client { .. }) => self.respond(engine, size),
-                    (ProbeOutcome::Size(size), Kind::Relay { .. }) => {
-                        self.relay_job(engine, size, now)
+                    (ProbeOutcome::Size(_), Kind::Relay { key, .. }) => {
+                        // Now that the object (and its version) is known, the store again: a
+                        // block held before the probe is served only if it is still this version
+                        // (a changed object's blocks were dropped with the probe's answer).
+                        let key = *key;
+                        self.out.push_back(Action::Lookup { key, window: None });
+                        self.state = State::AwaitRelayLookup;
+                        let _ = now;
                     }
                     (ProbeOutcome::RangeBlind { .. }, Kind::Client { .. }) => {
                         self.passthrough(engine)
@@ -416,8 +493,46 @@ impl Read {
                     }
                 }
             }
+            Err(e) if e.is_unavailable() && self.stale.is_some() => self.use_stale(engine, e, now),
             Err(e) => self.fail(e.into()),
         }
+    }
+
+    /// The revalidating probe found the origin unavailable: go on with what was known
+    /// (stale-if-error), as a cache should while its origin is down.
+    fn use_stale(&mut self, engine: &mut Engine, error: OriginError, now: Instant) {
+        let Stale { info, held } = self.stale.take().expect("a stale read");
+        match (info, held, &self.kind) {
+            (Some(ObjectInfo::Sized(size)), _, Kind::Client { .. }) => {
+                engine.stats.stale_served += 1;
+                self.respond(engine, size);
+            }
+            (Some(ObjectInfo::RangeBlind), _, Kind::Client { .. }) => self.passthrough(engine),
+            (_, Some(held), Kind::Relay { .. }) => {
+                engine.stats.stale_served += 1;
+                let _ = now;
+                self.relay_serve(engine, held);
+            }
+            (None, _, _) | (_, None, Kind::Relay { .. }) => self.fail(error.into()),
+        }
+    }
+
+    /// A relay answers with a block it holds.
+    fn relay_serve(&mut self, engine: &mut Engine, data: Bytes) {
+        engine.stats.relay_served += 1;
+        let len = data.len() as u64;
+        self.head_sent = true;
+        self.content_length = len;
+        let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
+        self.out.push_back(Action::Respond(ResponseHead {
+            status: 200,
+            content_length: len,
+            content_range: None,
+            meta,
+        }));
+        self.emitted = len;
+        self.out.push_back(Action::Emit(data));
+        self.finish();
     }
 
     /// The answer to [`Action::Lookup`]: the cached bytes, if any.
@@ -427,6 +542,7 @@ impl Read {
             State::AwaitLookup(mut job) => match cached {
                 Some(data) if job.window.is_some_and(|w| data.len() as u64 == w.len()) => {
                     engine.stats.block_source_cache += 1;
+                    self.commit_head();
                     self.emitted += data.len() as u64;
                     engine.stats.client_bytes += data.len() as u64;
                     self.out.push_back(Action::Emit(data));
@@ -452,9 +568,20 @@ impl Read {
 
     fn relay_lookup(&mut self, engine: &mut Engine, cached: Option<Bytes>, now: Instant) {
         let Kind::Relay { fetch, key, .. } = self.kind else { unreachable!("relay state") };
+        let known = engine.object(&self.object);
+        // With an origin URL, a held block is served only for a known version that is still
+        // trusted: otherwise probe first (the answer drops a changed object's blocks) and look
+        // again.
+        if fetch && cached.is_some() && !self.probed && !engine.is_fresh(&self.object, now) {
+            if known.is_some() {
+                engine.stats.revalidations += 1;
+            }
+            self.stale = Some(Stale { info: known, held: cached });
+            return self.probe();
+        }
         // When the object's size is known, a cached block of the wrong length (disk corruption)
         // is treated as a miss rather than served; requesters would refuse it anyway.
-        let cached = match (cached, engine.object(&self.object)) {
+        let cached = match (cached, known) {
             (Some(data), Some(ObjectInfo::Sized(size)))
                 if engine.config.geometry.block_len(size, key.block) != Some(data.len() as u64) =>
             {
@@ -464,25 +591,12 @@ impl Read {
             (cached, _) => cached,
         };
         match cached {
-            Some(data) => {
-                engine.stats.relay_served += 1;
-                let len = data.len() as u64;
-                self.head_sent = true;
-                self.content_length = len;
-                self.out.push_back(Action::Respond(ResponseHead {
-                    status: 200,
-                    content_length: len,
-                    content_range: None,
-                }));
-                self.emitted = len;
-                self.out.push_back(Action::Emit(data));
-                self.finish();
-            }
+            Some(data) => self.relay_serve(engine, data),
             None if !fetch => {
                 engine.stats.relay_declined += 1;
                 self.fail(ReadError::NotHeld);
             }
-            None => match engine.object(&self.object) {
+            None => match known {
                 Some(ObjectInfo::Sized(size)) => self.relay_job(engine, size, now),
                 Some(ObjectInfo::RangeBlind) => {
                     engine.stats.relay_declined += 1;
@@ -576,7 +690,7 @@ impl Read {
     /// A cut-through relay's upstream peer answered 200: commit the head now. The read emits
     /// [`Action::Respond`]; the shell forwards body bytes itself as they arrive, then answers
     /// [`Read::handle_peer`]. After this, a failure can only truncate the response.
-    pub fn handle_peer_started(&mut self, _engine: &mut Engine) {
+    pub fn handle_peer_started(&mut self, engine: &mut Engine) {
         let State::AwaitPeer(job) = &mut self.state else {
             panic!("peer stream start out of turn");
         };
@@ -584,10 +698,12 @@ impl Read {
         assert!(!job.streaming, "a stream starts once");
         job.streaming = true;
         self.head_sent = true;
+        let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
         self.out.push_back(Action::Respond(ResponseHead {
             status: 200,
             content_length: self.content_length,
             content_range: None,
+            meta,
         }));
     }
 
@@ -677,6 +793,7 @@ impl Read {
         };
         let block = match fetched {
             Ok(block) => block,
+            Err(OriginError::Changed) if self.can_restart() => return self.restart(),
             Err(e) => return self.fail(e.into()),
         };
         if !block.coalesced {
@@ -714,10 +831,12 @@ impl Read {
         if self.is_relay() {
             engine.stats.relay_served += 1;
             self.head_sent = true;
+            let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
             self.out.push_back(Action::Respond(ResponseHead {
                 status: 200,
                 content_length: self.content_length,
                 content_range: None,
+                meta,
             }));
             self.emitted = block.len() as u64;
             self.out.push_back(Action::Emit(block.clone()));
@@ -728,15 +847,34 @@ impl Read {
     }
 
     fn respond(&mut self, engine: &mut Engine, size: u64) {
-        let Kind::Client { method, range } = &self.kind else { unreachable!("client read") };
+        let Kind::Client { method, range, conditions } = &self.kind else {
+            unreachable!("client read")
+        };
         let method = *method;
         self.size = size;
-        let head = match resolve_range(range.as_deref(), size) {
+        let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
+        let validators =
+            Validators { etag: meta.etag.as_deref(), last_modified: meta.last_modified.as_deref() };
+        let verdict =
+            evaluate(method == Method::Get, range.is_some(), &conditions.borrowed(), &validators);
+        let plain = |status| ResponseHead {
+            status,
+            content_length: 0,
+            content_range: None,
+            meta: meta.clone(),
+        };
+        let range = match verdict {
+            Precondition::NotModified => return self.answer_without_body(plain(304)),
+            Precondition::Failed => return self.answer_without_body(plain(412)),
+            Precondition::Proceed { range: true } => range.as_deref(),
+            Precondition::Proceed { range: false } => None,
+        };
+        let head = match resolve_range(range, size) {
             Ok(RangeOutcome::Whole) => {
                 if size > 0 {
                     self.segments = Some(engine.config.geometry.segments(0, size - 1));
                 }
-                ResponseHead { status: 200, content_length: size, content_range: None }
+                ResponseHead { status: 200, content_length: size, content_range: None, meta }
             }
             Ok(RangeOutcome::Partial { start, end }) => {
                 debug_assert!(start <= end && end < size);
@@ -745,22 +883,55 @@ impl Read {
                     status: 206,
                     content_length: end - start + 1,
                     content_range: Some(content_range_header(start, end, size)),
+                    meta,
                 }
             }
             Err(_) => ResponseHead {
                 status: 416,
                 content_length: 0,
                 content_range: Some(unsatisfied_content_range(size)),
+                meta,
             },
         };
         self.content_length = head.content_length;
-        self.head_sent = true;
-        self.out.push_back(Action::Respond(head));
+        self.pending_head = Some(head);
         if method == Method::Head {
             self.segments = None;
             self.content_length = 0;
         }
         self.next_block(engine);
+    }
+
+    /// A 304 or 412: the head alone.
+    fn answer_without_body(&mut self, head: ResponseHead) {
+        self.segments = None;
+        self.content_length = 0;
+        self.pending_head = Some(head);
+        self.finish();
+    }
+
+    /// Sends the held client head (before the first body bytes, or at the end).
+    fn commit_head(&mut self) {
+        if let Some(head) = self.pending_head.take() {
+            self.head_sent = true;
+            self.out.push_back(Action::Respond(head));
+        }
+    }
+
+    fn can_restart(&self) -> bool {
+        !self.head_sent && !self.is_relay() && self.restarts < RESTARTS_MAX
+    }
+
+    /// The object changed before any byte was committed: read it again, from its probe.
+    fn restart(&mut self) {
+        debug_assert!(self.can_restart());
+        self.restarts += 1;
+        self.pending_head = None;
+        self.segments = None;
+        self.emitted = 0;
+        self.content_length = 0;
+        self.probed = false;
+        self.probe();
     }
 
     fn next_block(&mut self, engine: &mut Engine) {
@@ -793,6 +964,7 @@ impl Read {
     }
 
     fn finish(&mut self) {
+        self.commit_head();
         assert_eq!(self.emitted, self.content_length, "emitted bytes != Content-Length");
         self.out.push_back(Action::Finish);
         self.state = State::Done;
@@ -803,6 +975,7 @@ impl Read {
         let from = usize::try_from(seg.from - block_start).expect("offset inside a block");
         let to = usize::try_from(seg.to - block_start).expect("offset inside a block");
         let slice = block.slice(from..=to);
+        self.commit_head();
         self.emitted += slice.len() as u64;
         engine.stats.client_bytes += slice.len() as u64;
         self.out.push_back(Action::Emit(slice));
@@ -826,6 +999,9 @@ impl Read {
         };
         let status = match (&error, relay) {
             (ReadError::NotHeld, _) => 404,
+            // The requester reads another version than the origin now serves: not this relay's
+            // fault, and nothing it can serve (the requester finds the change itself).
+            (ReadError::Origin(OriginError::Changed), true) => 404,
             (_, true) if refused.is_some() => 502,
             (_, true) => 500,
             (ReadError::Origin(e), false) if e.status() == Some(404) => 404,

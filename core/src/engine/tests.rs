@@ -142,8 +142,9 @@ impl World {
             url: "https://origin.example/obj?sig=secret".into(),
             method,
             range: range.map(|r| r.as_bytes().to_vec()),
+            conditions: Default::default(),
         };
-        let mut read = self.engine.begin_read(request);
+        let mut read = self.engine.begin_read(request, Instant::ZERO);
         let mut out = Outcome { head: None, body: Vec::new(), end: End::Finish };
         loop {
             let Some(action) = read.poll_action() else {
@@ -202,7 +203,12 @@ fn full_read_returns_every_byte_with_200() {
     assert_eq!(out.end, End::Finish);
     assert_eq!(
         out.head,
-        Some(ResponseHead { status: 200, content_length: 50, content_range: None })
+        Some(ResponseHead {
+            status: 200,
+            content_length: 50,
+            content_range: None,
+            meta: Default::default()
+        })
     );
     assert_eq!(out.body, w.expected(0, 49));
 }
@@ -344,7 +350,8 @@ fn bytes_sliced_from_a_range_ignored_200_are_served_but_never_cached() {
 fn a_short_origin_block_fails_the_read_and_is_never_cached() {
     let mut w = World::small(50, Mode::Truncates);
     let End::Fail(f) = w.read(Method::Get, Some("bytes=0-3")).end else { panic!() };
-    assert!(f.committed, "the head was already sent: the body is truncated");
+    assert!(!f.committed, "the head waits for the first block: a clean status");
+    assert_eq!(f.status, 502);
     assert!(matches!(f.error, ReadError::Origin(OriginError::BodyLength { want: 4, got: 3 })));
     assert!(w.cache.is_empty());
 }
@@ -355,7 +362,12 @@ fn an_empty_object_is_a_200_with_no_body_and_every_range_is_416() {
     let out = w.read(Method::Get, None);
     assert_eq!(
         out.head,
-        Some(ResponseHead { status: 200, content_length: 0, content_range: None })
+        Some(ResponseHead {
+            status: 200,
+            content_length: 0,
+            content_range: None,
+            meta: Default::default()
+        })
     );
     for r in ["bytes=0-0", "bytes=0-", "bytes=-1"] {
         for m in [Method::Get, Method::Head] {
@@ -386,12 +398,19 @@ fn presigned_urls_of_one_object_share_identity_and_cache() {
     let mut w = World::small(50, Mode::Honours);
     w.read(Method::Get, None);
     let fetches = w.origin.fetches.len();
-    let mut read = w.engine.begin_read(ReadRequest {
-        url: "https://origin.example/obj?sig=other".into(),
-        method: Method::Get,
-        range: None,
-    });
-    assert!(matches!(read.poll_action(), Some(Action::Respond(_))));
+    let mut read = w.engine.begin_read(
+        ReadRequest {
+            url: "https://origin.example/obj?sig=other".into(),
+            method: Method::Get,
+            range: None,
+            conditions: Default::default(),
+        },
+        Instant::ZERO,
+    );
+    assert!(
+        matches!(read.poll_action(), Some(Action::Lookup { .. })),
+        "no probe: the size is known"
+    );
     assert_eq!(w.origin.fetches.len(), fetches);
 }
 

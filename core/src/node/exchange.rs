@@ -42,6 +42,9 @@ pub(super) enum PeerOwner {
 #[derive(Debug)]
 pub(super) struct PeerJob {
     pub owner: PeerOwner,
+    /// The identity of the object the block belongs to, when a read asked (to check the
+    /// answer's version).
+    pub object: Option<String>,
     pub key: crate::hash::BlockKey,
     pub permit: Option<Permit<String>>,
     pub addr: String,

@@ -16,7 +16,7 @@ use crate::engine::flight::{joiner_action, FlightId, FlightKey, JoinerAction, Ro
 use crate::engine::origin::{
     classify_probe, finish_range_body, plan_range_response, OriginError, ProbeOutcome,
 };
-use crate::engine::{block_verdict, BlockClass, FetchedBlock, Verdict};
+use crate::engine::{block_verdict, BlockClass, FetchedBlock, ObjectMeta, Verdict};
 use crate::hash::BlockKey;
 use crate::identity::ObjectId;
 use crate::time::Instant;
@@ -53,7 +53,8 @@ pub(super) struct Flight {
 /// A judged origin result.
 #[derive(Debug, Clone)]
 pub(super) enum Judged {
-    Probe(ProbeOutcome),
+    /// What the probe established, and the object's validators and entity fields.
+    Probe(ProbeOutcome, ObjectMeta),
     Block(FetchedBlock),
 }
 
@@ -102,6 +103,18 @@ impl Node {
     }
 
     pub(super) fn origin_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
+        if let IoEvent::Head { status: 206, headers } = &event {
+            // A block window of another version than the one being read: the object changed.
+            let identity = match &self.exchanges[&io].job {
+                Job::Origin { key: FlightKey::Block(identity, ..), .. } => Some(identity.clone()),
+                _ => None,
+            };
+            if let Some(identity) = identity {
+                if self.version_changed(&ObjectId::from_id(&identity), headers) {
+                    return self.origin_done(io, Err(OriginError::Changed), true, now);
+                }
+            }
+        }
         let x = self.exchanges.get_mut(&io).expect("routed to a live exchange");
         let Job::Origin { key, body, .. } = &mut x.job else { unreachable!("an origin job") };
         match event {
@@ -112,7 +125,8 @@ impl Node {
                 match key {
                     FlightKey::Probe(_) => {
                         // The body is dropped unread: a Range-blind 200 may be the whole object.
-                        let result = classify_probe(status, cr, cl).map(Judged::Probe);
+                        let meta = ObjectMeta::from_fields(|n| headers.get(n));
+                        let result = classify_probe(status, cr, cl).map(|o| Judged::Probe(o, meta));
                         self.origin_done(io, result, true, now);
                     }
                     FlightKey::Block(_, start, end) => {
@@ -190,7 +204,7 @@ impl Node {
         self.event(Event::Fetched { kind: FetchKind::Origin, elapsed });
         let Job::Origin { key, owner, .. } = x.job else { unreachable!("an origin job") };
         match owner {
-            Owner::Alone(rid) => self.deliver_origin(rid, &key, result, false, now),
+            Owner::Alone(rid) => self.deliver_origin(rid, &key, result, false, false, now),
             Owner::Flight(fid) => self.publish(fid, result, now),
         }
     }
@@ -198,8 +212,8 @@ impl Node {
     fn publish(&mut self, fid: FlightId, result: Result<Judged, OriginError>, now: Instant) {
         let flight = self.flight_state.remove(&fid).expect("a flight's state");
         match (&result, &flight.fill) {
-            (Ok(Judged::Probe(outcome)), Fill::Probe(object)) => {
-                self.engine.record_probe(object, *outcome);
+            (Ok(Judged::Probe(outcome, meta)), Fill::Probe(object)) => {
+                self.learn_probe(object, *outcome, meta.clone(), now);
             }
             (Ok(Judged::Block(b)), Fill::Block { key, expected, size, class }) => {
                 if block_verdict(*size, *expected, b) == Verdict::Cache {
@@ -225,19 +239,21 @@ impl Node {
                     node.requests.get_mut(&w.request).expect("a waiter is live").wait =
                         Wait::Alone(io);
                 } else {
-                    node.deliver_origin(w.request, &key, result, joiner, now);
+                    node.deliver_origin(w.request, &key, result, joiner, true, now);
                 }
             });
         }
     }
 
-    /// Hands an origin result to request `rid` and drives it on.
+    /// Hands an origin result to request `rid` and drives it on; `coalesced_flight` when the
+    /// result came through a flight (which already taught the engine a probe's answer).
     fn deliver_origin(
         &mut self,
         rid: RequestId,
         key: &FlightKey,
         result: Result<Judged, OriginError>,
         coalesced: bool,
+        coalesced_flight: bool,
         now: Instant,
     ) {
         self.working.push(rid);
@@ -245,7 +261,13 @@ impl Node {
         req.wait = Wait::Ready;
         let before = self.engine.stats();
         match (key, result) {
-            (FlightKey::Probe(_), Ok(Judged::Probe(p))) => {
+            (FlightKey::Probe(_), Ok(Judged::Probe(p, meta))) => {
+                if !coalesced_flight {
+                    // An uncoalesced probe (no flight filled the engine): learn it here.
+                    let object = req.read.object().clone();
+                    self.learn_probe(&object, p, meta, now);
+                }
+                let req = self.requests.get_mut(&rid).expect("an origin waiter is live");
                 req.read.handle_probe(&mut self.engine, Ok(p), now)
             }
             (FlightKey::Probe(_), Err(e)) => req.read.handle_probe(&mut self.engine, Err(e), now),
@@ -255,11 +277,14 @@ impl Node {
             }
             (FlightKey::Block(..), Err(e)) => req.read.handle_fetch(&mut self.engine, Err(e)),
             (FlightKey::Probe(_), Ok(Judged::Block(_)))
-            | (FlightKey::Block(..), Ok(Judged::Probe(_))) => {
+            | (FlightKey::Block(..), Ok(Judged::Probe(..))) => {
                 unreachable!("a flight's result matches its key")
             }
         }
-        if self.engine.stats().block_source_origin > before.block_source_origin {
+        let req = self.requests.get(&rid);
+        if let (Some(req), true) =
+            (req, self.engine.stats().block_source_origin > before.block_source_origin)
+        {
             if let FlightKey::Block(_, start, _) = key {
                 let block = start / self.engine.config().geometry.block_bytes();
                 let object = req.read.object().clone();
@@ -271,6 +296,40 @@ impl Node {
         }
         self.drive(rid, now);
         self.working.pop();
+    }
+
+    /// Teaches the engine a probe's answer; if it reveals another version of the object, the old
+    /// version's blocks are dropped from the store.
+    fn learn_probe(
+        &mut self,
+        object: &ObjectId,
+        outcome: ProbeOutcome,
+        meta: ObjectMeta,
+        now: Instant,
+    ) {
+        let stale = self.engine.record_probe(object, outcome, meta, now);
+        if !stale.is_empty() {
+            self.emit(Output::StoreDrop { keys: stale });
+        }
+    }
+
+    /// Whether a response's validators say `object` changed since its probe. A changed object is
+    /// forgotten and its blocks dropped at once; immutable objects never change.
+    pub(super) fn version_changed(&mut self, object: &ObjectId, headers: &Headers) -> bool {
+        if self.engine.is_immutable(object) {
+            return false;
+        }
+        let Some(known) = self.engine.meta_of(&object.id) else { return false };
+        let answer = ObjectMeta::from_fields(|n| headers.get(n));
+        if known.same_version(&answer) != Some(false) {
+            return false;
+        }
+        self.engine.note_change();
+        let stale = self.engine.forget(object);
+        if !stale.is_empty() {
+            self.emit(Output::StoreDrop { keys: stale });
+        }
+        true
     }
 
     /// Runs `f`; a panic inside fails only the requests `f` was working on.

@@ -406,6 +406,12 @@ pub enum Output {
         /// The part of the block wanted, if not all of it.
         window: Option<crate::engine::Window>,
     },
+    /// Drop these blocks from the store: the object they belong to changed at the origin, and
+    /// its old version must never be served again.
+    StoreDrop {
+        /// The blocks (every block of the old version's size; most are usually not held).
+        keys: Vec<BlockKey>,
+    },
     /// Store a validated block; best effort (a refusal never fails anything).
     StorePut {
         /// The block.

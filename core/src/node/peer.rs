@@ -100,8 +100,9 @@ impl Node {
         cut_through: bool,
         now: Instant,
     ) {
-        let io =
-            self.send_peer_fetch(PeerOwner::Request(rid), addr, fetch, permit, cut_through, now);
+        let object = self.requests.get(&rid).map(|r| r.read.object().id.clone());
+        let owner = PeerOwner::Request(rid);
+        let io = self.send_peer_fetch(owner, object, addr, fetch, permit, cut_through, now);
         self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Peer(io);
     }
 
@@ -116,12 +117,14 @@ impl Node {
         let Some(permit) = self.engine.admit(&addr, now) else {
             return self.event(Event::BlockFetched { ticket, answer: None });
         };
-        self.send_peer_fetch(PeerOwner::Ticket(ticket), addr, fetch, permit, false, now);
+        self.send_peer_fetch(PeerOwner::Ticket(ticket), None, addr, fetch, permit, false, now);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn send_peer_fetch(
         &mut self,
         owner: PeerOwner,
+        object: Option<String>,
         addr: String,
         fetch: PeerFetch,
         permit: Permit<String>,
@@ -139,6 +142,7 @@ impl Node {
         let url = format!("http://{addr}{}", block_path(fetch.key));
         let job = PeerJob {
             owner,
+            object,
             key: fetch.key,
             permit: Some(permit),
             addr,
@@ -151,12 +155,32 @@ impl Node {
         self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now)
     }
 
+    /// Whether a peer's block answer names another version of the object than this node reads
+    /// (by the validators on its head). A peer that names none is trusted by length, as before.
+    fn peer_version_differs(&self, io: IoId, headers: &Headers) -> bool {
+        let Some(Job::Peer(job)) = self.exchanges.get(&io).map(|x| &x.job) else { return false };
+        let Some(identity) = &job.object else { return false };
+        if self.engine.is_immutable(&crate::identity::ObjectId::from_id(identity)) {
+            return false;
+        }
+        let Some(known) = self.engine.meta_of(identity) else { return false };
+        let answer = crate::engine::ObjectMeta::from_fields(|n| headers.get(n));
+        known.same_version(&answer) == Some(false)
+    }
+
     /// Whether peer exchange `io` is a cut-through stream whose head the relay already committed.
     pub(super) fn peer_streaming(&self, io: IoId) -> bool {
         matches!(self.exchanges.get(&io).map(|x| &x.job), Some(Job::Peer(p)) if p.streaming)
     }
 
     pub(super) fn peer_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
+        if let IoEvent::Head { status: 200, headers } = &event {
+            if self.peer_version_differs(io, headers) {
+                self.engine.note_peer_version_mismatch();
+                let answer = PeerAnswer::Failed(Observation::VersionMismatch);
+                return self.finish_peer(io, answer, true, now);
+            }
+        }
         let x = self.exchanges.get_mut(&io).expect("routed to a live exchange");
         let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
         match event {

@@ -11,7 +11,7 @@ use super::{Node, BODY_WINDOW, REQUESTS_MAX};
 use crate::codec::redact::redact_url;
 use crate::codec::wire::HEADER_NODE;
 use crate::engine::flight::{FlightId, FlightKey};
-use crate::engine::{Action, Method, Read, ReadRequest, ResponseHead};
+use crate::engine::{Action, Method, Preconditions, Read, ReadRequest, ResponseHead};
 use crate::time::Instant;
 use bytes::Bytes;
 
@@ -106,13 +106,21 @@ impl Node {
             }
         };
         let range = request.headers.get("range").map(<[u8]>::to_vec);
+        let field = |name| request.headers.get(name).map(<[u8]>::to_vec);
+        let conditions = Preconditions {
+            if_match: field("if-match"),
+            if_none_match: field("if-none-match"),
+            if_modified_since: field("if-modified-since"),
+            if_unmodified_since: field("if-unmodified-since"),
+            if_range: field("if-range"),
+        };
         let mut forward = Headers::new();
         for name in FORWARDED {
             if let Some(v) = request.headers.get(name) {
                 forward.push(name, v);
             }
         }
-        let read = self.engine.begin_read(ReadRequest { url, method, range });
+        let read = self.engine.begin_read(ReadRequest { url, method, range, conditions }, now);
         self.admit(id, Plane::Client, method, read, forward, now);
     }
 
@@ -267,10 +275,17 @@ impl Node {
         }
     }
 
+    /// A relay's head: the block's length, and the object's validators as this node knows them
+    /// (the requester refuses a block of another version).
     fn relay_head(&self, head: &ResponseHead) -> Head {
         let mut headers = Headers::new()
             .with("content-length", head.content_length.to_string())
             .with("content-type", "application/octet-stream");
+        for (name, value) in head.meta.fields() {
+            if matches!(name, "etag" | "last-modified") {
+                headers.push(name, value);
+            }
+        }
         self.name_self(Plane::Peer, &mut headers);
         Head { status: head.status, headers, body: head.content_length > 0 }
     }
@@ -423,16 +438,38 @@ fn asks(action: &Action) -> bool {
     }
 }
 
-/// The head of a client read on the block path: exact `Content-Length`, never chunked.
+/// The head of a client read on the block path: exact `Content-Length` (never chunked), the
+/// object's validators and entity fields as the origin sent them.
 fn client_head(head: &ResponseHead, method: Method) -> Head {
-    let mut headers = Headers::new()
-        .with("content-length", head.content_length.to_string())
-        .with("accept-ranges", "bytes");
+    let mut headers = Headers::new();
+    match head.status {
+        // A 304 carries the validators and caching fields, no length (RFC 9110 §15.4.5).
+        304 => {
+            for (name, value) in head.meta.fields() {
+                if matches!(name, "etag" | "last-modified" | "cache-control") {
+                    headers.push(name, value);
+                }
+            }
+            return Head { status: 304, headers, body: false };
+        }
+        412 => {
+            headers.push("content-length", "0");
+            return Head { status: 412, headers, body: false };
+        }
+        _ => {}
+    }
+    headers.push("content-length", head.content_length.to_string());
+    headers.push("accept-ranges", "bytes");
     if let Some(cr) = &head.content_range {
         headers.push("content-range", cr.as_str());
     }
     if head.status != 416 {
-        headers.push("content-type", "application/octet-stream");
+        for (name, value) in head.meta.fields() {
+            headers.push(name, value);
+        }
+        if head.meta.content_type.is_none() {
+            headers.push("content-type", "application/octet-stream");
+        }
     }
     let body = method == Method::Get && head.content_length > 0;
     Head { status: head.status, headers, body }

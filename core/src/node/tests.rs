@@ -88,6 +88,11 @@ impl Harness {
                 Output::StorePut { key, data, .. } => {
                     self.store.entry(*key).or_insert_with(|| data.clone());
                 }
+                Output::StoreDrop { keys } => {
+                    for key in keys {
+                        self.store.remove(key);
+                    }
+                }
                 Output::Body { id, .. } => queue.push(Input::Drained { id: *id }),
                 _ => {}
             }
@@ -349,9 +354,12 @@ fn relay_request(h: &mut Harness, id: u64, block: u64) {
 
 fn size_known(h: &mut Harness) {
     let e = engine();
-    h.node
-        .engine_mut()
-        .record_probe(&e.identify(URL), crate::engine::origin::ProbeOutcome::Size(SIZE));
+    h.node.engine_mut().record_probe(
+        &e.identify(URL),
+        crate::engine::origin::ProbeOutcome::Size(SIZE),
+        Default::default(),
+        Instant::ZERO,
+    );
 }
 
 #[test]
@@ -424,7 +432,7 @@ fn a_driver_bug_in_one_request_fails_only_that_request() {
     // The driver reports body bytes before any head: a contract violation, so a panic.
     h.io(fetch.id, IoEvent::Body(Bytes::from_static(b"oops")));
     assert_eq!(h.node.counters().panics, 1);
-    assert!(h.aborted(1), "the committed read is cut short");
+    assert_eq!(h.head_of(1).map(|h| h.status), Some(500), "no byte was out: a clean 500");
     assert!(h.cancelled(fetch.id));
     assert!(h.outputs.iter().any(|o| matches!(o, Output::Event(Event::Panicked { .. }))));
     h.node.check_invariants();
@@ -463,8 +471,12 @@ fn body_parts_wait_for_the_transport_to_drain() {
     let mut node = node_with(engine(), "");
     let t = Instant::ZERO;
     let e = engine();
-    node.engine_mut()
-        .record_probe(&e.identify(URL), crate::engine::origin::ProbeOutcome::Size(SIZE));
+    node.engine_mut().record_probe(
+        &e.identify(URL),
+        crate::engine::origin::ProbeOutcome::Size(SIZE),
+        Default::default(),
+        Instant::ZERO,
+    );
     let request =
         Inbound { method: "GET".into(), target: format!("/dart/{URL}"), headers: Headers::new() };
     node.handle_input(Input::Request { id: RequestId(1), plane: Plane::Client, request }, t);

@@ -237,6 +237,11 @@ impl Sim {
                 };
                 pending.push_back((Input::Store { op, block }, ctx));
             }
+            Output::StoreDrop { keys } => {
+                for key in &keys {
+                    self.nodes[n].cache.remove(key);
+                }
+            }
             Output::StorePut { key, data, class } => {
                 if ctx.range_ignored == Some(key) {
                     let what = format!("store: Range-ignored bytes offered for {key}");
