@@ -18,7 +18,12 @@ fn byte_at(i: u64) -> u8 {
 }
 
 fn content(start: u64, len: u64) -> Bytes {
-    (start..start + len).map(byte_at).collect::<Vec<u8>>().into()
+    content_of(0, start, len)
+}
+
+/// The bytes of version `v` of the object (version 0 is [`content`]).
+fn content_of(v: u8, start: u64, len: u64) -> Bytes {
+    (start..start + len).map(|i| byte_at(i) ^ v).collect::<Vec<u8>>().into()
 }
 
 fn engine() -> Engine {
@@ -53,16 +58,39 @@ fn reader_of(parent: &str) -> Node {
 
 const URL: &str = "http://origin/o/obj";
 
+/// What the scripted origin serves: version `version` of the object, named by `etag`, with
+/// `extra` header fields on every answer; or `status` instead when set.
+#[derive(Default)]
+struct Origin {
+    version: u8,
+    etag: Option<String>,
+    extra: Vec<(&'static str, &'static str)>,
+    status: Option<u16>,
+}
+
 struct Harness {
     node: Node,
     now: Instant,
     outputs: Vec<Output>,
     store: std::collections::BTreeMap<crate::hash::BlockKey, Bytes>,
+    origin: Origin,
 }
 
 impl Harness {
     fn new(node: Node) -> Self {
-        Harness { node, now: Instant::ZERO, outputs: Vec::new(), store: Default::default() }
+        Harness {
+            node,
+            now: Instant::ZERO,
+            outputs: Vec::new(),
+            store: Default::default(),
+            origin: Origin::default(),
+        }
+    }
+
+    /// The origin now serves version `v`, named `"v{v}"`.
+    fn publish(&mut self, v: u8) {
+        self.origin.version = v;
+        self.origin.etag = Some(format!("\"v{v}\""));
     }
 
     /// Feeds `input`, answers store look-ups from the in-test store, and keeps every output.
@@ -149,13 +177,23 @@ impl Harness {
         let (s, e) = range.strip_prefix("bytes=").and_then(|r| r.split_once('-')).expect("range");
         let (s, e): (u64, u64) = (s.parse().expect("start"), e.parse().expect("end"));
         let e = e.min(SIZE - 1);
-        let headers = Headers::new()
+        self.io(req.id, IoEvent::Connected);
+        if let Some(status) = self.origin.status {
+            self.io(req.id, IoEvent::Head { status, headers: Headers::new() });
+            return;
+        }
+        let mut headers = Headers::new()
             .with("content-range", format!("bytes {s}-{e}/{SIZE}"))
             .with("content-length", (e - s + 1).to_string());
-        self.io(req.id, IoEvent::Connected);
+        if let Some(etag) = &self.origin.etag {
+            headers = headers.with("etag", etag.clone());
+        }
+        for (name, value) in &self.origin.extra {
+            headers = headers.with(name, *value);
+        }
         self.io(req.id, IoEvent::Head { status: 206, headers });
         if self.node.exchanges().iter().any(|(i, _, _)| *i == req.id) {
-            self.io(req.id, IoEvent::Body(content(s, e - s + 1)));
+            self.io(req.id, IoEvent::Body(content_of(self.origin.version, s, e - s + 1)));
         }
         if self.node.exchanges().iter().any(|(i, _, _)| *i == req.id) {
             self.io(req.id, IoEvent::End);
@@ -616,4 +654,228 @@ fn a_relay_whose_requester_leaves_still_learns_that_its_upstream_stalls() {
     assert!(h.sends().is_empty(), "nothing further is asked for a requester that left");
     assert_eq!(h.node.live_requests(), 0);
     assert!(h.head_of(7).is_none() && !h.ended(7));
+}
+
+// ---- Validators, conditional requests and objects that change at the origin ----
+
+fn read_with(h: &mut Harness, id: u64, headers: Headers) {
+    h.get(id, Plane::Client, &format!("/dart/{URL}"), headers);
+}
+
+fn store_drops(h: &Harness) -> usize {
+    h.outputs.iter().filter(|o| matches!(o, Output::StoreDrop { .. })).count()
+}
+
+#[test]
+fn the_client_head_carries_the_origin_validators_and_entity_fields() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.origin.extra = vec![("content-type", "application/x-tar"), ("cache-control", "max-age=300")];
+    h.read(1, None);
+    h.serve_origin();
+    let head = h.head_of(1).expect("a head");
+    assert_eq!(head.headers.get_str("etag"), Some("\"v1\""));
+    assert_eq!(head.headers.get_str("content-type"), Some("application/x-tar"));
+    assert_eq!(head.headers.get_str("cache-control"), Some("max-age=300"));
+    h.outputs.clear();
+    h.read(2, Some("bytes=5-9"));
+    let warm = h.head_of(2).expect("a head");
+    assert_eq!(warm.headers.get_str("etag"), Some("\"v1\""), "a warm read names the version too");
+}
+
+#[test]
+fn a_fresh_object_is_served_without_asking_the_origin_and_a_stale_one_revalidates() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    h.outputs.clear();
+    h.advance(Duration::from_secs(59));
+    h.read(2, None);
+    assert!(h.sends().is_empty(), "fresh for --revalidate-after (60 s)");
+    h.advance(Duration::from_secs(1));
+    h.outputs.clear();
+    h.read(3, None);
+    let probe = h.take_sends();
+    assert_eq!(probe.len(), 1, "one revalidating probe");
+    assert_eq!(probe[0].headers.get_str("range"), Some("bytes=0-0"));
+    h.answer_origin(&probe[0]);
+    assert!(h.sends().is_empty(), "the same version: every block from the store");
+    assert_eq!(h.body_of(3), content_of(1, 0, SIZE).to_vec());
+    assert_eq!(h.node.stats().revalidations, 1);
+    assert_eq!(h.node.stats().object_changes, 0);
+    assert_eq!(store_drops(&h), 0);
+}
+
+#[test]
+fn an_object_that_changed_at_the_origin_is_refetched_and_its_old_blocks_dropped() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    assert_eq!(h.store.len(), 4);
+    h.publish(2);
+    h.advance(Duration::from_secs(61));
+    h.outputs.clear();
+    h.read(2, None);
+    h.serve_origin();
+    assert_eq!(store_drops(&h), 1, "the old version's blocks are dropped at once");
+    assert_eq!(h.body_of(2), content_of(2, 0, SIZE).to_vec(), "never a byte of the old version");
+    assert_eq!(h.head_of(2).expect("head").headers.get_str("etag"), Some("\"v2\""));
+    assert_eq!(h.node.stats().object_changes, 1);
+    assert_eq!(h.store.len(), 4, "the new version is cached");
+}
+
+#[test]
+fn an_object_that_changes_mid_read_restarts_the_read_before_any_byte_goes_out() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    // The origin changes between the probe and the first block.
+    h.publish(2);
+    h.serve_origin();
+    assert_eq!(h.node.stats().object_changes, 1);
+    let head = h.head_of(1).expect("a head");
+    assert_eq!((head.status, head.headers.get_str("etag")), (200, Some("\"v2\"")));
+    assert_eq!(h.body_of(1), content_of(2, 0, SIZE).to_vec(), "one version, whole");
+    assert!(h.ended(1));
+}
+
+#[test]
+fn an_object_that_changes_after_bytes_went_out_aborts_the_response_and_mixes_nothing() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let first = h.take_sends().remove(0);
+    h.answer_origin(&first);
+    assert_eq!(h.body_of(1), content_of(1, 0, BLOCK).to_vec());
+    h.publish(2);
+    h.serve_origin();
+    assert!(h.aborted(1), "the response is cut, not finished with another version's bytes");
+    assert!(!h.ended(1));
+    assert_eq!(h.body_of(1), content_of(1, 0, BLOCK).to_vec(), "no byte of version 2 went out");
+    assert!(h.store.values().all(|b| b.len() as u64 <= BLOCK));
+    assert_eq!(h.store.len(), 0, "the first block was dropped with its version");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn conditional_requests_answer_304_412_and_honour_if_range() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+
+    h.outputs.clear();
+    read_with(&mut h, 2, Headers::new().with("if-none-match", "\"v1\""));
+    let head = h.head_of(2).expect("a head");
+    assert_eq!((head.status, head.body), (304, false));
+    assert_eq!(head.headers.get_str("etag"), Some("\"v1\""));
+    assert_eq!(head.content_length(), None, "a 304 carries no length");
+    assert!(h.body_of(2).is_empty() && h.ended(2));
+
+    read_with(&mut h, 3, Headers::new().with("if-match", "\"v0\""));
+    assert_eq!(h.head_of(3).map(|h| h.status), Some(412));
+    assert!(h.body_of(3).is_empty());
+
+    let stale_range = Headers::new().with("range", "bytes=0-9").with("if-range", "\"v0\"");
+    read_with(&mut h, 4, stale_range);
+    let head = h.head_of(4).expect("a head");
+    assert_eq!((head.status, head.content_length()), (200, Some(SIZE)), "If-Range failed: all");
+    assert_eq!(h.body_of(4), content_of(1, 0, SIZE).to_vec());
+
+    let fresh_range = Headers::new().with("range", "bytes=0-9").with("if-range", "\"v1\"");
+    read_with(&mut h, 5, fresh_range);
+    assert_eq!(h.head_of(5).map(|h| h.status), Some(206));
+    assert_eq!(h.body_of(5), content_of(1, 0, 10).to_vec());
+    assert!(h.sends().is_empty(), "all answered from what the node knows");
+}
+
+#[test]
+fn a_stale_object_is_served_when_the_origin_is_down_and_counted() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    h.advance(Duration::from_secs(120));
+    h.origin.status = Some(503);
+    h.outputs.clear();
+    h.read(2, None);
+    h.serve_origin();
+    assert_eq!(h.head_of(2).map(|h| h.status), Some(200), "stale-if-error");
+    assert_eq!(h.body_of(2), content_of(1, 0, SIZE).to_vec());
+    assert_eq!(h.node.stats().stale_served, 1);
+}
+
+#[test]
+fn a_not_found_origin_is_not_papered_over_with_a_stale_copy() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    h.advance(Duration::from_secs(120));
+    h.origin.status = Some(404);
+    h.outputs.clear();
+    h.read(2, None);
+    h.serve_origin();
+    assert_eq!(h.head_of(2).map(|h| h.status), Some(404), "the origin's answer, not stale bytes");
+    assert_eq!(h.node.stats().stale_served, 0);
+}
+
+#[test]
+fn an_immutable_prefix_is_never_revalidated() {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    let config = EngineConfig {
+        geometry,
+        immutable_prefixes: vec!["http://origin/o/".into()],
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new(node_with(Engine::new(config), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    h.advance(Duration::from_secs(86_400 * 30));
+    h.outputs.clear();
+    h.read(2, None);
+    assert!(h.sends().is_empty(), "an immutable object is never probed again");
+    assert_eq!(h.body_of(2), content_of(1, 0, SIZE).to_vec());
+    assert_eq!(h.node.stats().revalidations, 0);
+}
+
+#[test]
+fn a_peer_answer_naming_another_version_is_refused_without_charging_the_peer() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.publish(2);
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    assert_eq!(peer.endpoint, Endpoint::Peer);
+    h.io(peer.id, IoEvent::Connected);
+    let stale = Headers::new().with("content-length", BLOCK.to_string()).with("etag", "\"v1\"");
+    h.io(peer.id, IoEvent::Head { status: 200, headers: stale });
+    assert!(h.cancelled(peer.id), "the old version's bytes are never read");
+    assert_eq!(h.node.stats().peer_version_mismatch, 1);
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!(b.counters().soft + b.counters().hard, 0, "a lagging peer is not a failing one");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content_of(2, 0, 10).to_vec(), "served from the origin instead");
+}
+
+#[test]
+fn a_relay_head_names_the_version_it_serves() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(3);
+    h.read(1, None);
+    h.serve_origin();
+    h.outputs.clear();
+    relay_request(&mut h, 7, 1);
+    let head = h.head_of(7).expect("a relay head");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.headers.get_str("etag"), Some("\"v3\""));
+    assert_eq!(h.body_of(7), content_of(3, BLOCK, BLOCK).to_vec());
 }
