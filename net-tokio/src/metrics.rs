@@ -86,6 +86,21 @@ impl prometheus_client::collector::Collector for Collected {
         counter(&mut enc, "dart_passthrough", "Requests proxied verbatim.", "reason", &pass)?;
         let relay = [("served", s.relay_served), ("declined", s.relay_declined)];
         counter(&mut enc, "dart_relay", "Peer block requests by result.", "result", &relay)?;
+        let versions = [
+            ("changed", s.object_changes),
+            ("revalidated", s.revalidations),
+            ("peer_mismatch", s.peer_version_mismatch),
+            ("stale_served", s.stale_served),
+        ];
+        counter(
+            &mut enc,
+            "dart_object_version",
+            "Version events: objects found changed at the origin (old blocks dropped), \
+             revalidating probes, peer answers refused for naming another version, reads served \
+             stale because the origin was unavailable.",
+            "event",
+            &versions,
+        )?;
         let failover = ConstCounter::new(s.peer_failover);
         let m = enc.encode_descriptor(
             "dart_peer_failover",

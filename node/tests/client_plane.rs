@@ -251,6 +251,7 @@ async fn metrics_and_health_are_served_on_the_admin_plane() {
     let text = String::from_utf8(g.body.expect("body").to_vec()).expect("utf8");
     assert!(text.contains("dart_block_source_total{source=\"origin\"} 2"), "{text}");
     assert!(text.contains("dart_block_source_total{source=\"cache\"} 2"), "{text}");
+    assert!(text.contains("dart_object_version_total{event=\"changed\"} 0"), "{text}");
     assert!(
         text.contains(&format!("dart_bytes_total{{direction=\"client\"}} {}", 4 * BLOCK)),
         "{text}"
