@@ -30,6 +30,10 @@ pub struct Bounds {
     /// Bounds one coalesced origin flight (spec/fetch.md: MaxFlight); a flight older than this
     /// plus a grace is replaced by the next caller.
     pub max_flight: Duration,
+    /// How long a requester may leave the response body window full (it stopped reading) before
+    /// the node gives up on it: the request is cancelled (its flight, permit and buffers
+    /// released) and its connection aborted. A core timer.
+    pub write_stall: Duration,
     /// Inbound: how long a client may take to send its request head (shell's server).
     pub inbound_head_read: Duration,
     /// Inbound: most bytes of one request head (shell's server).
@@ -52,6 +56,7 @@ impl Default for Bounds {
             origin_head: Duration::from_secs(30),
             origin_request: Duration::from_secs(300),
             max_flight: crate::engine::flight::DEFAULT_MAX_FLIGHT,
+            write_stall: Duration::from_secs(30),
             inbound_head_read: Duration::from_secs(15),
             inbound_head_bytes: 64 << 10,
             inbound_connections: 4096,
@@ -91,6 +96,7 @@ impl Bounds {
             ("origin_head", self.origin_head),
             ("origin_request", self.origin_request),
             ("max_flight", self.max_flight),
+            ("write_stall", self.write_stall),
             ("inbound_head_read", self.inbound_head_read),
             ("pool_idle", self.pool_idle),
         ];

@@ -84,6 +84,8 @@ pub struct NodeCounters {
     pub timeouts: u64,
     /// Inputs whose handling panicked (their requests were failed and forgotten).
     pub panics: u64,
+    /// Requests given up because their requester stopped reading ([`Bounds::write_stall`]).
+    pub write_stalls: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -129,6 +131,9 @@ pub struct Node {
     requests: BTreeMap<RequestId, Request>,
     exchanges: BTreeMap<IoId, Exchange>,
     timers: BTreeSet<(Instant, IoId)>,
+    /// Write-stall deadlines of requests whose body window is full (an entry whose request
+    /// moved on is dropped when it comes due).
+    stall_timers: BTreeSet<(Instant, RequestId)>,
     flights: FlightTable<FlightKey>,
     flight_state: BTreeMap<FlightId, Flight>,
     store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey)>,
@@ -156,6 +161,7 @@ impl Node {
             requests: BTreeMap::new(),
             exchanges: BTreeMap::new(),
             timers: BTreeSet::new(),
+            stall_timers: BTreeSet::new(),
             flights,
             flight_state: BTreeMap::new(),
             store_ops: BTreeMap::new(),
@@ -254,14 +260,12 @@ impl Node {
         self.out.pop_front()
     }
 
-    /// The earliest deadline: an exchange bound or a breaker probe deadline.
+    /// The earliest deadline: an exchange bound, a write-stall bound or a breaker probe deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let exchange = self.timers.first().map(|&(t, _)| t);
+        let stall = self.stall_timers.first().map(|&(t, _)| t);
         let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
-        match (exchange, breaker) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [exchange, stall, breaker].into_iter().flatten().min()
     }
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
@@ -281,6 +285,14 @@ impl Node {
             self.working.clear();
         }
         self.working_io = None;
+        while let Some(&(at, rid)) = self.stall_timers.first() {
+            if at > now {
+                break;
+            }
+            self.stall_timers.remove(&(at, rid));
+            self.on_write_stall(rid, at, now);
+            self.working.clear();
+        }
         if let Some(p2p) = self.engine.p2p_mut() {
             if p2p.breaker.poll_timeout().is_some_and(|t| t <= now) {
                 p2p.breaker.handle_timeout(now);
@@ -418,6 +430,9 @@ impl Node {
         }
         for (rid, req) in &self.requests {
             req.check(*rid);
+            if let Some(at) = req.stalled_at {
+                assert!(self.stall_timers.contains(&(at, *rid)), "{rid}: stall bound not armed");
+            }
             match req.wait {
                 Wait::Store(op) => assert_eq!(self.store_ops.get(&op).map(|e| e.0), Some(*rid)),
                 Wait::Flight(fid) => {

@@ -59,6 +59,8 @@ pub(super) struct Request {
     pub cancelled: bool,
     /// Client header fields a passthrough forwards.
     pub forward: Headers,
+    /// When the body window filled and the requester has not taken a part since.
+    pub stalled_at: Option<Instant>,
 }
 
 impl Request {
@@ -143,6 +145,7 @@ impl Node {
             head_sent: false,
             cancelled: false,
             forward,
+            stalled_at: None,
         };
         self.requests.insert(id, request);
         self.working.push(id);
@@ -238,6 +241,11 @@ impl Node {
             Action::Emit(data) => {
                 if !req.cancelled {
                     req.window += 1;
+                    if req.window >= BODY_WINDOW {
+                        let at = now.saturating_add(self.config.bounds.write_stall);
+                        req.stalled_at = Some(at);
+                        self.stall_timers.insert((at, rid));
+                    }
                     self.emit(Output::Body { id: rid, data });
                 }
             }
@@ -290,6 +298,29 @@ impl Node {
         Head { status: head.status, headers, body: head.content_length > 0 }
     }
 
+    /// Request `rid`'s write-stall bound (armed for `at`) came due: if its requester still has
+    /// not taken a body part, the request is cancelled and its connection aborted.
+    pub(super) fn on_write_stall(&mut self, rid: RequestId, at: Instant, now: Instant) {
+        let Some(req) = self.requests.get_mut(&rid) else { return };
+        if req.stalled_at != Some(at) || req.cancelled {
+            return;
+        }
+        req.stalled_at = None;
+        self.working.push(rid);
+        self.counters.write_stalls += 1;
+        self.event(Event::Failed {
+            request: rid,
+            status: 0,
+            committed: true,
+            error: format!(
+                "the requester took no body part for {:?}",
+                self.config.bounds.write_stall
+            ),
+        });
+        self.on_cancel(rid, now);
+        self.emit(Output::Abort { id: rid });
+    }
+
     pub(super) fn on_cancel(&mut self, rid: RequestId, now: Instant) {
         let Some(req) = self.requests.get(&rid) else { return };
         if req.cancelled {
@@ -328,6 +359,10 @@ impl Node {
     pub(super) fn on_drained(&mut self, rid: RequestId, now: Instant) {
         let Some(req) = self.requests.get_mut(&rid) else { return };
         req.window = req.window.saturating_sub(1);
+        if let Some(at) = req.stalled_at.take() {
+            self.stall_timers.remove(&(at, rid));
+        }
+        let req = self.requests.get_mut(&rid).expect("a live request");
         if req.wait == Wait::Ready {
             self.working.push(rid);
             self.drive(rid, now);

@@ -74,6 +74,8 @@ struct Harness {
     outputs: Vec<Output>,
     store: std::collections::BTreeMap<crate::hash::BlockKey, Bytes>,
     origin: Origin,
+    /// The transport takes every body part at once (`false`: the requester stopped reading).
+    drain: bool,
 }
 
 impl Harness {
@@ -84,6 +86,7 @@ impl Harness {
             outputs: Vec::new(),
             store: Default::default(),
             origin: Origin::default(),
+            drain: true,
         }
     }
 
@@ -121,7 +124,7 @@ impl Harness {
                         self.store.remove(key);
                     }
                 }
-                Output::Body { id, .. } => queue.push(Input::Drained { id: *id }),
+                Output::Body { id, .. } if self.drain => queue.push(Input::Drained { id: *id }),
                 _ => {}
             }
             self.outputs.push(out);
@@ -878,4 +881,47 @@ fn a_relay_head_names_the_version_it_serves() {
     assert_eq!(head.status, 200);
     assert_eq!(head.headers.get_str("etag"), Some("\"v3\""));
     assert_eq!(h.body_of(7), content_of(3, BLOCK, BLOCK).to_vec());
+}
+
+#[test]
+fn a_requester_that_stops_reading_is_given_up_at_the_write_stall_bound() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    h.serve_origin();
+    h.outputs.clear();
+    h.drain = false;
+    h.read(2, None);
+    let parts = h.outputs.iter().filter(|o| matches!(o, Output::Body { .. })).count();
+    assert_eq!(parts as u32, BODY_WINDOW, "the node stops at the window");
+    assert_eq!(h.node.live_requests(), 1);
+    let bound = Bounds::default().write_stall;
+    assert_eq!(h.node.poll_timeout(), Some(h.now + bound));
+    h.advance(bound - Duration::from_millis(1));
+    assert!(!h.aborted(2));
+    h.advance(Duration::from_millis(1));
+    assert!(h.aborted(2), "the connection is aborted");
+    assert!(!h.ended(2));
+    assert_eq!(h.node.live_requests(), 0, "the request and its buffers are released");
+    assert_eq!(h.node.counters().write_stalls, 1);
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
+#[test]
+fn a_requester_that_keeps_reading_is_never_given_up() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    h.serve_origin();
+    h.outputs.clear();
+    h.drain = false;
+    h.read(2, None);
+    let bound = Bounds::default().write_stall;
+    h.advance(bound - Duration::from_millis(1));
+    // The requester takes one part just in time; the read goes on and finishes.
+    h.drain = true;
+    h.feed(Input::Drained { id: RequestId(2) });
+    h.advance(bound);
+    assert!(!h.aborted(2));
+    assert!(h.ended(2));
+    assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
+    assert_eq!(h.node.counters().write_stalls, 0);
 }
