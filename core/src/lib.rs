@@ -23,6 +23,7 @@ pub mod hrw;
 pub mod identity;
 pub mod membership;
 pub mod node;
+pub mod peer_auth;
 pub mod policy;
 pub mod rng;
 pub mod time;

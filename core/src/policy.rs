@@ -329,6 +329,33 @@ impl UpstreamPolicy {
     }
 }
 
+/// The host and port a `http://` or `https://` URL names (userinfo skipped, brackets kept off an
+/// IPv6 host), as the shell's dialer reads them; `None` for any other URL.
+pub fn url_host_port(url: &str) -> Option<(&str, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        }
+    };
+    let port = match port {
+        None | Some("") => default_port,
+        Some(p) => p.parse().ok()?,
+    };
+    (!host.is_empty()).then_some((host, port))
+}
+
 /// The loopback networks, for tests and demos that widen the policy to loopback origins.
 pub fn loopback_patterns() -> Vec<Pattern> {
     vec![
@@ -420,6 +447,18 @@ mod tests {
         assert_eq!(names.check_host("other.io", 443), Err(Refusal::NotAllowed));
         assert_eq!(names.check_host("REGISTRY.io.", 443), Ok(()));
         assert_eq!(names.check_host("10.0.0.1", 443), Err(Refusal::NotAllowed));
+    }
+
+    #[test]
+    fn urls_name_their_host_and_port_past_any_userinfo() {
+        assert_eq!(url_host_port("http://origin/o"), Some(("origin", 80)));
+        assert_eq!(url_host_port("HTTPS://origin:8443?x"), Some(("origin", 8443)));
+        assert_eq!(url_host_port("http://a.com@169.254.169.254/"), Some(("169.254.169.254", 80)));
+        assert_eq!(url_host_port("http://u:p@[::1]:81/x"), Some(("::1", 81)));
+        assert_eq!(url_host_port("http://h:/x"), Some(("h", 80)));
+        assert_eq!(url_host_port("http://h:99999/"), None);
+        assert_eq!(url_host_port("ftp://h/"), None);
+        assert_eq!(url_host_port("http:///x"), None);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use crate::seam::{dial_maybe_tls, DialError, Dialer};
 use bytes::Bytes;
+use dart_core::policy::UpstreamPolicy;
 use http_body_util::Empty;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -21,6 +22,9 @@ pub struct PoolKey {
     pub host: String,
     /// Port.
     pub port: u16,
+    /// An origin connection: dialed under the upstream policy, never shared with peer
+    /// connections.
+    pub origin: bool,
 }
 
 /// Where a request goes: the pool key, the `Host` header and the origin-form target.
@@ -50,7 +54,7 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
     let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
     let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
     Ok(Target {
-        key: PoolKey { https, host, port },
+        key: PoolKey { https, host, port, origin: false },
         authority: authority.as_str().to_owned(),
         path_and_query,
     })
@@ -66,6 +70,7 @@ type Pools = BTreeMap<PoolKey, Vec<Idle>>;
 /// The pooled client; cheap to clone.
 pub struct HttpClient<D: Dialer> {
     dialer: D,
+    policy: Option<Arc<UpstreamPolicy>>,
     tls: Option<tokio_rustls::TlsConnector>,
     idle: Arc<Mutex<Pools>>,
     idle_per_host: usize,
@@ -76,6 +81,7 @@ impl<D: Dialer> Clone for HttpClient<D> {
     fn clone(&self) -> Self {
         HttpClient {
             dialer: self.dialer.clone(),
+            policy: self.policy.clone(),
             tls: self.tls.clone(),
             idle: self.idle.clone(),
             idle_per_host: self.idle_per_host,
@@ -95,11 +101,18 @@ impl<D: Dialer> HttpClient<D> {
     ) -> Self {
         HttpClient {
             dialer,
+            policy: None,
             tls: tls.map(tokio_rustls::TlsConnector::from),
             idle: Arc::new(Mutex::new(BTreeMap::new())),
             idle_per_host,
             idle_timeout,
         }
+    }
+
+    /// Dials origin connections ([`PoolKey::origin`]) under `policy`.
+    pub fn with_policy(mut self, policy: UpstreamPolicy) -> Self {
+        self.policy = Some(Arc::new(policy));
+        self
     }
 
     /// A connection ready to send: a pooled one if any is alive (`true`: reused), else a fresh
@@ -116,8 +129,10 @@ impl<D: Dialer> HttpClient<D> {
 
     /// A fresh connection, never a pooled one.
     pub async fn dial(&self, key: &PoolKey) -> Result<SendRequest<Empty<Bytes>>, DialError> {
+        let policy = if key.origin { self.policy.as_deref() } else { None };
+        let (host, port, https) = (&key.host, key.port, key.https);
         let stream =
-            dial_maybe_tls(&self.dialer, self.tls.as_ref(), &key.host, key.port, key.https).await?;
+            dial_maybe_tls(&self.dialer, self.tls.as_ref(), host, port, https, policy).await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -165,13 +180,16 @@ mod tests {
     #[test]
     fn targets_keep_the_query_and_default_the_port() {
         let t = parse_target("https://reg.example/v2/x?sig=1").expect("target");
-        assert_eq!(t.key, PoolKey { https: true, host: "reg.example".into(), port: 443 });
+        assert_eq!(
+            t.key,
+            PoolKey { https: true, host: "reg.example".into(), port: 443, origin: false }
+        );
         assert_eq!(
             (t.authority.as_str(), t.path_and_query.as_str()),
             ("reg.example", "/v2/x?sig=1")
         );
         let t = parse_target("http://[::1]:9000/peer/v1/roster").expect("target");
-        assert_eq!(t.key, PoolKey { https: false, host: "::1".into(), port: 9000 });
+        assert_eq!(t.key, PoolKey { https: false, host: "::1".into(), port: 9000, origin: false });
         assert!(parse_target("ftp://h/x").is_err());
         assert!(parse_target("not a url").is_err());
     }

@@ -20,7 +20,7 @@ use crate::body::{self, BodyError, ResponseBody};
 use crate::cache::BlockCache;
 use crate::client::{parse_target, HttpClient};
 use crate::metrics::Metrics;
-use crate::seam::{Dialer, ShellClock};
+use crate::seam::{DialError, Dialer, ShellClock};
 use bytes::Bytes;
 use dart_core::codec::roster::Roster;
 use dart_core::engine::{EngineStats, PeerAnswer, Window};
@@ -81,6 +81,18 @@ enum Deferred {
     Event(Event),
 }
 
+/// Where the driver reads wall-clock time for the node (peer MAC timestamps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WallClock {
+    /// The system clock.
+    System,
+    /// A simulation: this Unix time (milliseconds) plus the shell clock's (virtual) elapsed time.
+    Virtual {
+        /// The Unix time at the driver's start.
+        epoch_ms: u64,
+    },
+}
+
 /// Runs one [`Node`] on tokio; see the module doc.
 pub struct NodeDriver<D: Dialer> {
     inner: Mutex<Inner>,
@@ -88,6 +100,7 @@ pub struct NodeDriver<D: Dialer> {
     /// (in a turmoil simulation, on the node's own host).
     rt: tokio::runtime::Handle,
     clock: ShellClock,
+    wall: WallClock,
     store: Arc<dyn BlockCache>,
     client: HttpClient<D>,
     metrics: Arc<Metrics>,
@@ -103,6 +116,17 @@ impl<D: Dialer> NodeDriver<D> {
         store: Arc<dyn BlockCache>,
         client: HttpClient<D>,
         stop: watch::Receiver<bool>,
+    ) -> Arc<Self> {
+        Self::start_with(node, store, client, stop, WallClock::System)
+    }
+
+    /// [`start`](Self::start) with the node's wall clock read from `wall`.
+    pub fn start_with(
+        node: Node,
+        store: Arc<dyn BlockCache>,
+        client: HttpClient<D>,
+        stop: watch::Receiver<bool>,
+        wall: WallClock,
     ) -> Arc<Self> {
         let clock = ShellClock::start();
         let driver = Arc::new_cyclic(|weak: &std::sync::Weak<Self>| {
@@ -128,6 +152,7 @@ impl<D: Dialer> NodeDriver<D> {
                 inner: Mutex::new(inner),
                 rt: tokio::runtime::Handle::current(),
                 clock,
+                wall,
                 store,
                 client,
                 metrics,
@@ -135,8 +160,21 @@ impl<D: Dialer> NodeDriver<D> {
                 timer: Notify::new(),
             }
         });
+        driver.feed(Input::WallClock { unix_ms: driver.unix_ms() });
         driver.rt.spawn(driver.clone().run_timers(stop));
         driver
+    }
+
+    /// The wall clock now, in Unix milliseconds.
+    fn unix_ms(&self) -> u64 {
+        match self.wall {
+            WallClock::System => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            WallClock::Virtual { epoch_ms } => {
+                epoch_ms.saturating_add(self.clock.now().as_nanos() / 1_000_000)
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -421,12 +459,16 @@ impl<D: Dialer> NodeDriver<D> {
         let id = req.id;
         let report = |event| self.feed(Input::Io { id, event });
         let target = match parse_target(&req.url) {
-            Ok(t) if !(t.key.https && req.endpoint == Endpoint::Peer) => t,
+            Ok(mut t) if !(t.key.https && req.endpoint == Endpoint::Peer) => {
+                t.key.origin = req.endpoint == Endpoint::Origin;
+                t
+            }
             Ok(_) => return report(IoEvent::Failed(IoError::Invalid("https to a peer".into()))),
             Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
         };
         let (mut sender, reused) = match self.client.connect(&target.key).await {
             Ok(s) => s,
+            Err(DialError::Refused(r)) => return report(IoEvent::Failed(IoError::Refused(r))),
             Err(e) => return report(IoEvent::Failed(IoError::Connect(e.to_string()))),
         };
         report(IoEvent::Connected);
@@ -570,6 +612,7 @@ impl<D: Dialer> NodeDriver<D> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.lock().mailboxes.insert(id, tx);
         let mut guard = CancelGuard { driver: Some(self.clone()), id };
+        self.feed(Input::WallClock { unix_ms: self.unix_ms() });
         self.feed(Input::Request { id, plane, request });
         let head = match rx.recv().await {
             Some(Part::Head(head)) => head,

@@ -5,6 +5,7 @@
 //! Timers and tasks use tokio's (`tokio::time`, `tokio::spawn`), which turmoil virtualises; the
 //! core's notion of time comes from [`ShellClock`], which reads tokio's clock, never std's.
 
+use dart_core::policy::{Refusal, UpstreamPolicy};
 use dart_core::time::Instant as CoreInstant;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
@@ -32,11 +33,75 @@ pub trait Listener: Send + 'static {
 }
 
 /// Opens outbound streams to `host:port`.
+///
+/// A dial the upstream policy governs (origin fetches) resolves the host with
+/// [`resolve`](Self::resolve), has the policy judge every address, and connects to an admitted
+/// one with [`dial_addr`](Self::dial_addr), so what is checked is what is connected to (a name
+/// cannot rebind between the two). Other dials (peers) use [`dial`](Self::dial).
 pub trait Dialer: Clone + Send + Sync + 'static {
     /// The dialed stream type.
     type Io: Stream;
     /// Connects; the caller bounds it with the dial timeout.
     fn dial(&self, host: &str, port: u16) -> impl Future<Output = io::Result<Self::Io>> + Send;
+
+    /// The addresses `host` resolves to, with `port`. The default resolves literal addresses
+    /// only (a name is "not found"): dialers that resolve names override it.
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> impl Future<Output = io::Result<Vec<SocketAddr>>> + Send {
+        let parsed = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>();
+        let host = host.to_owned();
+        async move {
+            match parsed {
+                Ok(ip) => Ok(vec![SocketAddr::new(ip, port)]),
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("this dialer resolves no names ({host})"),
+                )),
+            }
+        }
+    }
+
+    /// Connects to one resolved address. The default dials its textual form.
+    fn dial_addr(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Io>> + Send {
+        let host = addr.ip().to_string();
+        async move { self.dial(&host, addr.port()).await }
+    }
+}
+
+/// Dials `host:port` under `policy` (when given): resolves, refuses the addresses the policy
+/// refuses, and connects to the admitted ones in order until one answers. With no admitted
+/// address nothing is connected and the first refusal is returned.
+pub async fn dial_checked<D: Dialer>(
+    dialer: &D,
+    host: &str,
+    port: u16,
+    policy: Option<&UpstreamPolicy>,
+) -> Result<D::Io, DialError> {
+    let Some(policy) = policy else { return Ok(dialer.dial(host, port).await?) };
+    let addrs = dialer.resolve(host, port).await?;
+    let mut refusal = None;
+    let mut last_error = None;
+    for addr in addrs {
+        if let Err(r) = policy.check_addr(host, addr) {
+            refusal.get_or_insert(r);
+            continue;
+        }
+        match dialer.dial_addr(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    match (last_error, refusal) {
+        (Some(e), _) => Err(DialError::Io(e)),
+        (None, Some(r)) => Err(DialError::Refused(r)),
+        (None, None) => Err(DialError::Io(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{host} resolved to no address"),
+        ))),
+    }
 }
 
 impl Listener for tokio::net::TcpListener {
@@ -62,6 +127,17 @@ impl Dialer for TokioDialer {
 
     async fn dial(&self, host: &str, port: u16) -> io::Result<Self::Io> {
         let s = tokio::net::TcpStream::connect((host, port)).await?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Ok(tokio::net::lookup_host((host, port)).await?.collect())
+    }
+
+    async fn dial_addr(&self, addr: SocketAddr) -> io::Result<Self::Io> {
+        let s = tokio::net::TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
         Ok(s)
     }
@@ -123,6 +199,9 @@ pub enum DialError {
     /// The host is not a valid TLS server name.
     #[error("invalid TLS server name {0:?}")]
     BadServerName(String),
+    /// The upstream policy refused every address the host resolved to; nothing was connected.
+    #[error("refused by the upstream policy: {}", .0.explain())]
+    Refused(Refusal),
 }
 
 /// A dialed stream, plain or wrapped in TLS (for `https://` origins).
@@ -224,17 +303,19 @@ impl<D: Dialer> SeamConnector<D> {
     }
 }
 
-/// Dials `host:port` through `dialer`, wrapping the stream in TLS when `https` (with `tls`).
-/// Unbounded: callers bound it (the node's dial timer, or [`SeamConnector`]'s dial timeout).
+/// Dials `host:port` through `dialer` (under `policy` when given, see [`dial_checked`]),
+/// wrapping the stream in TLS when `https` (with `tls`). Unbounded: callers bound it (the node's
+/// dial timer, or [`SeamConnector`]'s dial timeout).
 pub async fn dial_maybe_tls<D: Dialer>(
     dialer: &D,
     tls: Option<&tokio_rustls::TlsConnector>,
     host: &str,
     port: u16,
     https: bool,
+    policy: Option<&UpstreamPolicy>,
 ) -> Result<MaybeTls<D::Io>, DialError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let stream = dialer.dial(host, port).await?;
+    let stream = dial_checked(dialer, host, port, policy).await?;
     if !https {
         return Ok(MaybeTls::Plain(stream));
     }
@@ -262,7 +343,7 @@ impl<D: Dialer> tower_service::Service<http::Uri> for SeamConnector<D> {
             let host = uri.host().ok_or(DialError::NoHost)?.to_owned();
             let https = uri.scheme_str() == Some("https");
             let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-            let connect = dial_maybe_tls(&dialer, tls.as_ref(), &host, port, https);
+            let connect = dial_maybe_tls(&dialer, tls.as_ref(), &host, port, https, None);
             match tokio::time::timeout(bound, connect).await {
                 Ok(Ok(s)) => Ok(TokioIo::new(SeamStream(s))),
                 Ok(Err(e)) => Err(e),

@@ -24,6 +24,7 @@ fn node(self_id: &str, members: Vec<Member>, advertise: &str) -> Arc<NodeDriver<
         bounds: Bounds::default(),
         self_id: self_id.to_owned(),
         advertise: advertise.to_owned(),
+        access: dart_core::node::Access::trusting_loopback(),
     };
     let node = Node::new(engine, config).expect("bounds");
     let client = HttpClient::new(TokioDialer, None, 4, std::time::Duration::from_secs(90));

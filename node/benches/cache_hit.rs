@@ -165,6 +165,8 @@ async fn start_memory_server() -> SocketAddr {
 
 fn node_flags(dir: &std::path::Path, mem_size: u64, block_size: u64) -> NodeFlags {
     NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
         listen: "127.0.0.1:0".into(),
         admin: String::new(),
         cache_dir: dir.to_path_buf(),

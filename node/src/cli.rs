@@ -96,6 +96,34 @@ pub struct NodeFlags {
     /// are not checked against a validator. Content-addressed paths are always treated so.
     #[arg(long = "immutable", value_name = "URL_PREFIX")]
     pub immutable: Vec<String>,
+    /// An upstream the node may fetch from (repeatable, or comma-separated): a host
+    /// (`registry.example.com`), a name suffix (`.example.com`), or a CIDR network
+    /// (`10.0.0.0/8`, `127.0.0.1`). With none, every upstream is allowed except link-local
+    /// (metadata services), loopback, non-unicast addresses and this node's own listeners; those
+    /// are refused unless a CIDR pattern names them explicitly. Checked after name resolution,
+    /// at dial time. A --origin is always allowed.
+    #[arg(long = "allow-upstream", value_name = "PATTERN", value_delimiter = ',')]
+    pub allow_upstream: Vec<String>,
+    /// An upstream whose objects anyone may read (repeatable, or comma-separated; host, .suffix
+    /// or CIDR): reads of it skip the credential check.
+    #[arg(long = "public-upstream", value_name = "PATTERN", value_delimiter = ',')]
+    pub public_upstream: Vec<String>,
+    /// How long the origin's acceptance of a requester's credentials (exact URL and
+    /// Authorization) for an object is trusted before it is checked again; 0s checks every read.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub credential_ttl: std::time::Duration,
+    /// Check credentials for content-addressed objects (OCI digests) too. Off by default: the
+    /// registry convention lets whoever names a digest read it (see SECURITY.md).
+    #[arg(long)]
+    pub check_content_addressed: bool,
+    /// File holding the cluster secret (at least 16 bytes): every peer request then carries an
+    /// HMAC-SHA256 over its method, path, hop, origin, caller and a timestamp, and an
+    /// unauthenticated caller gets 401. Without it the peer plane is unauthenticated.
+    #[arg(long)]
+    pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// Largest wall-clock difference a peer's request timestamp may show.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub peer_clock_skew: std::time::Duration,
     /// This node's member id (visible ASCII); required with --peers.
     #[arg(long, default_value = "")]
     pub self_id: String,

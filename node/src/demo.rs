@@ -75,6 +75,9 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
         chunk_size: flags.block_size * 64,
         block_size: flags.block_size,
         drain_secs: 5,
+        // The embedded origin listens on loopback, which the upstream policy refuses unless it is
+        // named explicitly.
+        allow_upstream: vec![origin_addr.ip().to_string()],
         ..NodeFlags::default()
     };
     let node = crate::start(&node_flags).await?;

@@ -15,11 +15,13 @@ use dart_core::engine::{Engine, EngineConfig};
 use dart_core::geometry::Geometry;
 use dart_core::identity::{IdLayout, Namespace};
 use dart_core::membership::{parse_peers, validate_member_id, View};
-use dart_core::node::{Bounds, Node, NodeConfig, Plane};
+use dart_core::node::{Access, Bounds, Node, NodeConfig, Plane};
+use dart_core::peer_auth::ClusterSecret;
+use dart_core::policy::{Pattern, UpstreamPolicy};
 use dart_net_tokio::body::{self, ResponseBody};
 use dart_net_tokio::cache::{open_disk_cache, BlockCache};
 use dart_net_tokio::client::HttpClient;
-use dart_net_tokio::driver::NodeDriver;
+use dart_net_tokio::driver::{NodeDriver, WallClock};
 use dart_net_tokio::seam::{
     tls_client_config, Dialer, Listener as _, Seam, TokioDialer, TokioSeam,
 };
@@ -201,13 +203,7 @@ pub async fn start_on<S: Seam>(
         None => Vec::new(),
     };
     let tls = tls_client_config(&extra_roots).context("TLS set-up")?;
-    let client =
-        HttpClient::new(seam.dialer(), Some(tls), bounds.pool_idle_per_host, bounds.pool_idle);
-    let config =
-        NodeConfig { mode: mode.clone(), bounds, self_id: flags.self_id.clone(), advertise };
-    let node = Node::new(engine, config).context("invalid bounds")?;
-    let (stop, stop_rx) = watch::channel(false);
-    let driver = NodeDriver::start(node, store, client, stop_rx.clone());
+    let mut access = access_setup(flags, &mode)?;
 
     let client_listener = seam
         .bind(cli::listen_addr(&flags.listen)?)
@@ -234,6 +230,28 @@ pub async fn start_on<S: Seam>(
         None
     };
     let peer_addr = peer.as_ref().map(|l| l.local_addr()).transpose()?;
+    for addr in [Some(client_addr), admin_addr, peer_addr].into_iter().flatten() {
+        access.policy.add_listener(addr);
+    }
+    let client =
+        HttpClient::new(seam.dialer(), Some(tls), bounds.pool_idle_per_host, bounds.pool_idle)
+            .with_policy(access.policy.clone());
+    let authenticated = access.peer_secret.is_some();
+    let config = NodeConfig {
+        mode: mode.clone(),
+        bounds,
+        self_id: flags.self_id.clone(),
+        advertise,
+        access,
+    };
+    let node = Node::new(engine, config).context("invalid bounds")?;
+    let (stop, stop_rx) = watch::channel(false);
+    let wall = if seam.wall_clock() {
+        WallClock::System
+    } else {
+        WallClock::Virtual { epoch_ms: VIRTUAL_EPOCH_MS }
+    };
+    let driver = NodeDriver::start_with(node, store, client, stop_rx.clone(), wall);
 
     let options = ServeOptions {
         date_header: seam.wall_clock(),
@@ -262,14 +280,59 @@ pub async fn start_on<S: Seam>(
     let banner = format!(
         "dart client={client_addr} | mode: {mode_text} | p2p: {} | admin: {} | cache: {} ({} MiB)",
         peer_addr.map_or("off".to_string(), |a| format!(
-            "on as {} of {members} members, peer={a}",
-            flags.self_id
+            "on as {} of {members} members, peer={a}, {}",
+            flags.self_id,
+            if authenticated { "authenticated" } else { "UNAUTHENTICATED" }
         )),
         admin_addr.map_or("off".to_string(), |a| a.to_string()),
         flags.cache_dir.display(),
         flags.cache_size >> 20,
     );
     Ok(Running { client_addr, admin_addr, peer_addr, banner, driver, stop, servers })
+}
+
+/// The Unix time (ms) a simulated node's wall clock starts at (2026-01-01T00:00:00Z).
+const VIRTUAL_EPOCH_MS: u64 = 1_767_225_600_000;
+
+/// The access rules the flags describe: the upstream policy (the node's listeners are added once
+/// bound), the credential check and the peer-plane secret.
+fn access_setup(flags: &NodeFlags, mode: &UpstreamMode) -> anyhow::Result<Access> {
+    let patterns = |list: &[String], flag: &str| -> anyhow::Result<Vec<Pattern>> {
+        list.iter()
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| p.parse::<Pattern>().with_context(|| format!("invalid {flag}")))
+            .collect()
+    };
+    let mut allow = patterns(&flags.allow_upstream, "--allow-upstream")?;
+    if let UpstreamMode::Static(origin) = mode {
+        // The operator named this origin: it is allowed whatever it resolves to.
+        let (host, _) =
+            dart_core::policy::url_host_port(origin).context("--origin has no usable host")?;
+        allow.push(host.parse().with_context(|| format!("--origin host {host:?}"))?);
+    }
+    let public = patterns(&flags.public_upstream, "--public-upstream")?;
+    let peer_secret = match &flags.cluster_secret_file {
+        Some(path) => {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("reading --cluster-secret-file {}", path.display()))?;
+            Some(
+                ClusterSecret::from_bytes(&bytes)
+                    .with_context(|| format!("--cluster-secret-file {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    if flags.peer_clock_skew.is_zero() {
+        anyhow::bail!("--peer-clock-skew must be above zero");
+    }
+    Ok(Access {
+        policy: UpstreamPolicy::new(allow, Vec::new()),
+        check_ttl: flags.credential_ttl,
+        public,
+        check_content_addressed: flags.check_content_addressed,
+        peer_secret,
+        clock_skew: flags.peer_clock_skew,
+    })
 }
 
 /// An `--immutable` URL prefix in the form object identities take (identities canonicalise the
@@ -395,8 +458,22 @@ async fn admin_handle<D: Dialer>(
     self_id: Arc<str>,
     req: Request<Incoming>,
 ) -> Response<ResponseBody> {
+    let peer_plane =
+        driver.with_node(|n| match (n.engine().p2p(), &n.config().access.peer_secret) {
+            (None, _) => "off",
+            (Some(_), Some(_)) => "authenticated",
+            (Some(_), None) => "unauthenticated",
+        });
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
-        (&http::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        (&http::Method::GET, "/healthz") => {
+            let mut text = "ok\n".to_string();
+            if peer_plane == "unauthenticated" {
+                text.push_str(
+                    "warning: the peer plane is unauthenticated (no --cluster-secret-file)\n",
+                );
+            }
+            (StatusCode::OK, "text/plain", text)
+        }
         (&http::Method::GET, "/metrics") => {
             (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", driver.metrics().encode())
         }
@@ -404,7 +481,9 @@ async fn admin_handle<D: Dialer>(
             let s = driver.store().stats();
             let n = s.owned_blocks + s.borrowed_blocks;
             let id = serde_json::to_string(&*self_id).unwrap_or_default();
-            let json = format!("{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n}\n}}\n");
+            let json = format!(
+                "{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n},\n  \"peer_plane\": \"{peer_plane}\"\n}}\n"
+            );
             (StatusCode::OK, "application/json", json)
         }
         (&http::Method::GET, "/admin/members") => {

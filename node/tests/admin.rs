@@ -29,6 +29,8 @@ async fn get(url: &str) -> (u16, String) {
 
 fn flags(d: &TempDir) -> NodeFlags {
     NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
         listen: "127.0.0.1:0".into(),
         admin: "127.0.0.1:0".into(),
         cache_dir: d.0.clone(),

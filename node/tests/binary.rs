@@ -47,6 +47,10 @@ fn node_args(dir: &TempDir, drain_secs: u64) -> Vec<String> {
         "256KiB",
         "--chunk-size",
         "4MiB",
+        "--allow-upstream",
+        "127.0.0.0/8",
+        "--public-upstream",
+        "127.0.0.0/8",
     ];
     let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     v.extend(["--cache-dir".into(), dir.0.display().to_string()]);

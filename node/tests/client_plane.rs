@@ -27,6 +27,8 @@ const BLOCK: u64 = 64 * 1024;
 
 async fn node(dir: &TempDir) -> dart_node::Running {
     let flags = NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
         listen: "127.0.0.1:0".into(),
         admin: "127.0.0.1:0".into(),
         cache_dir: dir.0.clone(),

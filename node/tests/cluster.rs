@@ -49,6 +49,7 @@ fn spawn_node(i: usize, peers: &str) -> Proc {
         .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
         .args(["--self-id", &format!("node-{i}"), "--peers", peers])
         .args(["--cache-size", "256MiB", "--mem-size", "0"])
+        .args(["--allow-upstream", "127.0.0.0/8", "--public-upstream", "127.0.0.0/8"])
         .arg("--cache-dir")
         .arg(&dir)
         .env("DART_LOG", "warn")

@@ -129,6 +129,7 @@ fn simulate() -> Outcome {
 fn flags(i: usize) -> NodeFlags {
     let peers: Vec<String> = (0..NODES).map(|j| format!("n{j}@n{j}:9000")).collect();
     NodeFlags {
+        public_upstream: vec![ORIGIN_HOST.into()],
         listen: ":8080".into(),
         admin: String::new(),
         peer_listen: ":9000".into(),

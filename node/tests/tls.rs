@@ -95,6 +95,16 @@ impl Dialer for NamedDialer {
         };
         tokio::net::TcpStream::connect((ip, port)).await
     }
+
+    async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<std::net::SocketAddr>> {
+        match host {
+            "localhost" => Ok(vec![(std::net::Ipv4Addr::LOCALHOST, port).into()]),
+            other => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no such host {other}"),
+            )),
+        }
+    }
 }
 
 impl Seam for NamedSeam {
@@ -117,6 +127,8 @@ async fn node(
     let dir = std::env::temp_dir().join(format!("dart-tls-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let flags = NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
         listen: "127.0.0.1:0".into(),
         admin: String::new(),
         cache_dir: dir.join("cache"),
@@ -177,6 +189,8 @@ async fn a_ca_file_without_certificates_is_a_start_up_error() {
     let bad = scratch.join("empty.pem");
     std::fs::write(&bad, "not a certificate\n").expect("write");
     let flags = NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
         listen: "127.0.0.1:0".into(),
         admin: String::new(),
         cache_dir: scratch.join("cache"),

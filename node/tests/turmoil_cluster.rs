@@ -52,6 +52,7 @@ fn peers() -> String {
 
 fn flags(i: usize) -> NodeFlags {
     NodeFlags {
+        public_upstream: vec!["origin".into()],
         listen: format!(":{CLIENT_PORT}"),
         admin: String::new(),
         peer_listen: format!(":{PEER_PORT}"),

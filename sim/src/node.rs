@@ -212,6 +212,12 @@ impl SimNode {
             bounds: self.bounds,
             self_id: member_id(self.index),
             advertise: member_addr(self.index),
+            // The simulated origin is declared public for now: its oracles count one origin
+            // request per range in flight, which per-credential checks would break.
+            access: dart_core::node::Access {
+                public: vec![crate::origin::ORIGIN_HOST.parse().expect("a host pattern")],
+                ..dart_core::node::Access::default()
+            },
         };
         Node::new(engine, config).expect("valid bounds")
     }

@@ -55,6 +55,9 @@ impl Observation {
             200 if content_length.is_some_and(|n| n > expected) => Some(Observation::WrongLength),
             200 => None,
             404 => Some(Observation::Miss),
+            // The relay refused the caller (no cluster secret) or the origin (its upstream
+            // policy): an answer about the request, not a failure of the relay.
+            status @ (401 | 403) => Some(Observation::UpstreamRefused { status }),
             502 => Some(match upstream_status {
                 Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
                 Some(_) | None => Observation::UnexpectedStatus(502),

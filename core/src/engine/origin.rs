@@ -55,6 +55,10 @@ pub enum OriginError {
     /// validator changed): no response may mix bytes of two versions.
     #[error("the object changed at the origin")]
     Changed,
+    /// The upstream policy refused every address the origin's host resolved to: nothing was
+    /// sent.
+    #[error("upstream refused ({0}): {explain}", explain = .0.explain())]
+    Refused(crate::policy::Refusal),
 }
 
 impl OriginError {
@@ -75,7 +79,8 @@ impl OriginError {
             | OriginError::BodyLength { .. }
             | OriginError::StartPastEnd { .. }
             | OriginError::InvalidRequest(_)
-            | OriginError::Changed => false,
+            | OriginError::Changed
+            | OriginError::Refused(_) => false,
         }
     }
 
@@ -90,7 +95,8 @@ impl OriginError {
             | OriginError::StartPastEnd { .. }
             | OriginError::Transport(_)
             | OriginError::InvalidRequest(_)
-            | OriginError::Changed => None,
+            | OriginError::Changed
+            | OriginError::Refused(_) => None,
         }
     }
 }

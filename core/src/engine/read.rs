@@ -1002,6 +1002,9 @@ impl Read {
             // The requester reads another version than the origin now serves: not this relay's
             // fault, and nothing it can serve (the requester finds the change itself).
             (ReadError::Origin(OriginError::Changed), true) => 404,
+            // The policy refused the origin: the requester is told it was the origin, not us.
+            (ReadError::Origin(OriginError::Refused(_)), true) => 502,
+            (ReadError::Origin(OriginError::Refused(_)), false) => 403,
             (_, true) if refused.is_some() => 502,
             (_, true) => 500,
             (ReadError::Origin(e), false) if e.status() == Some(404) => 404,
@@ -1012,6 +1015,10 @@ impl Read {
                 | ReadError::SizeChanged { .. },
                 false,
             ) => 502,
+        };
+        let refused = match &error {
+            ReadError::Origin(OriginError::Refused(_)) => Some(403),
+            _ => refused,
         };
         let upstream_status = if relay { refused } else { None };
         let failure = ReadFailure { committed: self.head_sent, status, upstream_status, error };

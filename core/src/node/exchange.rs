@@ -72,6 +72,10 @@ pub(super) enum Job {
         request: RequestId,
         head_only: bool,
     },
+    /// A credential check (see `access`).
+    Check {
+        credential: super::access::Credential,
+    },
     Roster {
         ticket: u64,
         addr: String,
@@ -106,7 +110,9 @@ impl Exchange {
                 PeerOwner::Ticket(_) => None,
             },
             Job::Passthrough { request, .. } => Some(*request),
-            Job::Origin { owner: Owner::Flight(_), .. } | Job::Roster { .. } => None,
+            Job::Origin { owner: Owner::Flight(_), .. }
+            | Job::Roster { .. }
+            | Job::Check { .. } => None,
         }
     }
 
@@ -117,6 +123,7 @@ impl Exchange {
             Job::Peer(_) => Purpose::PeerBlock,
             Job::Passthrough { .. } => Purpose::Passthrough,
             Job::Roster { .. } => Purpose::Roster,
+            Job::Check { .. } => Purpose::Check,
         }
     }
 
@@ -126,7 +133,8 @@ impl Exchange {
             Job::Origin { owner: Owner::Alone(_), .. }
             | Job::Peer(_)
             | Job::Passthrough { .. }
-            | Job::Roster { .. } => None,
+            | Job::Roster { .. }
+            | Job::Check { .. } => None,
         }
     }
 
@@ -134,7 +142,7 @@ impl Exchange {
         match self.job {
             Job::Peer(p) => p.permit,
             Job::Roster { permit, .. } => permit,
-            Job::Origin { .. } | Job::Passthrough { .. } => None,
+            Job::Origin { .. } | Job::Passthrough { .. } | Job::Check { .. } => None,
         }
     }
 
@@ -205,9 +213,15 @@ impl Node {
     ) -> IoId {
         let id = self.next_io_id();
         let (dial, head_bound, request) = self.config.bounds.exchange(endpoint == Endpoint::Peer);
+        let mut headers = headers;
+        if endpoint == Endpoint::Peer {
+            self.sign_peer_request(&url, &mut headers, now);
+        }
         let request_bound = match job {
             Job::Passthrough { .. } => None,
-            Job::Origin { .. } | Job::Peer(_) | Job::Roster { .. } => Some(request),
+            Job::Origin { .. } | Job::Peer(_) | Job::Roster { .. } | Job::Check { .. } => {
+                Some(request)
+            }
         };
         let mut x = Exchange {
             endpoint,
@@ -283,6 +297,7 @@ impl Node {
             Job::Peer(_) => self.peer_io(io, event, now),
             Job::Passthrough { .. } => self.passthrough_io(io, event, now),
             Job::Roster { .. } => self.roster_io(io, event, now),
+            Job::Check { .. } => self.check_io(io, event, now),
         }
     }
 
@@ -296,6 +311,7 @@ impl Node {
             Job::Peer(_) => self.peer_expired(io, expiry, now),
             Job::Passthrough { .. } => self.passthrough_expired(io, expiry, now),
             Job::Roster { .. } => self.roster_expired(io, expiry, now),
+            Job::Check { .. } => self.check_expired(io, expiry, now),
         }
         debug_assert!(
             self.exchanges.get(&io).is_none_or(|x| x.deadline.is_none_or(|t| t > now)),

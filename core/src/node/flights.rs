@@ -38,6 +38,8 @@ pub(super) enum Fill {
 pub(super) struct Waiter {
     pub request: RequestId,
     pub url: String,
+    /// The request's `Authorization`, sent with any origin exchange made for it.
+    pub auth: Option<Vec<u8>>,
 }
 
 /// A flight in progress.
@@ -68,29 +70,44 @@ impl Node {
         fill: Fill,
         now: Instant,
     ) {
+        let auth = self.requests.get(&rid).and_then(|r| r.forward.get("authorization"));
+        let auth = auth.map(<[u8]>::to_vec);
         let wait = match self.flights.begin(&key, now) {
             Role::Lead(fid) => {
-                let io = self.start_origin(key.clone(), &url, Owner::Flight(fid), now);
-                let waiters = vec![Waiter { request: rid, url }];
+                let owner = Owner::Flight(fid);
+                let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
+                let waiters = vec![Waiter { request: rid, url, auth }];
                 self.flight_state.insert(fid, Flight { key, io, waiters, fill });
                 Wait::Flight(fid)
             }
             Role::Join(fid) => {
                 let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
-                flight.waiters.push(Waiter { request: rid, url });
+                flight.waiters.push(Waiter { request: rid, url, auth });
                 Wait::Flight(fid)
             }
-            Role::Alone => Wait::Alone(self.start_origin(key, &url, Owner::Alone(rid), now)),
+            Role::Alone => {
+                Wait::Alone(self.start_origin(key, &url, auth.as_deref(), Owner::Alone(rid), now))
+            }
         };
         self.requests.get_mut(&rid).expect("a live request").wait = wait;
     }
 
-    fn start_origin(&mut self, key: FlightKey, url: &str, owner: Owner, now: Instant) -> IoId {
+    fn start_origin(
+        &mut self,
+        key: FlightKey,
+        url: &str,
+        auth: Option<&[u8]>,
+        owner: Owner,
+        now: Instant,
+    ) -> IoId {
         let range = match &key {
             FlightKey::Probe(_) => "bytes=0-0".to_owned(),
             FlightKey::Block(_, start, end) => format!("bytes={start}-{end}"),
         };
-        let headers = Headers::new().with("range", range);
+        let mut headers = Headers::new().with("range", range);
+        if let Some(auth) = auth {
+            headers.push("authorization", auth);
+        }
         let job = Job::Origin { key, owner, body: OriginBody::Head };
         self.start_exchange(Endpoint::Origin, url.to_owned(), headers, job, now)
     }
@@ -162,6 +179,10 @@ impl Node {
             IoEvent::End => {
                 let result = self.judge_block(io);
                 self.origin_done(io, result, false, now);
+            }
+            IoEvent::Failed(super::io::IoError::Refused(refusal)) => {
+                self.count_refusal(refusal);
+                self.origin_done(io, Err(OriginError::Refused(refusal)), false, now);
             }
             IoEvent::Failed(e) => {
                 let what = if x.head { "body" } else { "request" };
@@ -235,7 +256,8 @@ impl Node {
             let result = result.clone();
             self.isolated(now, |node| {
                 if retry {
-                    let io = node.start_origin(key, &w.url, Owner::Alone(w.request), now);
+                    let owner = Owner::Alone(w.request);
+                    let io = node.start_origin(key, &w.url, w.auth.as_deref(), owner, now);
                     node.requests.get_mut(&w.request).expect("a waiter is live").wait =
                         Wait::Alone(io);
                 } else {
@@ -300,7 +322,7 @@ impl Node {
 
     /// Teaches the engine a probe's answer; if it reveals another version of the object, the old
     /// version's blocks are dropped from the store.
-    fn learn_probe(
+    pub(super) fn learn_probe(
         &mut self,
         object: &ObjectId,
         outcome: ProbeOutcome,

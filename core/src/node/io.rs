@@ -154,6 +154,8 @@ pub enum Purpose {
     PeerBlock,
     /// A peer's roster.
     Roster,
+    /// A credential check: the requester's exact URL and `Authorization` on `Range: bytes=0-0`.
+    Check,
 }
 
 /// An outbound `GET` the driver must send.
@@ -182,6 +184,8 @@ pub enum IoError {
     Broken(String),
     /// The request could not be formed (an unusable URL or header value).
     Invalid(String),
+    /// The upstream policy refused every address the host resolved to; nothing was sent.
+    Refused(crate::policy::Refusal),
 }
 
 impl IoError {
@@ -193,6 +197,7 @@ impl IoError {
             IoError::Connect(_) => Observation::DialFailed,
             IoError::Broken(_) => Observation::BodyInterrupted,
             IoError::Invalid(_) => Observation::UnexpectedStatus(400),
+            IoError::Refused(_) => Observation::UnexpectedStatus(403),
         }
     }
 }
@@ -203,6 +208,7 @@ impl fmt::Display for IoError {
             IoError::Connect(e) => write!(f, "connect: {e}"),
             IoError::Broken(e) => write!(f, "broken: {e}"),
             IoError::Invalid(e) => write!(f, "invalid request: {e}"),
+            IoError::Refused(r) => write!(f, "refused by the upstream policy: {}", r.explain()),
         }
     }
 }
@@ -281,6 +287,14 @@ pub enum Input {
         hop: u64,
         /// The block's length; the body is read to at most one byte more.
         expected: u64,
+    },
+    /// The wall clock read `unix_ms` (Unix time in milliseconds) at the `now` of this call. Peer
+    /// MACs carry and check wall-clock timestamps; the node extrapolates from the last reading
+    /// with its monotonic clock. Feed it at start and whenever convenient (the shells feed it
+    /// with every inbound request).
+    WallClock {
+        /// Milliseconds since the Unix epoch.
+        unix_ms: u64,
     },
     /// Fetch the roster of the peer at `addr` (discovery); the answer is an
     /// [`Event::Roster`] carrying `ticket`.

@@ -5,6 +5,7 @@
 //!
 //! See [`Node`] for the driving contract.
 
+mod access;
 mod body;
 mod bounds;
 mod exchange;
@@ -16,6 +17,7 @@ mod requests;
 #[cfg(test)]
 mod tests;
 
+pub use access::{Access, AccessCounters, Credential, VERIFIED_MAX};
 pub use bounds::{Bounds, BoundsError, BOUND_MAX};
 pub use io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,
@@ -55,6 +57,9 @@ pub struct NodeConfig {
     pub self_id: String,
     /// The address peers reach this node at (sent in rosters and roster requests).
     pub advertise: String,
+    /// Who may make this node fetch what, and read what it holds: the upstream policy, the
+    /// credential check of private objects, the peer-plane MAC.
+    pub access: Access,
 }
 
 impl NodeConfig {
@@ -65,6 +70,7 @@ impl NodeConfig {
             bounds: Bounds::default(),
             self_id: String::new(),
             advertise: String::new(),
+            access: Access::default(),
         }
     }
 }
@@ -148,6 +154,8 @@ pub struct Node {
     /// The exchange whose event is being handled.
     working_io: Option<IoId>,
     counters: NodeCounters,
+    /// Gated requests, credential checks, admitted credentials, the wall clock.
+    access: access::State,
 }
 
 impl Node {
@@ -173,6 +181,7 @@ impl Node {
             working: Vec::new(),
             working_io: None,
             counters: NodeCounters::default(),
+            access: access::State::default(),
         })
     }
 
@@ -206,9 +215,9 @@ impl Node {
         &self.learned
     }
 
-    /// Live requests.
+    /// Live requests (those waiting for a credential check included).
     pub fn live_requests(&self) -> usize {
-        self.requests.len()
+        self.requests.len() + self.access.gated.len()
     }
 
     /// Exchanges in flight: whom each talks to and the request it serves (none for a flight,
@@ -248,6 +257,7 @@ impl Node {
             }
             Input::Store { op, block } => self.on_store(op, block, now),
             Input::FetchRoster { ticket, addr } => self.fetch_roster(ticket, addr, now),
+            Input::WallClock { unix_ms } => self.access.set_wall(now, unix_ms),
             Input::FetchBlock { ticket, addr, key, url, hop, expected } => {
                 let fetch = peer::PeerFetch { key, url, hop, expected };
                 self.fetch_block(ticket, addr, fetch, now);
@@ -349,6 +359,11 @@ impl Node {
         if let exchange::Job::Roster { .. } = x.job {
             self.roster_fetches -= 1;
         }
+        if let exchange::Job::Check { credential } = &x.job {
+            if let Some(check) = self.access.checks.remove(credential) {
+                return check.waiters;
+            }
+        }
         let mut served: Vec<RequestId> = x.request().into_iter().collect();
         if let Some(fid) = x.flight() {
             if let Some(flight) = self.flight_state.remove(&fid) {
@@ -364,6 +379,19 @@ impl Node {
 
     /// Fails request `rid` after a panic and releases everything it holds.
     fn quarantine_request(&mut self, rid: RequestId, now: Instant) {
+        if let Some(g) = self.access.gated.remove(&rid) {
+            if let Some(check) = self.access.checks.get_mut(&g.credential) {
+                check.waiters.retain(|w| *w != rid);
+                if check.waiters.is_empty() {
+                    let io = check.io;
+                    self.access.checks.remove(&g.credential);
+                    if self.remove_exchange(io).is_some() {
+                        self.emit(Output::Cancel(io));
+                    }
+                }
+            }
+            return self.reply(rid, Plane::Client, 500, "dart: internal error", Headers::new());
+        }
         let Some(req) = self.requests.remove(&rid) else { return };
         match req.wait {
             Wait::Store(op) => {
@@ -394,7 +422,15 @@ impl Node {
     pub fn check_invariants(&self) {
         self.engine.check_invariants();
         self.flights.check_invariants();
-        assert!(self.requests.len() <= REQUESTS_MAX, "requests above their bound");
+        assert!(self.live_requests() <= REQUESTS_MAX, "requests above their bound");
+        self.access.check_invariants(&self.requests);
+        for (c, check) in &self.access.checks {
+            let x = self.exchanges.get(&check.io).expect("a check without its exchange");
+            assert!(
+                matches!(&x.job, exchange::Job::Check { credential } if credential == c),
+                "check and exchange disagree"
+            );
+        }
         assert_eq!(self.flights.len(), self.flight_state.len(), "a flight without its state");
         assert_eq!(
             self.timers.len(),

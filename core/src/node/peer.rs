@@ -43,6 +43,14 @@ fn header_safe(value: &[u8]) -> bool {
 impl Node {
     pub(super) fn peer_request(&mut self, id: RequestId, request: Inbound, now: Instant) {
         let path = request.target.split_once('?').map_or(request.target.as_str(), |(p, _)| p);
+        // Nothing is learned, relayed or served for a caller without the cluster secret.
+        if let Err(reason) =
+            self.verify_peer_request(&request.method, &request.target, &request.headers, now)
+        {
+            let message = format!("dart: peer authentication failed ({reason})");
+            let extra = Headers::new().with("www-authenticate", "DART-HMAC-SHA256");
+            return self.reply(id, Plane::Peer, 401, &message, extra);
+        }
         if path == ROSTER_PATH {
             return self.serve_roster(id, &request);
         }
@@ -77,6 +85,13 @@ impl Node {
                 return self.reply(id, Plane::Peer, 400, msg, Headers::new());
             }
         };
+        if let Some(url) = origin.as_deref() {
+            if let Some(refusal) = self.upstream_refusal(url) {
+                let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
+                let extra = Headers::new().with("x-dart-refused", refusal.label());
+                return self.reply(id, Plane::Peer, 403, &message, extra);
+            }
+        }
         let (url, next_hop) = match relay_check(&self.engine, key, origin.as_deref(), hop) {
             Ok(RelayPlan::CacheOnly) => (None, hop),
             Ok(RelayPlan::FetchOnBehalf { next_hop }) => (origin, next_hop),

@@ -4,8 +4,8 @@
 use super::exchange::{Expiry, Job};
 use super::flights::Fill;
 use super::io::{
-    BlockSource, Endpoint, Event, Head, Headers, Inbound, IoEvent, IoId, Output, Plane, RequestId,
-    StoreOp,
+    BlockSource, Endpoint, Event, Head, Headers, Inbound, IoError, IoEvent, IoId, Output, Plane,
+    RequestId, StoreOp,
 };
 use super::{Node, BODY_WINDOW, REQUESTS_MAX};
 use crate::codec::redact::redact_url;
@@ -15,8 +15,9 @@ use crate::engine::{Action, Method, Preconditions, Read, ReadRequest, ResponseHe
 use crate::time::Instant;
 use bytes::Bytes;
 
-/// Client header fields a passthrough forwards to the origin (spec/fetch.md §6).
-const FORWARDED: [&str; 3] = ["range", "if-range", "accept"];
+/// Client header fields a passthrough forwards to the origin (spec/fetch.md §6), and the
+/// credential every origin exchange of a client read carries.
+const FORWARDED: [&str; 4] = ["range", "if-range", "accept", "authorization"];
 /// Origin header fields a passthrough copies to the client.
 const PASSTHROUGH_HEADERS: [&str; 7] = [
     "content-type",
@@ -82,7 +83,7 @@ impl Node {
     ) {
         assert!(!self.requests.contains_key(&id), "request id {id} reused while live");
         self.counters.requests += 1;
-        if self.requests.len() >= REQUESTS_MAX {
+        if self.live_requests() >= REQUESTS_MAX {
             self.counters.overloaded += 1;
             return self.reply(id, plane, 503, "dart: too many requests", Headers::new());
         }
@@ -122,8 +123,12 @@ impl Node {
                 forward.push(name, v);
             }
         }
-        let read = self.engine.begin_read(ReadRequest { url, method, range, conditions }, now);
-        self.admit(id, Plane::Client, method, read, forward, now);
+        if let Some(refusal) = self.upstream_refusal(&url) {
+            let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
+            let extra = Headers::new().with("x-dart-refused", refusal.label());
+            return self.reply(id, Plane::Client, 403, &message, extra);
+        }
+        self.gate(id, ReadRequest { url, method, range, conditions }, method, forward, now);
     }
 
     /// Registers a request with its read and drives it.
@@ -322,6 +327,10 @@ impl Node {
     }
 
     pub(super) fn on_cancel(&mut self, rid: RequestId, now: Instant) {
+        if self.cancel_gated(rid) {
+            self.counters.cancelled += 1;
+            return;
+        }
         let Some(req) = self.requests.get(&rid) else { return };
         if req.cancelled {
             return;
@@ -427,6 +436,14 @@ impl Node {
                 self.remove_exchange(io);
                 self.requests.remove(&rid);
                 self.emit(Output::End { id: rid });
+            }
+            IoEvent::Failed(IoError::Refused(refusal)) => {
+                self.count_refusal(refusal);
+                self.remove_exchange(io);
+                self.requests.remove(&rid).expect("a passthrough's request");
+                let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
+                let extra = Headers::new().with("x-dart-refused", refusal.label());
+                self.reply(rid, Plane::Client, 403, &message, extra);
             }
             IoEvent::Failed(e) => {
                 let url = redact_url(&self.exchanges[&io].url);

@@ -31,12 +31,20 @@ fn engine() -> Engine {
     Engine::new(EngineConfig { geometry, ..EngineConfig::default() })
 }
 
+/// A node whose origin is declared public (no credential checks: the access tests below use
+/// [`checked_node_with`]).
 fn node_with(engine: Engine, self_id: &str) -> Node {
+    let access = Access { public: vec!["origin".parse().expect("pattern")], ..Access::default() };
+    node_with_access(engine, self_id, access)
+}
+
+fn node_with_access(engine: Engine, self_id: &str, access: Access) -> Node {
     let config = NodeConfig {
         mode: UpstreamMode::prefix("dart"),
         bounds: Bounds::default(),
         self_id: self_id.to_owned(),
         advertise: format!("{self_id}:9000"),
+        access,
     };
     Node::new(engine, config).expect("valid bounds")
 }
@@ -66,6 +74,10 @@ struct Origin {
     etag: Option<String>,
     extra: Vec<(&'static str, &'static str)>,
     status: Option<u16>,
+    /// A private origin: a request passes with `sig=<secret>` in its URL or
+    /// `Authorization: Bearer <secret>`; otherwise it gets 403 (401 with a challenge when it
+    /// sent an `Authorization`).
+    secret: Option<&'static str>,
 }
 
 struct Harness {
@@ -184,6 +196,18 @@ impl Harness {
         if let Some(status) = self.origin.status {
             self.io(req.id, IoEvent::Head { status, headers: Headers::new() });
             return;
+        }
+        if let Some(secret) = self.origin.secret {
+            let by_url = req.url.contains(&format!("sig={secret}"));
+            let auth = req.headers.get_str("authorization");
+            if !(by_url || auth == Some(&format!("Bearer {secret}"))) {
+                let (status, headers) = match auth {
+                    Some(_) => (401, Headers::new().with("www-authenticate", "Bearer realm=\"o\"")),
+                    None => (403, Headers::new()),
+                };
+                self.io(req.id, IoEvent::Head { status, headers });
+                return;
+            }
         }
         let mut headers = Headers::new()
             .with("content-range", format!("bytes {s}-{e}/{SIZE}"))
@@ -924,4 +948,324 @@ fn a_requester_that_keeps_reading_is_never_given_up() {
     assert!(h.ended(2));
     assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
     assert_eq!(h.node.counters().write_stalls, 0);
+}
+
+// ---- Access: the upstream policy, the credential check, the peer MAC ----
+
+use crate::peer_auth::{AuthRefusal, ClusterSecret, Covered, HEADER_AUTH};
+use crate::policy::Refusal;
+
+/// A node with the default access rules (every read of `origin` is vouched for by the origin).
+fn checked_node() -> Node {
+    node_with_access(engine(), "", Access::default())
+}
+
+fn read_url(h: &mut Harness, id: u64, url: &str, headers: Headers) {
+    h.get(id, Plane::Client, &format!("/dart/{url}"), headers);
+}
+
+fn status_of(h: &Harness, id: u64) -> Option<u16> {
+    h.head_of(id).map(|h| h.status)
+}
+
+#[test]
+fn metadata_loopback_and_unlisted_upstreams_are_refused_before_any_exchange() {
+    let mut h = Harness::new(checked_node());
+    for (id, url, reason) in [
+        (1, "http://169.254.169.254/latest/meta-data/", Refusal::LinkLocal),
+        (2, "http://127.0.0.1:9100/metrics", Refusal::Loopback),
+        (3, "http://[::1]/x", Refusal::Loopback),
+        (4, "http://localhost/x", Refusal::Loopback),
+        (5, "http://a.example@169.254.169.254/x", Refusal::LinkLocal),
+        (6, "http://2130706433/x", Refusal::BadHost),
+    ] {
+        read_url(&mut h, id, url, Headers::new());
+        let head = h.head_of(id).expect("an answer");
+        assert_eq!(head.status, 403, "{url}");
+        assert_eq!(head.headers.get_str("x-dart-refused"), Some(reason.label()), "{url}");
+        assert!(h.node.access_counters().refused(reason) > 0, "{url}");
+    }
+    assert!(h.sends().is_empty(), "no exchange for a refused upstream");
+    // A relay naming a refused origin is refused the same way.
+    let e = engine();
+    let key = e.block_key(&e.identify("http://169.254.169.254/x"), 0);
+    let headers = Headers::new().with("x-dart-origin", "http://169.254.169.254/x");
+    h.get(9, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    assert_eq!(status_of(&h, 9), Some(403));
+    assert!(h.sends().is_empty());
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn an_allow_list_admits_only_its_hosts_and_a_dial_time_refusal_is_a_403() {
+    let access = Access {
+        policy: crate::policy::UpstreamPolicy::new(
+            vec!["origin".parse().expect("pattern"), ".blobs.example".parse().expect("pattern")],
+            vec![],
+        ),
+        public: vec!["origin".parse().expect("pattern")],
+        ..Access::default()
+    };
+    let mut h = Harness::new(node_with_access(engine(), "", access));
+    read_url(&mut h, 1, "http://elsewhere/o/obj", Headers::new());
+    assert_eq!(status_of(&h, 1), Some(403));
+    assert!(h.sends().is_empty());
+    // The name is admitted, but the shell's dialer found it resolves to a refused address.
+    h.read(2, None);
+    let probe = h.take_sends().remove(0);
+    h.io(probe.id, IoEvent::Failed(IoError::Refused(Refusal::LinkLocal)));
+    let head = h.head_of(2).expect("an answer");
+    assert_eq!(head.status, 403);
+    assert_eq!(h.node.access_counters().refused(Refusal::LinkLocal), 1);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_cached_private_object_is_served_only_to_requesters_the_origin_accepts() {
+    let mut h = Harness::new(checked_node());
+    h.origin.secret = Some("good");
+    let good = format!("{URL}?sig=good&exp=1");
+    read_url(&mut h, 1, &good, Headers::new());
+    let check = h.take_sends();
+    assert_eq!(check.len(), 1);
+    assert_eq!(check[0].purpose, Purpose::Check);
+    assert_eq!(check[0].url, good, "the requester's exact URL");
+    assert_eq!(check[0].headers.get_str("range"), Some("bytes=0-0"));
+    h.answer_origin(&check[0]);
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert_eq!(h.node.stats().probes, 0, "the check taught the size: no separate probe");
+    assert_eq!(h.store.len(), 4, "the object is cached");
+
+    // No signature, a forged one, another signature: each is checked, gets the origin's 403 and
+    // no byte of the cached object.
+    for (id, url) in
+        [(2, URL.to_owned()), (3, format!("{URL}?sig=forged")), (4, format!("{URL}?sig=bad&exp=1"))]
+    {
+        h.outputs.clear();
+        read_url(&mut h, id, &url, Headers::new());
+        let sends = h.take_sends();
+        assert_eq!(sends.len(), 1, "{url}: one check");
+        h.answer_origin(&sends[0]);
+        assert_eq!(status_of(&h, id), Some(403), "{url}");
+        assert!(h.body_of(id).starts_with(b"dart: the origin refused this request"), "{url}");
+        assert!(!h.outputs.iter().any(|o| matches!(o, Output::StoreGet { .. })), "{url}");
+        assert!(h.sends().is_empty(), "{url}: nothing fetched for a refused requester");
+    }
+    assert_eq!(h.node.access_counters().check_refused, 3);
+
+    // The accepted credential is trusted for the TTL: no check, served from the store.
+    h.outputs.clear();
+    read_url(&mut h, 5, &good, Headers::new());
+    assert!(h.sends().is_empty(), "{:?}", h.sends());
+    assert_eq!(h.body_of(5), content(0, SIZE).to_vec());
+    assert_eq!(h.node.access_counters().check_hits, 1);
+    // After the TTL it is checked again (at most one check per credential and object per TTL).
+    h.advance(Duration::from_secs(30));
+    h.outputs.clear();
+    read_url(&mut h, 6, &good, Headers::new());
+    assert_eq!(h.sends().len(), 1);
+    assert_eq!(h.node.access_counters().checks, 5);
+}
+
+#[test]
+fn an_authorization_is_part_of_the_credential_and_reaches_the_origin() {
+    let mut h = Harness::new(checked_node());
+    h.origin.secret = Some("tok");
+    let good = Headers::new().with("authorization", "Bearer tok");
+    read_with(&mut h, 1, good.clone());
+    let check = h.take_sends().remove(0);
+    assert_eq!(check.headers.get_str("authorization"), Some("Bearer tok"));
+    h.answer_origin(&check);
+    let window = h.sends().remove(0);
+    assert_eq!(window.headers.get_str("authorization"), Some("Bearer tok"), "blocks too");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    h.outputs.clear();
+    read_with(&mut h, 2, Headers::new().with("authorization", "Bearer nope"));
+    let check = h.take_sends().remove(0);
+    h.answer_origin(&check);
+    let head = h.head_of(2).expect("an answer");
+    assert_eq!(head.status, 401, "the origin's own status");
+    assert_eq!(head.headers.get_str("www-authenticate"), Some("Bearer realm=\"o\""));
+}
+
+#[test]
+fn concurrent_requests_with_one_credential_share_one_check() {
+    let mut h = Harness::new(checked_node());
+    h.read(1, None);
+    h.read(2, Some("bytes=0-9"));
+    let sends = h.take_sends();
+    assert_eq!(sends.len(), 1, "one check for both");
+    assert_eq!(h.node.live_requests(), 2);
+    h.answer_origin(&sends[0]);
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert_eq!(h.body_of(2), content(0, 10).to_vec());
+    assert_eq!(h.node.access_counters().checks, 1);
+}
+
+#[test]
+fn a_check_that_cannot_complete_fails_closed() {
+    let mut h = Harness::new(checked_node());
+    h.read(1, None);
+    h.serve_origin();
+    h.advance(Duration::from_secs(31));
+    // 5xx: not a refusal, but not a yes either.
+    h.origin.status = Some(503);
+    h.outputs.clear();
+    h.read(2, None);
+    h.serve_origin();
+    assert_eq!(status_of(&h, 2), Some(502));
+    assert!(h.body_of(2).starts_with(b"dart: could not confirm access"));
+    // A check that never answers is given up at the origin's head bound.
+    h.outputs.clear();
+    h.read(3, None);
+    let check = h.take_sends().remove(0);
+    h.io(check.id, IoEvent::Connected);
+    h.advance(Bounds::default().origin_head);
+    assert!(h.cancelled(check.id));
+    assert_eq!(status_of(&h, 3), Some(502));
+    assert_eq!(h.node.access_counters().check_failed, 2);
+    assert_eq!(h.node.live_requests(), 0);
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
+#[test]
+fn a_requester_that_leaves_during_its_check_cancels_the_check_if_alone() {
+    let mut h = Harness::new(checked_node());
+    h.read(1, None);
+    h.read(2, None);
+    let check = h.take_sends().remove(0);
+    h.feed(Input::Cancel { id: RequestId(1) });
+    assert!(!h.cancelled(check.id), "another request still waits");
+    h.feed(Input::Cancel { id: RequestId(2) });
+    assert!(h.cancelled(check.id));
+    assert_eq!(h.node.live_requests(), 0);
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
+#[test]
+fn content_addressed_and_public_objects_skip_the_check() {
+    let mut h = Harness::new(checked_node());
+    let digest = format!("http://origin/v2/lib/blobs/sha256:{}", "ab".repeat(32));
+    read_url(&mut h, 1, &digest, Headers::new());
+    assert_eq!(h.sends()[0].purpose, Purpose::Probe, "no check for a digest");
+    let strict = Access { check_content_addressed: true, ..Access::default() };
+    let mut h = Harness::new(node_with_access(engine(), "", strict));
+    read_url(&mut h, 1, &digest, Headers::new());
+    assert_eq!(h.sends()[0].purpose, Purpose::Check, "the stricter option checks digests");
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    assert_eq!(h.sends()[0].purpose, Purpose::Probe, "a public upstream is not checked");
+}
+
+fn secret() -> ClusterSecret {
+    ClusterSecret::from_bytes(b"a-cluster-secret-of-32-bytes-ok!").expect("secret")
+}
+
+/// A parent-reading node with the cluster secret and its wall clock at `unix_ms`.
+fn authenticated(unix_ms: u64) -> Harness {
+    let mut e = engine();
+    let view = View::new(vec![Member::ready("parent", "p:9000")]);
+    e.enable_p2p(P2p {
+        placement: Placement::new(view, "reader", 2, 1),
+        breaker: Breaker::new(BreakerConfig::default()).expect("breaker"),
+    });
+    let access = Access {
+        peer_secret: Some(secret()),
+        public: vec!["origin".parse().expect("pattern")],
+        ..Access::default()
+    };
+    let mut h = Harness::new(node_with_access(e, "reader", access));
+    h.feed(Input::WallClock { unix_ms });
+    h
+}
+
+const UNIX_MS: u64 = 1_800_000_000_000;
+
+fn signed_relay_headers(path: &str, unix: u64) -> Headers {
+    let mut headers = Headers::new().with("x-dart-origin", URL).with("x-dart-hop", "0");
+    let covered = Covered {
+        method: "GET",
+        target: path,
+        hop: b"0",
+        origin: URL.as_bytes(),
+        ..Covered::default()
+    };
+    headers.push(HEADER_AUTH, covered.sign(&secret(), unix));
+    headers
+}
+
+#[test]
+fn peer_requests_without_a_valid_mac_are_refused_and_teach_nothing() {
+    let mut h = authenticated(UNIX_MS);
+    size_known(&mut h);
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), 1);
+    h.store.insert(key, content(BLOCK, BLOCK));
+    let path = crate::codec::wire::block_path(key);
+    let now = UNIX_MS / 1000;
+    // No MAC, a MAC from another secret, a replayed old one, one for another path.
+    let unsigned = Headers::new().with("x-dart-origin", URL).with("x-dart-hop", "0");
+    let foreign = {
+        let other = ClusterSecret::from_bytes(b"another-secret-entirely-16").expect("secret");
+        let c = Covered {
+            method: "GET",
+            target: &path,
+            hop: b"0",
+            origin: URL.as_bytes(),
+            ..Covered::default()
+        };
+        unsigned.clone().with(HEADER_AUTH, c.sign(&other, now))
+    };
+    let old = signed_relay_headers(&path, now - 3600);
+    let other_path = crate::codec::wire::block_path(e.block_key(&e.identify(URL), 2));
+    let moved = signed_relay_headers(&other_path, now);
+    for (id, headers, reason) in [
+        (10, unsigned, AuthRefusal::Missing),
+        (11, foreign, AuthRefusal::BadMac),
+        (12, old, AuthRefusal::Expired),
+        (13, moved, AuthRefusal::BadMac),
+    ] {
+        h.get(id, Plane::Peer, &path, headers);
+        assert_eq!(status_of(&h, id), Some(401), "{reason}");
+        assert!(h.node.access_counters().auth_refused(reason) > 0, "{reason}");
+    }
+    // A roster request from a caller without the secret is not learned.
+    let roster =
+        Headers::new().with("x-dart-node", "intruder").with("x-dart-peer-addr", "6.6.6.6:9000");
+    h.get(14, Plane::Peer, crate::codec::wire::ROSTER_PATH, roster);
+    assert_eq!(status_of(&h, 14), Some(401));
+    assert!(h.node.learned().is_empty());
+    assert!(h.sends().is_empty(), "nothing relayed for an unauthenticated caller");
+    // The same request, signed now, is served.
+    h.get(15, Plane::Peer, &path, signed_relay_headers(&path, now + 20));
+    assert_eq!(status_of(&h, 15), Some(200));
+    assert_eq!(h.body_of(15), content(BLOCK, BLOCK).to_vec());
+}
+
+#[test]
+fn outgoing_peer_requests_carry_a_mac_the_receiver_accepts() {
+    let mut h = authenticated(UNIX_MS);
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    assert_eq!(peer.endpoint, Endpoint::Peer);
+    let target = peer.url.strip_prefix("http://p:9000").expect("the parent's URL");
+    let covered = Covered {
+        method: "GET",
+        target,
+        hop: peer.headers.get("x-dart-hop").unwrap_or_default(),
+        origin: peer.headers.get("x-dart-origin").unwrap_or_default(),
+        node: peer.headers.get("x-dart-node").unwrap_or_default(),
+        peer_addr: peer.headers.get("x-dart-peer-addr").unwrap_or_default(),
+    };
+    let mac = peer.headers.get(HEADER_AUTH);
+    assert!(mac.is_some(), "{:?}", peer.headers);
+    // The wall clock moved on with the node's own clock.
+    let sent_at = UNIX_MS / 1000;
+    let verdict = covered.verify(&secret(), mac, sent_at, Duration::from_secs(1));
+    assert_eq!(verdict, Ok(()));
 }

@@ -88,6 +88,7 @@ fn node(engine: Engine, self_id: &str, advertise: &str, bounds: Bounds) -> Node 
         bounds,
         self_id: self_id.to_owned(),
         advertise: advertise.to_owned(),
+        access: dart_core::node::Access::trusting_loopback(),
     };
     Node::new(engine, config).expect("valid bounds")
 }

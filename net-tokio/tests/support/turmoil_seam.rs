@@ -41,6 +41,14 @@ impl Dialer for TurmoilDialer {
     async fn dial(&self, host: &str, port: u16) -> io::Result<Self::Io> {
         turmoil::net::TcpStream::connect((host, port)).await
     }
+
+    async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        Ok(turmoil::net::lookup_host((host, port)).await?.collect())
+    }
+
+    async fn dial_addr(&self, addr: SocketAddr) -> io::Result<Self::Io> {
+        turmoil::net::TcpStream::connect(addr).await
+    }
 }
 
 /// The whole seam over turmoil: simulated listeners and dialers, and no wall clock (a `Date`
