@@ -103,6 +103,9 @@ http {{
         location /nocache/ {{
             add_header Cache-Control \"no-cache\";
         }}
+        location /noetag/ {{
+            etag off;
+        }}
     }}
 }}
 "
@@ -116,7 +119,7 @@ impl Nginx {
         let binary = nginx_binary();
         let prefix = support::temp_dir("nginx", name);
         let root = prefix.0.join("www");
-        for dir in ["cc", "nocache"] {
+        for dir in ["cc", "nocache", "noetag"] {
             std::fs::create_dir_all(root.join(dir)).expect("create the document root");
         }
         let marker = format!("{}\n", prefix.0.display());
@@ -645,15 +648,40 @@ async fn replaced_between_reads(path: &str, revalidate_after: Option<Duration>, 
     let upstream = ngx.url(path);
     let through = via(&n, &upstream);
     let old = get_exact(&c, &through, &v[0], "first read").await;
+    let old_etag = old.header(ETAG).map(str::to_owned);
+    let old_lm = old.header(LAST_MODIFIED).expect("Last-Modified").to_owned();
     ngx.put(path, &v[1], mtime(1));
-    let new_etag = get(&c, &upstream, &[]).await.header(ETAG).expect("ETag").to_owned();
-    assert_ne!(old.header(ETAG), Some(new_etag.as_str()), "nginx names the new version");
+    let new = get(&c, &upstream, &[]).await;
+    assert_ne!(new.header(LAST_MODIFIED), Some(old_lm.as_str()), "nginx names the new version");
+    if old_etag.is_some() {
+        assert_ne!(new.header(ETAG), old_etag.as_deref(), "nginx names the new version");
+    }
 
     let got = get_exact(&c, &through, &v[1], "read after the replacement").await;
-    assert_eq!(got.header(ETAG), Some(new_etag.as_str()), "the new version's ETag");
+    assert_same_head(&got, &new, "read after the replacement");
     let r = get(&c, &through, &[("range", "bytes=70000-70099")]).await;
     assert_eq!(r.status, 206);
     assert_bytes(&r.body, &v[1][70000..70100], "ranged read after the replacement");
+    let h = head(&c, &through, &[]).await;
+    assert_same_head(&h, &new, "HEAD after the replacement");
+
+    // A client holding the old version's validators gets the new version, as from nginx
+    // (without an ETag, If-None-Match carries one nginx never made).
+    let old_tag = old_etag.clone().unwrap_or_else(|| "\"0-0\"".to_owned());
+    let old_validator = old_etag.clone().unwrap_or_else(|| old_lm.clone());
+    let stale_forms: [(&str, Fields); 3] = [
+        ("If-None-Match: the old ETag", vec![("if-none-match", &old_tag)]),
+        ("If-Modified-Since: the old Last-Modified", vec![("if-modified-since", &old_lm)]),
+        ("If-Range: the old validator", vec![("range", "bytes=0-9"), ("if-range", &old_validator)]),
+    ];
+    for (what, fields) in &stale_forms {
+        let direct = get(&c, &upstream, fields).await;
+        let got = get(&c, &through, fields).await;
+        println!("after the replacement, {what}: nginx {} | node {}", direct.status, got.status);
+        assert_eq!(direct.status, 200, "{what}: nginx");
+        assert_same_head(&got, &direct, what);
+        assert_bytes(&got.body, &v[1], what);
+    }
     let s = stats(&n);
     assert!(s.object_changes >= 1, "the change was seen: {s:?}");
     assert!(s.revalidations >= 1, "{s:?}");
@@ -667,6 +695,11 @@ async fn with_revalidate_after_zero_a_replaced_object_is_read_anew_on_the_next_r
 #[tokio::test]
 async fn with_cache_control_no_cache_from_nginx_a_replaced_object_is_read_anew_on_the_next_read() {
     replaced_between_reads("nocache/obj.txt", None, "between-nocache").await;
+}
+
+#[tokio::test]
+async fn without_an_etag_a_replaced_object_is_told_by_its_last_modified_and_read_anew() {
+    replaced_between_reads("noetag/obj.txt", Some(Duration::ZERO), "between-noetag").await;
 }
 
 #[tokio::test]
@@ -718,38 +751,47 @@ async fn a_read_whose_first_block_meets_a_replaced_object_starts_over_and_return
     assert_eq!(s.probes, 2, "the HEAD's probe and the restarted read's: {s:?}");
 }
 
-#[tokio::test]
-async fn an_object_replaced_during_a_read_never_yields_two_versions_and_the_next_read_converges() {
-    let ngx = Nginx::start("during").await;
+/// Block 0 is cached (old version), then nginx's file is replaced, then the whole object is
+/// read: block 0 comes from the cache, block 1 from nginx (new).
+async fn replaced_during_a_read(path: &str, name: &str) {
+    let ngx = Nginx::start(name).await;
     let v = [version(0, SIZE), version(1, SIZE)];
-    ngx.put("obj.txt", &v[0], mtime(0));
-    let d = support::temp_dir("nginx", "during-node");
+    ngx.put(path, &v[0], mtime(0));
+    let d = support::temp_dir("nginx", &format!("{name}-node"));
     let n = node(&d, None).await;
     let c = client();
-    let upstream = ngx.url("obj.txt");
+    let upstream = ngx.url(path);
     let through = via(&n, &upstream);
-    // Block 0 only is cached (old version).
     let first = format!("bytes=0-{}", BLOCK - 1);
     let g = get(&c, &through, &[("range", first.as_str())]).await;
     assert_eq!(g.status, 206);
     assert_bytes(&g.body, &v[0][..BLOCK as usize], "block 0");
-    ngx.put("obj.txt", &v[1], mtime(1));
-    // The whole read: block 0 from the cache (old), block 1 from nginx (new): it must not mix.
+    ngx.put(path, &v[1], mtime(1));
     let g = get(&c, &through, &[]).await;
     let during = assert_one_version(&g, &v, "read during the replacement");
     println!(
-        "read during the replacement: status {}, version {during:?}, {} of {SIZE} bytes, {:?}",
+        "{path}: read during the replacement: status {}, version {during:?}, {} of {SIZE} bytes, {:?}",
         g.status,
         g.body.len(),
         g.complete
     );
     // Then the node knows: the next read is the new version, whole.
     let g = get_exact(&c, &through, &v[1], "next read").await;
-    let new_etag = get(&c, &upstream, &[]).await.header(ETAG).map(str::to_owned);
-    assert_eq!(g.header(ETAG), new_etag.as_deref());
+    let new = get(&c, &upstream, &[]).await;
+    assert_same_head(&g, &new, "next read");
     let s = stats(&n);
     assert!(s.object_changes >= 1, "{s:?}");
     assert_eq!(s.revalidations, 0, "found by block 1's answer, not by a revalidation: {s:?}");
+}
+
+#[tokio::test]
+async fn an_object_replaced_during_a_read_never_yields_two_versions_and_the_next_read_converges() {
+    replaced_during_a_read("obj.txt", "during").await;
+}
+
+#[tokio::test]
+async fn without_an_etag_a_replacement_during_a_read_is_told_by_last_modified_and_never_mixed() {
+    replaced_during_a_read("noetag/obj.txt", "during-noetag").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
