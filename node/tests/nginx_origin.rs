@@ -106,6 +106,9 @@ http {{
         location /noetag/ {{
             etag off;
         }}
+        location /flaky/ {{
+            try_files $uri =503;
+        }}
     }}
 }}
 "
@@ -119,7 +122,7 @@ impl Nginx {
         let binary = nginx_binary();
         let prefix = support::temp_dir("nginx", name);
         let root = prefix.0.join("www");
-        for dir in ["cc", "nocache", "noetag"] {
+        for dir in ["cc", "nocache", "noetag", "flaky"] {
             std::fs::create_dir_all(root.join(dir)).expect("create the document root");
         }
         let marker = format!("{}\n", prefix.0.display());
@@ -191,6 +194,11 @@ impl Nginx {
         f.set_modified(mtime).expect("set mtime");
         drop(f);
         std::fs::rename(&tmp, self.root.join(path)).expect("rename into place");
+    }
+
+    /// Removes `path`: nginx answers 404 for it, or 503 under `/flaky/`.
+    fn remove(&self, path: &str) {
+        std::fs::remove_file(self.root.join(path)).expect("remove");
     }
 
     /// Stops nginx (one process: `master_process off`) and waits, bounded, until its port
@@ -880,4 +888,50 @@ async fn when_nginx_is_down_a_read_after_the_validators_went_stale_is_served_fro
     assert!(s.stale_served >= 1, "served stale because nginx was down: {s:?}");
     assert_eq!(s.block_source_cache, 6, "every block of the second read came from the cache");
     assert_eq!(s.block_source_origin, 6, "and none was fetched again: {s:?}");
+}
+
+/// Reads the object, makes nginx answer `path` with an error, waits until the node's validators
+/// went stale, and reads again.
+async fn read_after_staleness_with_nginx_answering(path: &str, name: &str) -> (Got, EngineStats) {
+    let ngx = Nginx::start(name).await;
+    let body = version(0, SIZE);
+    ngx.put(path, &body, mtime(0));
+    let d = support::temp_dir("nginx", &format!("{name}-node"));
+    let stale_after = Duration::from_secs(1);
+    let n = node(&d, Some(stale_after)).await;
+    let c = client();
+    let upstream = ngx.url(path);
+    let through = via(&n, &upstream);
+    get_exact(&c, &through, &body, "read while the file is there").await;
+    let read_at = Instant::now();
+    ngx.remove(path);
+    let direct = get(&c, &upstream, &[]).await;
+    println!("{path} removed: nginx answers {}", direct.status);
+    // What is under test is the passage of time itself: wait until the validators went stale.
+    tokio::time::sleep_until((read_at + stale_after + Duration::from_millis(200)).into()).await;
+    let g = get(&c, &through, &[]).await;
+    let s = stats(&n);
+    // Put back, the same version is served again from the cache once nginx has it.
+    ngx.put(path, &body, mtime(0));
+    get_exact(&c, &through, &body, "read once the file is back").await;
+    let after = stats(&n);
+    assert_eq!(after.object_changes, 0, "the same version came back: {after:?}");
+    assert_eq!(after.block_source_origin, 6, "and was not fetched again: {after:?}");
+    (g, s)
+}
+
+#[tokio::test]
+async fn when_nginx_answers_503_a_read_after_the_validators_went_stale_is_served_from_the_cache() {
+    let (g, s) = read_after_staleness_with_nginx_answering("flaky/obj.txt", "stale-503").await;
+    assert_eq!(g.status, 200, "stale-if-error");
+    assert_eq!(g.complete, Ok(()));
+    assert_bytes(&g.body, &version(0, SIZE), "read while nginx answers 503");
+    assert!(s.stale_served >= 1, "served stale because nginx answered 503: {s:?}");
+}
+
+#[tokio::test]
+async fn when_nginx_answers_404_after_the_validators_went_stale_the_node_answers_404_not_stale() {
+    let (g, s) = read_after_staleness_with_nginx_answering("obj.txt", "stale-404").await;
+    assert_eq!(g.status, 404, "a 404 is the origin's answer, not an outage");
+    assert_eq!(s.stale_served, 0, "{s:?}");
 }
