@@ -1,7 +1,8 @@
 //! External-part tier: nginx as a real origin, on loopback. nginx serves static files with
-//! `ETag`, `Last-Modified`, 304, 412 and `If-Range` built in; every case compares the node with
-//! what nginx itself answers, and replaces the object between and during reads, in one node and
-//! through a peer.
+//! `ETag`, `Last-Modified`, 304, 412 and `If-Range` built in. The cases compare the node's heads
+//! and conditional answers with nginx's own for the same request, replace the object between and
+//! during reads (in one node and through a peer) and assert exact bytes of one version, and make
+//! nginx fail for stale-if-error.
 //!
 //! Run by `.ci/run` (which installs nginx with apt-get):
 //!
