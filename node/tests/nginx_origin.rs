@@ -305,6 +305,8 @@ fn assert_bytes(body: &[u8], want: &[u8], what: &str) {
 
 fn flags(dir: &TempDir, revalidate_after: Option<Duration>) -> NodeFlags {
     let mut f = NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
         listen: "127.0.0.1:0".into(),
         admin: String::new(),
         cache_dir: dir.0.clone(),
