@@ -19,7 +19,7 @@
 use crate::body::{self, BodyError, ResponseBody};
 use crate::cache::BlockCache;
 use crate::client::{parse_target, HttpClient};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Scrape};
 use crate::seam::{DialError, Dialer, ShellClock};
 use bytes::Bytes;
 use dart_core::codec::roster::Roster;
@@ -133,7 +133,7 @@ impl<D: Dialer> NodeDriver<D> {
             let weak = weak.clone();
             let snapshot = Box::new(move || match weak.upgrade() {
                 Some(d) => d.snapshot(),
-                None => (EngineStats::default(), None),
+                None => Scrape::default(),
             });
             let metrics = Arc::new(Metrics::new(snapshot, store.clone()));
             let inner = Inner {
@@ -233,11 +233,16 @@ impl<D: Dialer> NodeDriver<D> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(get)).unwrap_or(None)
     }
 
-    fn snapshot(&self) -> (EngineStats, Option<usize>) {
+    fn snapshot(&self) -> Scrape {
         let inner = self.lock();
         let now = self.clock.now();
-        let open = inner.node.engine().p2p().map(|p| p.breaker.open_count(now));
-        (inner.node.stats(), open)
+        let open_circuits = inner.node.engine().p2p().map(|p| p.breaker.open_count(now));
+        Scrape {
+            stats: inner.node.stats(),
+            open_circuits,
+            access: inner.node.access_counters(),
+            node: inner.node.counters(),
+        }
     }
 
     /// Feeds one input as if the transport had observed it, and carries out what follows. The

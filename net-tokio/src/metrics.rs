@@ -3,6 +3,9 @@
 
 use crate::cache::BlockCache;
 use dart_core::engine::EngineStats;
+use dart_core::node::{AccessCounters, NodeCounters};
+use dart_core::peer_auth::AuthRefusal;
+use dart_core::policy::Refusal;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
@@ -24,8 +27,21 @@ pub struct Metrics {
     fetch_seconds: Family<SourceLabel, Histogram>,
 }
 
-/// Reads the engine's counters and the number of open circuits (`None` without a peer path).
-pub type Snapshot = Box<dyn Fn() -> (EngineStats, Option<usize>) + Send + Sync>;
+/// What one scrape reads from the node machine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scrape {
+    /// The engine's counters.
+    pub stats: EngineStats,
+    /// Peers whose circuit is open (`None` without a peer path).
+    pub open_circuits: Option<usize>,
+    /// The access decisions.
+    pub access: AccessCounters,
+    /// The node machine's own counters.
+    pub node: NodeCounters,
+}
+
+/// Reads the node machine's counters at scrape time.
+pub type Snapshot = Box<dyn Fn() -> Scrape + Send + Sync>;
 
 struct Collected {
     snapshot: Snapshot,
@@ -72,7 +88,49 @@ fn gauges(
 
 impl prometheus_client::collector::Collector for Collected {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let (s, open): (EngineStats, Option<usize>) = (self.snapshot)();
+        let scrape = (self.snapshot)();
+        let (s, open) = (scrape.stats, scrape.open_circuits);
+        let refused: Vec<(&'static str, u64)> =
+            Refusal::ALL.iter().map(|r| (r.label(), scrape.access.refused(*r))).collect();
+        counter(
+            &mut enc,
+            "dart_upstream_refused",
+            "Upstreams refused by the upstream policy, by reason.",
+            "reason",
+            &refused,
+        )?;
+        let auth: Vec<(&'static str, u64)> =
+            AuthRefusal::ALL.iter().map(|r| (r.label(), scrape.access.auth_refused(*r))).collect();
+        counter(
+            &mut enc,
+            "dart_peer_auth_refused",
+            "Peer requests refused by the cluster MAC check, by reason.",
+            "reason",
+            &auth,
+        )?;
+        let a = scrape.access;
+        let checks = [
+            ("sent", a.checks),
+            ("cached", a.check_hits),
+            ("refused", a.check_refused),
+            ("failed", a.check_failed),
+        ];
+        counter(
+            &mut enc,
+            "dart_credential_checks",
+            "Credential checks: sent to the origin, admitted from the cache of accepted \
+             credentials, refused by the origin (passed through), failed (answered 502).",
+            "result",
+            &checks,
+        )?;
+        let stalls = [("write_stall", scrape.node.write_stalls)];
+        counter(
+            &mut enc,
+            "dart_requests_given_up",
+            "Requests given up by the node: the requester stopped reading.",
+            "reason",
+            &stalls,
+        )?;
         let sources = [
             ("cache", s.block_source_cache),
             ("peer", s.block_source_peer),
