@@ -9,6 +9,9 @@ use std::sync::Mutex;
 
 /// Occupancy figures exported as `dart_store_*` metrics (the store's own figures).
 pub use crate::store::StoreStats as CacheStats;
+/// Disk health exported by `/healthz`, `/admin/stats` and the `dart_store_degraded` and
+/// `dart_store_errors_total` metrics.
+pub use crate::store::{HealthState, StoreHealth as CacheHealth};
 
 /// A write-once block cache.
 pub trait BlockCache: Send + Sync + 'static {
@@ -39,6 +42,11 @@ pub trait BlockCache: Send + Sync + 'static {
     fn delete(&self, key: &BlockKey);
     /// Occupancy.
     fn stats(&self) -> CacheStats;
+    /// Whether the backing disk takes writes, and its I/O failure counts; a cache without a disk
+    /// is always healthy.
+    fn health(&self) -> CacheHealth {
+        CacheHealth::default()
+    }
     /// Releases what the store holds (files, the directory lock); later gets miss and puts are
     /// refused. Idempotent.
     fn close(&self) {}
@@ -117,6 +125,10 @@ impl BlockCache for crate::store::BlockStore {
 
     fn stats(&self) -> CacheStats {
         crate::store::BlockStore::stats(self)
+    }
+
+    fn health(&self) -> CacheHealth {
+        crate::store::BlockStore::health(self)
     }
 
     fn delete(&self, key: &BlockKey) {

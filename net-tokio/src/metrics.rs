@@ -191,7 +191,25 @@ impl prometheus_client::collector::Collector for Collected {
             None,
             rejected.metric_type(),
         )?;
-        rejected.encode(m)
+        rejected.encode(m)?;
+        let health = self.cache.health();
+        let degraded = ConstGauge::new(i64::from(health.is_degraded()));
+        let m = enc.encode_descriptor(
+            "dart_store_degraded",
+            "1 while the cache disk is degraded (a write or read failed): new blocks are not \
+             written to disk, reads are still served.",
+            None,
+            degraded.metric_type(),
+        )?;
+        degraded.encode(m)?;
+        let errors = [("write", health.write_failures), ("read", health.read_failures)];
+        counter(
+            &mut enc,
+            "dart_store_errors",
+            "Failed cache disk calls, by operation.",
+            "op",
+            &errors,
+        )
     }
 }
 

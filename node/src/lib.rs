@@ -19,7 +19,7 @@ use dart_core::node::{Access, Bounds, Node, NodeConfig, Plane};
 use dart_core::peer_auth::ClusterSecret;
 use dart_core::policy::{Pattern, UpstreamPolicy};
 use dart_net_tokio::body::{self, ResponseBody};
-use dart_net_tokio::cache::{open_disk_cache, BlockCache};
+use dart_net_tokio::cache::{open_disk_cache, BlockCache, CacheHealth, HealthState};
 use dart_net_tokio::client::HttpClient;
 use dart_net_tokio::driver::{NodeDriver, WallClock};
 use dart_net_tokio::seam::{
@@ -453,6 +453,40 @@ fn ring_json(node: &Node, query: Option<&str>) -> AdminAnswer {
     }))
 }
 
+/// `GET /healthz`: always 200 while the node runs. A degraded cache disk only costs cache hits
+/// (reads go to peers and the origin), so a liveness probe must not restart the pod for it: a
+/// restart would not bring the space or the disk back, and it would drop the RAM tier and every
+/// in-flight read. The body says `degraded: cache disk <reason>` so that people and readiness
+/// checks that care can see it.
+fn healthz(health: &CacheHealth, peer_plane: &str) -> AdminAnswer {
+    let mut text = match &health.state {
+        HealthState::Healthy => "ok\n".to_string(),
+        HealthState::Degraded { reason, .. } => format!("degraded: cache disk {reason}\n"),
+    };
+    if peer_plane == "unauthenticated" {
+        text.push_str("warning: the peer plane is unauthenticated (no --cluster-secret-file)\n");
+    }
+    (StatusCode::OK, "text/plain", text)
+}
+
+/// The store health as `/admin/stats` shows it.
+fn health_json(health: &CacheHealth) -> serde_json::Value {
+    let (state, reason, since) = match &health.state {
+        HealthState::Healthy => ("healthy", None, None),
+        HealthState::Degraded { reason, since } => {
+            let since = since.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            ("degraded", Some(reason.to_string()), Some(since))
+        }
+    };
+    serde_json::json!({
+        "state": state,
+        "reason": reason,
+        "since_unix_secs": since,
+        "write_failures": health.write_failures,
+        "read_failures": health.read_failures,
+    })
+}
+
 async fn admin_handle<D: Dialer>(
     driver: Arc<NodeDriver<D>>,
     self_id: Arc<str>,
@@ -465,26 +499,18 @@ async fn admin_handle<D: Dialer>(
             (Some(_), None) => "unauthenticated",
         });
     let (status, ctype, text) = match (req.method(), req.uri().path()) {
-        (&http::Method::GET, "/healthz") => {
-            let mut text = "ok\n".to_string();
-            if peer_plane == "unauthenticated" {
-                text.push_str(
-                    "warning: the peer plane is unauthenticated (no --cluster-secret-file)\n",
-                );
-            }
-            (StatusCode::OK, "text/plain", text)
-        }
+        (&http::Method::GET, "/healthz") => healthz(&driver.store().health(), peer_plane),
         (&http::Method::GET, "/metrics") => {
             (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", driver.metrics().encode())
         }
         (&http::Method::GET, "/admin/stats") => {
             let s = driver.store().stats();
-            let n = s.owned_blocks + s.borrowed_blocks;
-            let id = serde_json::to_string(&*self_id).unwrap_or_default();
-            let json = format!(
-                "{{\n  \"self_id\": {id},\n  \"cached_blocks\": {n},\n  \"peer_plane\": \"{peer_plane}\"\n}}\n"
-            );
-            (StatusCode::OK, "application/json", json)
+            json_answer(&serde_json::json!({
+                "self_id": &*self_id,
+                "cached_blocks": s.owned_blocks + s.borrowed_blocks,
+                "store_health": health_json(&driver.store().health()),
+                "peer_plane": peer_plane,
+            }))
         }
         (&http::Method::GET, "/admin/members") => {
             driver.with_node(|node| members_json(node, &self_id))

@@ -17,12 +17,14 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
 
+use super::io::StoreIo;
 use super::lru::SlotList;
 use super::{StoreError, WarmStart};
 
@@ -159,6 +161,8 @@ pub(crate) struct Arena {
     path: PathBuf,
     /// `None` once closed.
     file: Option<File>,
+    /// Every positional read and write of `file` goes through it.
+    io: Arc<dyn StoreIo>,
     layout: Layout,
     /// Superblock tag that keeps the owned and borrowed files from being swapped.
     class_tag: u64,
@@ -178,13 +182,15 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 
 impl Arena {
     /// Opens or creates the arena file at `path`, sized exactly for `slots` slots of
-    /// `block_bytes`, cold (truncated, empty) or warm (verified slots kept).
+    /// `block_bytes`, cold (truncated, empty) or warm (verified slots kept); its reads and writes
+    /// go through `io`.
     pub(crate) fn open(
         path: PathBuf,
         class_tag: u64,
         block_bytes: u64,
         slots: u32,
         warm: WarmStart,
+        io: Arc<dyn StoreIo>,
     ) -> Result<(Arena, LoadReport), StoreError> {
         assert!(block_bytes >= 1 && slots >= 1);
         let file = OpenOptions::new()
@@ -197,6 +203,7 @@ impl Arena {
         let mut arena = Arena {
             path,
             file: Some(file),
+            io,
             layout: Layout::new(block_bytes, slots),
             class_tag,
             verify: warm == WarmStart::Verify,
@@ -237,7 +244,7 @@ impl Arena {
         let result = file
             .set_len(0)
             .and_then(|()| file.set_len(self.layout.file_len))
-            .and_then(|()| file.write_all_at(&self.superblock(), 0));
+            .and_then(|()| self.io.write_all_at(file, &self.superblock(), 0));
         result.map_err(fail)
     }
 
@@ -247,14 +254,14 @@ impl Arena {
         let len = file.metadata().map_err(io_error(&self.path))?.len();
         let mut superblock = [0u8; SUPERBLOCK_BYTES as usize];
         let same_geometry = len == self.layout.file_len
-            && file.read_exact_at(&mut superblock, 0).is_ok()
+            && self.io.read_exact_at(file, &mut superblock, 0).is_ok()
             && superblock == self.superblock();
         if !same_geometry {
             self.reset()?;
             return Ok(LoadReport { rebuilt: true, ..LoadReport::default() });
         }
         let mut table = vec![0u8; (u64::from(self.layout.slots) * HEADER_BYTES) as usize];
-        file.read_exact_at(&mut table, SUPERBLOCK_BYTES).map_err(io_error(&self.path))?;
+        self.io.read_exact_at(file, &mut table, SUPERBLOCK_BYTES).map_err(io_error(&self.path))?;
         let mut report = LoadReport::default();
         let mut verified = Vec::new();
         let mut buf = Vec::new();
@@ -299,7 +306,7 @@ impl Arena {
             return false;
         };
         buf.resize(header.len as usize, 0);
-        match file.read_exact_at(buf, self.layout.data_offset(slot)) {
+        match self.io.read_exact_at(file, buf, self.layout.data_offset(slot)) {
             Ok(()) => slot_checksum(&header.key, buf) == header.data_sum,
             Err(e) => {
                 tracing::warn!(path = %self.path.display(), slot, error = %e, "dropping unreadable slot");
@@ -357,7 +364,8 @@ impl Arena {
         let (_, len) = self.slots[slot as usize].live.expect("indexed slot is live");
         let file = self.file.as_ref().ok_or(StoreError::Closed)?;
         let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, self.layout.data_offset(slot))
+        self.io
+            .read_exact_at(file, &mut buf, self.layout.data_offset(slot))
             .map_err(io_error(&self.path))?;
         if touch {
             self.lru.touch(slot);
@@ -383,7 +391,8 @@ impl Arena {
         }
         let file = self.file.as_ref().ok_or(StoreError::Closed)?;
         let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, self.layout.data_offset(slot) + start)
+        self.io
+            .read_exact_at(file, &mut buf, self.layout.data_offset(slot) + start)
             .map_err(io_error(&self.path))?;
         self.lru.touch(slot);
         Ok(Some(Bytes::from(buf)))
@@ -436,40 +445,47 @@ impl Arena {
         let state = &mut self.slots[slot as usize];
         debug_assert!(state.live.is_none());
         if state.header_on_disk {
-            file.write_all_at(&ZERO_HEADER, header_offset).map_err(fail)?;
+            self.io.write_all_at(file, &ZERO_HEADER, header_offset).map_err(fail)?;
             state.header_on_disk = false;
         }
         let fail = io_error(&self.path);
-        file.write_all_at(data, self.layout.data_offset(slot)).map_err(fail)?;
+        self.io.write_all_at(file, data, self.layout.data_offset(slot)).map_err(fail)?;
         if let Some(data_sum) = data_sum {
             let header = SlotHeader { key, len: data.len() as u64, seq: self.next_seq, data_sum };
             self.next_seq += 1;
             state.header_on_disk = true;
             let fail = io_error(&self.path);
-            file.write_all_at(&header.encode(), header_offset).map_err(fail)?;
+            self.io.write_all_at(file, &header.encode(), header_offset).map_err(fail)?;
         }
         Ok(())
     }
 
-    /// Drops `key` (and invalidates its header on disk); returns whether it was published.
-    pub(crate) fn remove(&mut self, key: &BlockKey) -> bool {
-        let Some(&slot) = self.index.get(key) else {
-            return false;
-        };
+    /// Drops `key` and invalidates its header on disk. `None` if `key` was not published;
+    /// `Some(Err(_))` if it was dropped but its header could not be zeroed (the slot still verifies
+    /// as `key` with its true bytes, so the only cost is that a warm restart may bring it back).
+    pub(crate) fn remove(&mut self, key: &BlockKey) -> Option<Result<(), StoreError>> {
+        let &slot = self.index.get(key)?;
         self.unlink(slot);
+        let mut result = Ok(());
         let state = &mut self.slots[slot as usize];
         if let (true, Some(file)) = (state.header_on_disk, self.file.as_ref()) {
-            match file.write_all_at(&ZERO_HEADER, self.layout.header_offset(slot)) {
+            match self.io.write_all_at(file, &ZERO_HEADER, self.layout.header_offset(slot)) {
                 Ok(()) => state.header_on_disk = false,
-                // The slot still verifies as `key` with its true bytes, so the only cost is that a
-                // warm restart may bring the deleted block back.
                 Err(e) => {
-                    tracing::warn!(path = %self.path.display(), %key, error = %e, "header invalidation failed")
+                    tracing::warn!(path = %self.path.display(), %key, error = %e, "header invalidation failed");
+                    result = Err(io_error(&self.path)(e));
                 }
             }
         }
         self.free.push(slot);
-        true
+        Some(result)
+    }
+
+    /// Whether the open file has lost its last name (its directory or the file was deleted).
+    /// A closed arena, or one whose `fstat` fails, is not reported unlinked.
+    pub(crate) fn is_unlinked(&self) -> bool {
+        let links = self.file.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.nlink());
+        links == Some(0)
     }
 
     /// Published keys in slot order.

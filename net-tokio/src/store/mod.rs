@@ -41,6 +41,19 @@
 //! slot-pinning scheme if profiles show lock waits. The store never blocks on anything but its own
 //! locks and the file system; it does not depend on tokio.
 //!
+//! # Degraded mode
+//!
+//! A disk that fills up, turns read-only or fails at run time never fails a read and never
+//! panics. A failed write drops that put (the arena frees the slot, so nothing half-written is ever
+//! readable) and the store becomes [`HealthState::Degraded`] with the reason. While degraded it
+//! writes no new blocks to disk except one probe every [`PROBE_INTERVAL`] (a deadline it keeps,
+//! looked at when a put comes; no thread), keeps serving the RAM tier and every disk block that
+//! still reads, and still mirrors puts into RAM. The first successful probe ends degraded mode. A
+//! read that fails is a miss that drops its slot. A deleted cache directory fails no call (the
+//! open files live on, unlinked), so a write checks once per interval that the files are still
+//! linked; if not, the store stays degraded until a restart recreates them. All file I/O of the
+//! arenas goes through the [`StoreIo`] seam, which tests replace with [`FaultyIo`].
+//!
 //! One process per cache directory: [`BlockStore::open`] takes an exclusive lock on
 //! `<cache-dir>/.dart.lock` before touching either arena. Foreign files in the directory are
 //! neither read nor removed.
@@ -52,10 +65,15 @@ mod arena;
 mod config;
 mod dirlock;
 mod error;
+mod faults;
+mod health;
+mod io;
 mod lru;
 mod mem;
 mod tiered;
 
+#[cfg(test)]
+mod degraded_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
@@ -64,13 +82,16 @@ mod tests;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use dart_core::hash::BlockKey;
 
 pub use config::{StoreConfig, WarmStart, DEFAULT_OWNED_FRACTION, MAX_BLOCK_BYTES, MAX_SLOTS};
 pub use error::StoreError;
+pub use faults::{Fault, FaultyIo};
+pub use health::{DegradedReason, HealthState, StoreHealth, PROBE_INTERVAL};
+pub use io::{OsIo, StoreIo};
 
 use arena::slot_checksum;
 use config::Budgets;
@@ -122,9 +143,18 @@ impl BlockStore {
     /// Every configuration error is reported before any file is touched, and the directory lock is
     /// taken before either arena is opened (a cold open truncates them).
     pub fn open(config: StoreConfig) -> Result<BlockStore, StoreError> {
+        BlockStore::open_with_io(config, Arc::new(OsIo))
+    }
+
+    /// [`BlockStore::open`] with the arenas' file I/O and probe clock going through `io` (tests
+    /// inject faults with [`FaultyIo`]; production uses [`OsIo`]).
+    pub fn open_with_io(
+        config: StoreConfig,
+        io: Arc<dyn StoreIo>,
+    ) -> Result<BlockStore, StoreError> {
         let budgets = Budgets::from_config(&config)?;
         let dir_lock = dirlock::acquire(&config.dir)?;
-        let (disk, [owned, borrowed]) = Tiered::open(&config.dir, &budgets, config.warm_start)?;
+        let (disk, [owned, borrowed]) = Tiered::open(&config.dir, &budgets, config.warm_start, io)?;
         let block_bytes = usize::try_from(budgets.block_bytes).expect("block size fits in memory");
         let mem = (budgets.mem_slots >= 1)
             .then(|| Mutex::new(MemTier::new(budgets.mem_slots, block_bytes)));
@@ -229,9 +259,11 @@ impl BlockStore {
 
     /// Stores `data` under `key` in the budget of `class`, and mirrors it into RAM.
     ///
-    /// Returns whether the block is now cached (`false` only when TinyLFU refused a borrowed block
-    /// and the RAM tier is off). A present key keeps its bytes and only has its recency refreshed.
-    /// Errors: an empty block, a block larger than a slot, a closed store, or disk I/O.
+    /// Returns whether the block is now cached (`false` only when TinyLFU refused a borrowed block,
+    /// or the disk is degraded, and the RAM tier is off). A present key keeps its bytes and only
+    /// has its recency refreshed. Errors: an empty block, a block larger than a slot, a closed
+    /// store, or a failed disk write (the block is then neither on disk nor newly in RAM, and the
+    /// store is degraded).
     pub fn put(&self, key: BlockKey, data: &[u8], class: BlockClass) -> Result<bool, StoreError> {
         if self.is_closed() {
             return Err(StoreError::Closed);
@@ -252,12 +284,16 @@ impl BlockStore {
             self.admit_rejected.fetch_add(1, Ordering::Relaxed);
         }
         let in_ram_now = match outcome {
-            PutOutcome::Inserted | PutOutcome::Refused => {
+            PutOutcome::Inserted | PutOutcome::Refused | PutOutcome::Skipped => {
                 self.mem.as_ref().is_some_and(|mem| lock(mem).put(key, data))
             }
             PutOutcome::Refreshed | PutOutcome::Promoted => false,
         };
-        Ok(outcome != PutOutcome::Refused || in_ram_now)
+        let on_disk = match outcome {
+            PutOutcome::Inserted | PutOutcome::Refreshed | PutOutcome::Promoted => true,
+            PutOutcome::Refused | PutOutcome::Skipped => false,
+        };
+        Ok(on_disk || in_ram_now)
     }
 
     /// Whether `key` is cached in any tier; touches neither recency nor the estimator.
@@ -306,6 +342,11 @@ impl BlockStore {
             mem_slots: u64::from(self.mem_slots),
             admit_rejected: self.admit_rejected.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether the disk tiers are healthy or degraded (and why), with their I/O failure counts.
+    pub fn health(&self) -> StoreHealth {
+        self.disk.health()
     }
 
     /// Empties every tier, closes the arena files and releases the directory lock; idempotent.

@@ -1,19 +1,26 @@
 //! The disk tiers: an owned arena that always admits and a borrowed arena behind TinyLFU admission,
 //! each under its own mutex (store.md §3, §4).
 //!
-//! No operation holds both locks at once, so there is no lock order to get wrong. Cross-budget
+//! No operation holds both arena locks at once, so there is no lock order to get wrong. Cross-budget
 //! steps (promotion, the owned check of a borrowed put) are sequences of single-arena steps ordered
 //! so that concurrent callers converge on one copy: an owned insert deletes the borrowed copy after
-//! it, and a borrowed insert re-checks owned after it.
+//! it, and a borrowed insert re-checks owned after it. The health lock is a leaf: it is taken
+//! inside an arena lock, briefly, and nothing is locked while it is held.
+//!
+//! Every disk write of a block asks the health machine first (`health.rs`): a degraded store skips
+//! the write (bar one probe per interval), and every failed read or write is reported to it.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use dart_core::hash::BlockKey;
 
 use super::arena::{slot_checksum, Arena, LoadReport};
 use super::config::Budgets;
+use super::health::{DegradedReason, Gate, Health, StoreHealth, PROBE_INTERVAL};
+use super::io::StoreIo;
 use super::{BlockClass, StoreError, WarmStart};
 use dart_core::admission::{admits, Sketch};
 
@@ -41,6 +48,8 @@ pub(crate) enum PutOutcome {
     Promoted,
     /// TinyLFU refused the key: it is less popular than the borrowed LRU victim.
     Refused,
+    /// The disk is degraded and no probe was due: nothing was written.
+    Skipped,
 }
 
 /// The borrowed arena and its estimator, which share one lock so that the admission compare, the
@@ -52,12 +61,12 @@ pub(crate) struct Borrowed {
 }
 
 impl Borrowed {
-    /// Borrowed put: counts the access, then refreshes, inserts or refuses.
+    /// Borrowed put: counts the access, then refreshes, refuses, or calls `insert` (which says
+    /// whether it wrote).
     fn put(
         &mut self,
         key: BlockKey,
-        data: &[u8],
-        data_sum: Option<u64>,
+        insert: impl FnOnce(&mut Arena) -> Result<bool, StoreError>,
     ) -> Result<PutOutcome, StoreError> {
         // An insertion is an access, or write-only traffic leaves every estimate at 0 (#34 S5).
         self.sketch.increment(&key);
@@ -70,8 +79,7 @@ impl Borrowed {
                 return Ok(PutOutcome::Refused);
             }
         }
-        self.arena.insert(key, data, data_sum)?;
-        Ok(PutOutcome::Inserted)
+        Ok(if insert(&mut self.arena)? { PutOutcome::Inserted } else { PutOutcome::Skipped })
     }
 }
 
@@ -82,74 +90,190 @@ pub(crate) struct Tiered {
     borrowed: Mutex<Borrowed>,
     /// Whether slot headers (and so checksums) are kept.
     verify: bool,
+    /// File I/O and the probe clock.
+    io: Arc<dyn StoreIo>,
+    /// Degraded mode; a leaf lock.
+    health: Mutex<Health>,
 }
 
-/// Reads `key` from `arena` (refreshing recency if `touch`); an unreadable slot is dropped and
-/// reported as a miss.
-fn read_or_drop(arena: &mut Arena, key: &BlockKey, touch: bool) -> Option<Bytes> {
-    let read = arena.read(key, touch);
-    found_or_drop(arena, key, read)
-}
-
-/// The result of a read of `key` from `arena`; an unreadable slot is dropped and reported as a
-/// miss.
-fn found_or_drop(
-    arena: &mut Arena,
-    key: &BlockKey,
-    read: Result<Option<Bytes>, StoreError>,
-) -> Option<Bytes> {
-    match read {
-        Ok(found) => found,
-        Err(StoreError::Closed) => None,
-        Err(e) => {
-            tracing::warn!(%key, error = %e, "dropping an unreadable cached block");
-            arena.remove(key);
-            None
-        }
-    }
+/// Which kind of disk call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
 }
 
 impl Tiered {
-    /// Opens both arena files in `dir` (the caller holds the directory lock).
+    /// Opens both arena files in `dir` (the caller holds the directory lock), doing their I/O
+    /// through `io`.
     pub(crate) fn open(
         dir: &Path,
         budgets: &Budgets,
         warm: WarmStart,
+        io: Arc<dyn StoreIo>,
     ) -> Result<(Tiered, [LoadReport; 2]), StoreError> {
         let block = budgets.block_bytes;
-        let (owned, owned_report) =
-            Arena::open(dir.join(OWNED_FILE), OWNED_TAG, block, budgets.owned_slots, warm)?;
+        let (owned, owned_report) = Arena::open(
+            dir.join(OWNED_FILE),
+            OWNED_TAG,
+            block,
+            budgets.owned_slots,
+            warm,
+            io.clone(),
+        )?;
         let (mut borrowed, borrowed_report) = Arena::open(
             dir.join(BORROWED_FILE),
             BORROWED_TAG,
             block,
             budgets.borrowed_slots,
             warm,
+            io.clone(),
         )?;
         // A crash between a promotion's owned insert and its borrowed delete leaves two copies.
         for key in owned.keys() {
-            borrowed.remove(&key);
+            // A failed header invalidation only costs the next warm start a duplicate to drop.
+            let _ = borrowed.remove(&key);
         }
         let sketch = Sketch::new(u64::from(budgets.borrowed_slots));
+        let health = Mutex::new(Health::new(io.now()));
         let tiered = Tiered {
             owned: Mutex::new(owned),
             borrowed: Mutex::new(Borrowed { arena: borrowed, sketch }),
             verify: warm == WarmStart::Verify,
+            io,
+            health,
         };
         Ok((tiered, [owned_report, borrowed_report]))
+    }
+
+    /// The disk tiers' health and failure counts.
+    pub(crate) fn health(&self) -> StoreHealth {
+        lock(&self.health).report()
+    }
+
+    /// Reports a failed disk call to the health machine (a closed arena is not a failure).
+    fn record_failure(&self, op: Op, error: &StoreError) {
+        let StoreError::Io { path, source } = error else {
+            return;
+        };
+        let reason = match op {
+            Op::Read => DegradedReason::of_read(source),
+            Op::Write => DegradedReason::of_write(source),
+        };
+        let now = self.io.now();
+        let wall = SystemTime::now();
+        let mut health = lock(&self.health);
+        let was_degraded = health.is_degraded();
+        match op {
+            Op::Read => health.read_failed(reason.clone(), now, wall),
+            Op::Write => health.write_failed(reason.clone(), now, wall),
+        }
+        drop(health);
+        if !was_degraded {
+            tracing::error!(
+                path = %path.display(),
+                %reason,
+                probe_every_secs = PROBE_INTERVAL.as_secs(),
+                "cache disk degraded: new blocks are not written to disk (bar one probe write per \
+                 interval); RAM, readable disk blocks, peers and the origin still serve",
+            );
+        }
+    }
+
+    /// Inserts `key` into `arena` if the health machine lets a write go now; `Ok(false)` when it
+    /// did not. A failed write is recorded (the arena has already freed the slot).
+    fn insert_gated(
+        &self,
+        arena: &mut Arena,
+        key: BlockKey,
+        data: &[u8],
+        data_sum: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let now = self.io.now();
+        let gate = lock(&self.health).gate(now);
+        let ticket = match gate {
+            Gate::Skip => return Ok(false),
+            Gate::Write(ticket) => ticket,
+            Gate::CheckThenWrite(ticket) if !arena.is_unlinked() => ticket,
+            Gate::CheckThenWrite(_) => {
+                let mut health = lock(&self.health);
+                let was_degraded = health.is_degraded();
+                health.files_removed(now, SystemTime::now());
+                drop(health);
+                if !was_degraded {
+                    tracing::error!(
+                        "cache disk degraded: the arena files were unlinked (cache directory \
+                         deleted?); no more disk writes until a restart recreates them",
+                    );
+                }
+                return Ok(false);
+            }
+        };
+        match arena.insert(key, data, data_sum) {
+            Ok(()) => {
+                if lock(&self.health).written(ticket, now) {
+                    tracing::info!("cache disk healthy again: a probe write succeeded");
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                self.record_failure(Op::Write, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads `key` from `arena` (refreshing recency if `touch`); an unreadable slot is dropped,
+    /// recorded and reported as a miss.
+    fn read_or_drop(&self, arena: &mut Arena, key: &BlockKey, touch: bool) -> Option<Bytes> {
+        let read = arena.read(key, touch);
+        self.found_or_drop(arena, key, read)
+    }
+
+    /// The result of a read of `key` from `arena`; an unreadable slot is dropped, recorded and
+    /// reported as a miss.
+    fn found_or_drop(
+        &self,
+        arena: &mut Arena,
+        key: &BlockKey,
+        read: Result<Option<Bytes>, StoreError>,
+    ) -> Option<Bytes> {
+        match read {
+            Ok(found) => found,
+            Err(StoreError::Closed) => None,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "dropping an unreadable cached block");
+                self.record_failure(Op::Read, &e);
+                self.drop_from(arena, key);
+                None
+            }
+        }
+    }
+
+    /// Drops `key` from `arena`; returns whether it held it. A failed header invalidation is
+    /// recorded as a failed write.
+    fn drop_from(&self, arena: &mut Arena, key: &BlockKey) -> bool {
+        match arena.remove(key) {
+            None => false,
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                self.record_failure(Op::Write, &e);
+                true
+            }
+        }
     }
 
     /// A copy of `key`'s bytes: owned first, then borrowed (a borrowed hit or miss feeds the
     /// estimator, an owned hit never does).
     pub(crate) fn get(&self, key: &BlockKey) -> Option<Bytes> {
-        if let Some(bytes) = read_or_drop(&mut lock(&self.owned), key, true) {
+        if let Some(bytes) = self.read_or_drop(&mut lock(&self.owned), key, true) {
             return Some(bytes);
         }
         // The 4 MiB read happens under the borrowed lock: simple and correct (no slot can be
         // recycled mid-read), at the cost of serialising borrowed disk reads.
         let mut borrowed = lock(&self.borrowed);
         borrowed.sketch.increment(key);
-        read_or_drop(&mut borrowed.arena, key, true)
+        self.read_or_drop(&mut borrowed.arena, key, true)
     }
 
     /// Bytes `start..start + len` of `key`, if held with exactly `block_len` bytes: owned first,
@@ -163,7 +287,7 @@ impl Tiered {
     ) -> Option<Bytes> {
         let read = |arena: &mut Arena| {
             let read = arena.read_window(key, start, len, block_len);
-            found_or_drop(arena, key, read)
+            self.found_or_drop(arena, key, read)
         };
         {
             let mut owned = lock(&self.owned);
@@ -208,7 +332,8 @@ impl Tiered {
         }
     }
 
-    /// Owned put: refresh, or move the borrowed copy over (#34 S2), or insert.
+    /// Owned put: refresh, or move the borrowed copy over (#34 S2), or insert. While the disk is
+    /// degraded a borrowed copy stays where it is (and counts as a refresh).
     fn put_owned(
         &self,
         key: BlockKey,
@@ -219,7 +344,7 @@ impl Tiered {
             return Ok(PutOutcome::Refreshed);
         }
         // Write-once across budgets: a promoted block keeps the bytes it was first stored with.
-        let moved = read_or_drop(&mut lock(&self.borrowed).arena, &key, false);
+        let moved = self.read_or_drop(&mut lock(&self.borrowed).arena, &key, false);
         let (bytes, sum) = match &moved {
             Some(b) => (&b[..], self.verify.then(|| slot_checksum(&key, b))),
             None => (data, data_sum),
@@ -229,9 +354,15 @@ impl Tiered {
             if owned.touch(&key) {
                 return Ok(PutOutcome::Refreshed);
             }
-            owned.insert(key, bytes, sum)?;
+            if !self.insert_gated(&mut owned, key, bytes, sum)? {
+                return Ok(if moved.is_some() {
+                    PutOutcome::Refreshed
+                } else {
+                    PutOutcome::Skipped
+                });
+            }
         }
-        lock(&self.borrowed).arena.remove(&key);
+        self.drop_from(&mut lock(&self.borrowed).arena, &key);
         Ok(if moved.is_some() { PutOutcome::Promoted } else { PutOutcome::Inserted })
     }
 
@@ -245,10 +376,11 @@ impl Tiered {
         if lock(&self.owned).touch(&key) {
             return Ok(PutOutcome::Refreshed);
         }
-        let outcome = lock(&self.borrowed).put(key, data, data_sum)?;
+        let insert = |arena: &mut Arena| self.insert_gated(arena, key, data, data_sum);
+        let outcome = lock(&self.borrowed).put(key, insert)?;
         if outcome == PutOutcome::Inserted && lock(&self.owned).contains(&key) {
             // A concurrent owned put won the race; a block lives in one budget only.
-            lock(&self.borrowed).arena.remove(&key);
+            self.drop_from(&mut lock(&self.borrowed).arena, &key);
             return Ok(PutOutcome::Refreshed);
         }
         Ok(outcome)
@@ -256,8 +388,8 @@ impl Tiered {
 
     /// Drops `key` from both arenas; returns whether either held it.
     pub(crate) fn remove(&self, key: &BlockKey) -> bool {
-        let owned = lock(&self.owned).remove(key);
-        let borrowed = lock(&self.borrowed).arena.remove(key);
+        let owned = self.drop_from(&mut lock(&self.owned), key);
+        let borrowed = self.drop_from(&mut lock(&self.borrowed).arena, key);
         owned || borrowed
     }
 
@@ -324,6 +456,9 @@ impl Tiered {
         let borrowed = lock(&self.borrowed);
         borrowed.arena.check_invariants();
         borrowed.sketch.check_invariants();
+        drop(borrowed);
+        lock(&self.health).check_invariants();
+        let borrowed = lock(&self.borrowed);
         for key in owned_keys {
             assert!(!borrowed.arena.contains(&key), "{key} lives in both budgets");
         }

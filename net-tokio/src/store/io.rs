@@ -1,0 +1,41 @@
+//! The store's seam to the operating system at run time: positioned reads and writes of the arena
+//! files, and the clock of the degraded-mode retry timer.
+//!
+//! Production uses [`OsIo`], whose methods are the plain `std` calls. Tests substitute an
+//! implementation that fails on demand and moves its clock by hand ([`super::FaultyIo`]), so every
+//! disk error path runs through exactly the code production runs.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+/// What the store asks of the operating system once its files are open.
+///
+/// Every positional read and write of an arena file goes through [`StoreIo::read_exact_at`] and
+/// [`StoreIo::write_all_at`]; resizing and `fstat` do not. [`StoreIo::now`] is read only to decide
+/// whether a degraded store's next probe write is due.
+pub trait StoreIo: Send + Sync + fmt::Debug + 'static {
+    /// Fills `buf` from `file` at `offset` (`FileExt::read_exact_at`).
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(file, buf, offset)
+    }
+
+    /// Writes all of `buf` to `file` at `offset` (`FileExt::write_all_at`); a short write that
+    /// cannot be completed is an error, with an unknown prefix of `buf` written.
+    fn write_all_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(file, buf, offset)
+    }
+
+    /// The monotonic clock of the probe timer.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// The operating system itself: the production [`StoreIo`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsIo;
+
+impl StoreIo for OsIo {}
