@@ -164,6 +164,8 @@ pub enum Body {
     Window {
         /// The object.
         object: usize,
+        /// The version answered.
+        version: usize,
         /// First object offset.
         start: u64,
         /// Bytes sent.
@@ -320,9 +322,9 @@ mod tests {
 
     #[test]
     fn origin_bodies_arrive_in_block_aligned_groups_in_proportion() {
-        let body = Body::Window { object: 0, start: 100, len: 250 };
+        let body = Body::Window { object: 0, version: 0, start: 100, len: 250 };
         assert_eq!(group_ends(&body, 128), vec![28, 156, 250]);
-        let one = Body::Window { object: 0, start: 128, len: 128 };
+        let one = Body::Window { object: 0, version: 0, start: 128, len: 128 };
         assert_eq!(group_ends(&one, 128), vec![128]);
         let ends = group_ends(&body, 128);
         let (h, d) = (Instant::from_millis(0), Instant::from_millis(250));

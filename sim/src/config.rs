@@ -50,6 +50,9 @@ pub struct ClusterConfig {
     /// Relays stream blocks through as they arrive (the engine's `cut_through`); off, they
     /// store and forward whole blocks.
     pub cut_through: bool,
+    /// How long a node trusts an object's size and validators before a revalidating probe (the
+    /// engine's `revalidate_after`; the origin sends no `Cache-Control`).
+    pub revalidate_after: Duration,
 }
 
 impl ClusterConfig {
@@ -67,6 +70,7 @@ impl ClusterConfig {
             cache_blocks: 1 << 20,
             peer: Some(PeerConfig::default()),
             cut_through: true,
+            revalidate_after: dart_core::engine::DEFAULT_REVALIDATE_AFTER,
         }
     }
 
@@ -81,6 +85,7 @@ impl ClusterConfig {
         EngineConfig {
             geometry: self.geometry,
             cut_through: self.cut_through,
+            revalidate_after: self.revalidate_after,
             ..EngineConfig::default()
         }
     }

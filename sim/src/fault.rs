@@ -114,6 +114,15 @@ pub enum FaultKind {
     },
     /// The origin misbehaves.
     Origin(OriginFault),
+    /// The origin replaces object `object` by a new version when the fault starts: new bytes,
+    /// new validators (and a new size when `size` says so). Permanent: the fault's end and the
+    /// heal change nothing, the new version stays.
+    ReplaceObject {
+        /// The object's index.
+        object: usize,
+        /// The new version's size (`None`: the current size).
+        size: Option<u64>,
+    },
 }
 
 /// The endpoint index standing for the origin in [`FaultKind::Loss`].
@@ -343,7 +352,8 @@ fn milder(kind: FaultKind) -> Vec<FaultKind> {
         | FaultKind::Slow { .. }
         | FaultKind::Loss { .. }
         | FaultKind::Lies { .. }
-        | FaultKind::Origin(_) => Vec::new(),
+        | FaultKind::Origin(_)
+        | FaultKind::ReplaceObject { .. } => Vec::new(),
     }
 }
 
@@ -375,6 +385,10 @@ impl fmt::Display for FaultKind {
             }
             FaultKind::Lies { node, lie } => write!(f, "n{node} lies ({lie:?})"),
             FaultKind::Origin(o) => write!(f, "origin {o:?}"),
+            FaultKind::ReplaceObject { object, size: None } => write!(f, "replace o{object}"),
+            FaultKind::ReplaceObject { object, size: Some(size) } => {
+                write!(f, "replace o{object} ({size} bytes)")
+            }
         }
     }
 }

@@ -112,6 +112,8 @@ pub struct ClientRequest {
     pub failure: Option<(u16, String)>,
     /// The machine sent a passthrough exchange for it (its head is then the origin's).
     pub passthrough: bool,
+    /// The version of the object its head named; every body byte must be of it.
+    pub version: Option<usize>,
 }
 
 /// A peer's request (simulated call `call`) handed to this node's machine, and its answer so far.

@@ -2,10 +2,17 @@
 //! answered as HTTP status, header fields and a body window, which the node machine judges
 //! itself. Its misbehaviours are properties of an object (Range-blind, hidden total) or
 //! transient faults (errors, truncation, stalls, slowness); presigned URLs expire.
+//!
+//! An object can be replaced ([`Origin::replace`]): version `k` has its own bytes (its own salt,
+//! and its own size if the replacement says so) and its own validators, `ETag: "o<object>v<k>"`
+//! and a `Last-Modified` that grows with the version. Every answer is of the version current
+//! when the origin answers it, so a window fetched before a replacement and one fetched after
+//! differ, and the answer's whole body is that one version.
 
 use crate::content::ObjectShape;
 use crate::fault::OriginFault;
 use crate::workload::RangeSpec;
+use dart_core::hash::fmix64;
 use dart_core::rng::Rng;
 use dart_core::time::Instant;
 use rand::Rng as _;
@@ -28,20 +35,87 @@ pub struct ObjectDef {
     pub range_blind: bool,
     /// The origin hides the total in every Content-Range (`bytes a-b/*`).
     pub hides_total: bool,
+    /// The origin sends an `ETag` (else only `Last-Modified`, which then tells versions apart).
+    pub etag: bool,
 }
 
 impl ObjectDef {
     /// A well-behaved object.
     pub fn plain(size: u64, salt: u64) -> Self {
-        ObjectDef { size, salt, range_blind: false, hides_total: false }
+        ObjectDef { size, salt, range_blind: false, hides_total: false, etag: true }
     }
 
-    /// Its shape for the content generator.
+    /// Its shape for the content generator (of its first version).
     pub fn shape(&self) -> ObjectShape {
         ObjectShape { size: self.size, salt: self.salt }
     }
 }
 
+/// One version of an object: its bytes and its validators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    /// Its number (0: the object as the run starts).
+    pub index: usize,
+    /// When the origin started serving it.
+    pub since: Instant,
+    /// Its bytes.
+    pub shape: ObjectShape,
+    /// Its `ETag` (sent when the object's [`ObjectDef::etag`] says so).
+    pub etag: String,
+    /// Its `Last-Modified`.
+    pub last_modified: String,
+}
+
+/// The salt of version `k` of an object salted `salt`: version 0 keeps the object's own salt, a
+/// later version gets bytes unlike every other version's and every other object's.
+pub fn version_salt(salt: u64, k: usize) -> u64 {
+    if k == 0 {
+        salt
+    } else {
+        fmix64(salt ^ fmix64((k as u64).wrapping_mul(0xA24B_AED4_963E_E407)))
+    }
+}
+
+/// The `ETag` of version `k` of object `object`.
+pub fn version_etag(object: usize, k: usize) -> String {
+    format!("\"o{object}v{k}\"")
+}
+
+/// Seconds since the Unix epoch of the first version's `Last-Modified` (2000-01-01).
+const LAST_MODIFIED_BASE: u64 = 946_684_800;
+
+/// The `Last-Modified` of version `k` first served at `since`: it grows with the version (two
+/// versions in one second still differ).
+pub fn version_last_modified(k: usize, since: Instant) -> String {
+    http_date(LAST_MODIFIED_BASE + since.as_nanos() / 1_000_000_000 + k as u64)
+}
+
+/// An IMF-fixdate (RFC 9110 §5.6.7) of `secs` since the Unix epoch.
+pub fn http_date(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] =
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm, for days >= 0).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
+        DAYS[(days % 7) as usize],
+        MONTHS[(month - 1) as usize],
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
 /// The URL of object `index` signed by `signer`, valid until `expires` (milliseconds of
 /// simulated time; `u64::MAX` never expires).
 pub fn object_url(index: usize, signer: &str, expires_ms: u64) -> String {
@@ -102,12 +176,19 @@ pub struct OriginAnswer {
     pub delay: Duration,
     /// The origin never answers (a stall): only the client's timeout ends the exchange.
     pub stalled: bool,
+    /// The version answered (its bytes make the body).
+    pub version: usize,
+    /// `ETag`, if sent.
+    pub etag: Option<String>,
+    /// `Last-Modified`, if sent.
+    pub last_modified: Option<String>,
 }
 
 impl OriginAnswer {
-    /// The header fields sent: `content-length` and `content-range` when known, and the object's
-    /// validator (`etag`), as real origins send (a passthrough copies it to the client).
-    pub fn headers(&self, object: usize) -> dart_core::node::Headers {
+    /// The header fields sent: `content-length` and `content-range` when known, and the
+    /// version's validators (`etag`, `last-modified`) on an answer about the object, as real
+    /// origins send (a passthrough copies them to the client).
+    pub fn headers(&self) -> dart_core::node::Headers {
         let mut h = dart_core::node::Headers::new();
         if let Some(n) = self.content_length {
             h.push("content-length", n.to_string());
@@ -115,7 +196,12 @@ impl OriginAnswer {
         if let Some(cr) = &self.content_range {
             h.push("content-range", cr.as_str());
         }
-        h.push("etag", format!("\"o{object}\""));
+        if let Some(etag) = &self.etag {
+            h.push("etag", etag.as_str());
+        }
+        if let Some(lm) = &self.last_modified {
+            h.push("last-modified", lm.as_str());
+        }
         h
     }
 
@@ -127,6 +213,9 @@ impl OriginAnswer {
             body: BodyWindow { start: 0, len: 0 },
             delay: Duration::ZERO,
             stalled: false,
+            version: 0,
+            etag: None,
+            last_modified: None,
         }
     }
 }
@@ -174,6 +263,8 @@ pub struct OriginStats {
 #[derive(Debug)]
 pub struct Origin {
     objects: Vec<ObjectDef>,
+    /// Every version of every object so far; the last is the one served.
+    versions: Vec<Vec<Version>>,
     config: OriginConfig,
     faults: Vec<OriginFault>,
     rng: Rng,
@@ -183,12 +274,43 @@ pub struct Origin {
 impl Origin {
     /// An origin serving `objects`.
     pub fn new(objects: Vec<ObjectDef>, config: OriginConfig, rng: Rng) -> Self {
-        Origin { objects, config, faults: Vec::new(), rng, stats: OriginStats::default() }
+        let versions = objects
+            .iter()
+            .enumerate()
+            .map(|(i, o)| vec![make_version(i, o.shape(), 0, Instant::ZERO)])
+            .collect();
+        Origin { objects, versions, config, faults: Vec::new(), rng, stats: OriginStats::default() }
     }
 
     /// The objects.
     pub fn objects(&self) -> &[ObjectDef] {
         &self.objects
+    }
+
+    /// Every version of object `object` so far, oldest first (the last is served).
+    pub fn versions(&self, object: usize) -> &[Version] {
+        &self.versions[object]
+    }
+
+    /// Version `k` of object `object`, if it exists yet.
+    pub fn version(&self, object: usize, k: usize) -> Option<&Version> {
+        self.versions.get(object)?.get(k)
+    }
+
+    /// The version of object `object` served now.
+    pub fn current(&self, object: usize) -> &Version {
+        self.versions[object].last().expect("every object has a version")
+    }
+
+    /// Replaces object `object` at `now` by a new version (of `size` bytes, else the current
+    /// size) and returns it: every answer from now on is of the new version.
+    pub fn replace(&mut self, object: usize, now: Instant, size: Option<u64>) -> &Version {
+        let list = &mut self.versions[object];
+        let k = list.len();
+        let size = size.unwrap_or(list[k - 1].shape.size);
+        let shape = ObjectShape { size, salt: version_salt(self.objects[object].salt, k) };
+        list.push(make_version(object, shape, k, now));
+        &list[k]
     }
 
     /// Statistics so far.
@@ -232,6 +354,7 @@ impl Origin {
         let Some(object) = self.objects.get(index).copied() else {
             return OriginAnswer::status(404);
         };
+        let version = self.current(index).clone();
         match request {
             OriginRequest::Probe => self.stats.probes += 1,
             OriginRequest::Range { start, .. } => {
@@ -267,7 +390,10 @@ impl Origin {
         if now.as_nanos() / 1_000_000 > expires_ms {
             return OriginAnswer { delay, ..OriginAnswer::status(403) };
         }
-        let mut answer = shape_answer(object, request, range_blind, hides_total);
+        let mut answer = shape_answer(version.shape.size, request, range_blind, hides_total);
+        answer.version = version.index;
+        answer.etag = object.etag.then_some(version.etag);
+        answer.last_modified = Some(version.last_modified);
         if truncate && answer.body.len > 1 && answer.status == 206 {
             let cut = 1 + self.rng.random_range(0..answer.body.len / 2);
             answer.body.len -= cut;
@@ -277,23 +403,31 @@ impl Origin {
     }
 }
 
-/// The well-formed answer to `request` for `object` (RFC 9110 semantics, or the Range-blind and
-/// hidden-total variants).
+fn make_version(object: usize, shape: ObjectShape, k: usize, since: Instant) -> Version {
+    Version {
+        index: k,
+        since,
+        shape,
+        etag: version_etag(object, k),
+        last_modified: version_last_modified(k, since),
+    }
+}
+
+/// The well-formed answer to `request` for an object of `size` bytes (RFC 9110 semantics, or the
+/// Range-blind and hidden-total variants).
 fn shape_answer(
-    object: ObjectDef,
+    size: u64,
     request: &OriginRequest,
     range_blind: bool,
     hides_total: bool,
 ) -> OriginAnswer {
-    let size = object.size;
     let total = if hides_total { "*".to_owned() } else { size.to_string() };
     let whole = OriginAnswer {
         status: 200,
         content_range: None,
         content_length: Some(size),
         body: BodyWindow { start: 0, len: size },
-        delay: Duration::ZERO,
-        stalled: false,
+        ..OriginAnswer::status(200)
     };
     let (start, end) = match request {
         OriginRequest::Probe => (0, 0),
@@ -317,8 +451,7 @@ fn shape_answer(
         content_range: Some(format!("bytes {start}-{last}/{total}")),
         content_length: Some(len),
         body: BodyWindow { start, len },
-        delay: Duration::ZERO,
-        stalled: false,
+        ..OriginAnswer::status(206)
     }
 }
 
@@ -383,5 +516,48 @@ mod tests {
         assert!(a.body.len < 50 && a.content_length == Some(50));
         o.set_fault(OriginFault::Truncates { percent: 100 }, false);
         assert!(o.is_healed());
+    }
+
+    #[test]
+    fn a_replaced_object_answers_with_the_new_version_from_then_on() {
+        let mut o = origin(ObjectDef::plain(100, 1));
+        let url = object_url(0, "a", u64::MAX);
+        let before = o.answer(Instant::ZERO, &url, &OriginRequest::Range { start: 0, end: 9 });
+        assert_eq!((before.version, before.etag.as_deref()), (0, Some("\"o0v0\"")));
+        let v1 = o.replace(0, Instant::from_millis(1500), None).clone();
+        assert_eq!((v1.index, v1.shape.size), (1, 100));
+        assert_ne!(v1.shape.salt, 1, "the new version has its own bytes");
+        assert_ne!(v1.last_modified, o.versions(0)[0].last_modified);
+        let after =
+            o.answer(Instant::from_secs(2), &url, &OriginRequest::Range { start: 0, end: 9 });
+        assert_eq!((after.version, after.etag.as_deref()), (1, Some("\"o0v1\"")));
+        let h = after.headers();
+        assert_eq!(h.get_str("etag"), Some("\"o0v1\""));
+        assert_eq!(h.get_str("last-modified"), Some(v1.last_modified.as_str()));
+        // A resized version answers with its own size.
+        o.replace(0, Instant::from_secs(3), Some(50));
+        let probe = o.answer(Instant::from_secs(4), &url, &OriginRequest::Probe);
+        assert_eq!((probe.version, probe.content_range.as_deref()), (2, Some("bytes 0-0/50")));
+        assert_eq!(o.current(0).index, 2);
+        // Without an ETag, Last-Modified alone names the version.
+        let mut o = origin(ObjectDef { etag: false, ..ObjectDef::plain(100, 1) });
+        let a = o.answer(Instant::ZERO, &url, &OriginRequest::Probe);
+        assert_eq!(a.etag, None);
+        assert!(a.headers().get_str("last-modified").is_some());
+    }
+
+    #[test]
+    fn last_modified_dates_are_imf_fixdates_that_grow_with_the_version() {
+        assert_eq!(http_date(784_111_777), "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(http_date(LAST_MODIFIED_BASE), "Sat, 01 Jan 2000 00:00:00 GMT");
+        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+        let parse = |s: &str| dart_core::codec::conditional::http_date(s.as_bytes());
+        for secs in [0, 68_169_599, 951_868_799, 4_102_444_800, 1_700_000_000] {
+            assert_eq!(parse(&http_date(secs)), Some(secs), "{}", http_date(secs));
+        }
+        let v0 = version_last_modified(0, Instant::ZERO);
+        let v1 = version_last_modified(1, Instant::from_millis(300));
+        let v2 = version_last_modified(2, Instant::from_millis(600));
+        assert!(parse(&v0) < parse(&v1) && parse(&v1) < parse(&v2));
     }
 }

@@ -81,6 +81,9 @@ pub struct ReadRecord {
     pub attempts: u32,
     /// How it ended.
     pub outcome: ReadOutcome,
+    /// The version of the object its last attempt's head named (its validators), if any; every
+    /// byte it delivered is of that version.
+    pub version: Option<usize>,
 }
 
 impl ReadRecord {
@@ -180,6 +183,8 @@ pub struct RunReport {
     pub peer_answers: std::collections::BTreeMap<(usize, String), u64>,
     /// Liveness reads that did not complete in time, described.
     pub liveness_failures: Vec<String>,
+    /// Every object's versions, oldest first (the last is the one the origin served at the end).
+    pub versions: Vec<Vec<crate::origin::Version>>,
     /// The trace lines, when recorded.
     pub trace: Option<Vec<String>>,
 }

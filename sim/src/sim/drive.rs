@@ -63,6 +63,7 @@ impl Sim {
         r.attempts += 1;
         r.bytes = 0;
         r.outcome = ReadOutcome::Pending;
+        r.version = None;
         if !self.nodes[n].is_up() {
             self.trace.line(self.now, format_args!("read r{record} n{n} refused"));
             self.close_record(record, ReadOutcome::Refused);
@@ -70,7 +71,8 @@ impl Sim {
         }
         let expires = spec.expires.map_or(u64::MAX, |d| d.as_millis() as u64);
         let url = object_url(object, &format!("n{n}r{record}"), expires);
-        let size = self.spec.cluster.objects[object].size;
+        // What the head must say is settled when it names its version; until then, the current.
+        let size = self.origin.current(object).shape.size;
         let expected = workload::expected(spec.range, size);
         let mut headers = Headers::new();
         if let Some(range) = spec.range.header() {
@@ -99,6 +101,7 @@ impl Sim {
                 bytes: 0,
                 failure: None,
                 passthrough: false,
+                version: None,
             },
         );
         let request = Inbound { method: method.into(), target: format!("/dart/{url}"), headers };
@@ -227,7 +230,7 @@ impl Sim {
             }
             Output::StoreGet { op, key, window } => {
                 let whole = self.nodes[n].cache.lookup(&key);
-                let want = self.block_of(key).map(|(_, len)| len);
+                let want = self.block_of(Some(n), key).map(|(_, len)| len);
                 let hit = whole.as_ref().is_some_and(|b| Some(b.len() as u64) == want);
                 let ctx = Context { store_hit: hit.then_some(key), ..Context::default() };
                 // A windowed look-up gets just those bytes, of a block of exactly its length.
@@ -247,7 +250,12 @@ impl Sim {
                     let what = format!("store: Range-ignored bytes offered for {key}");
                     return self.violate(Some(n), what);
                 }
-                if let Err(what) = self.check_block(key, std::slice::from_ref(&data)) {
+                // The bytes of some version of the block, and of the one the node reads.
+                let version = match self.check_block(key, std::slice::from_ref(&data), None) {
+                    Ok(k) => k,
+                    Err(what) => return self.violate(Some(n), format!("store: {what}")),
+                };
+                if let Err(what) = self.check_put_version(n, key, version) {
                     return self.violate(Some(n), format!("store: {what}"));
                 }
                 self.nodes[n].cache.put(key, data, class);
@@ -368,7 +376,7 @@ impl Sim {
         if ctx.store_hit == Some(key) {
             return self.violate(Some(n), format!("origin fetch of cached block {key}"));
         }
-        let want = self.block_of(key).map(|(_, len)| len);
+        let want = self.block_of(Some(n), key).map(|(_, len)| len);
         let held = self.nodes[n].cache.get(&key).map(|b| b.len() as u64);
         if held.is_some() && held == want {
             self.stale_refetches += 1;
@@ -376,32 +384,92 @@ impl Sim {
         }
     }
 
+    /// A block of version `version` offered to node `n`'s cache must be of the version the node
+    /// reads: its engine's validators name it. A node that knows no version of an object the
+    /// plan replaces must not cache it at all (a later probe could not tell the block is old).
+    fn check_put_version(&self, n: usize, key: BlockKey, version: usize) -> Result<(), String> {
+        let Some(&object) = self.chunk_objects.get(&key.chunk) else { return Ok(()) };
+        match self.believed_version(n, object)? {
+            Some(k) if k == version => Ok(()),
+            Some(k) => Err(format!(
+                "block {key} of version {version} of o{object} offered while the node reads version {k}"
+            )),
+            None if self.replaced[object] => Err(format!(
+                "block {key} (version {version}) offered while the node knows no version of o{object}"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The version of block `key`'s object that a peer answer's head names, if any.
+    fn head_version(&self, key: BlockKey, headers: &Headers) -> Result<Option<usize>, String> {
+        let Some(&object) = self.chunk_objects.get(&key.chunk) else { return Ok(None) };
+        self.version_named(object, headers.get_str("etag"), headers.get_str("last-modified"))
+    }
+
     // ---- client plane --------------------------------------------------------------------------
 
     fn client_head(&mut self, n: usize, id: RequestId, head: Head) {
-        let c = self.nodes[n].clients.get_mut(&id).expect("a live client");
+        let c = &self.nodes[n].clients[&id];
+        let (record, object, method, passthrough) = (c.record, c.object, c.method, c.passthrough);
         if c.head != ClientHead::None {
             return self.violate(Some(n), format!("{id} sent two heads"));
         }
-        let (record, e) = (c.record, c.expected.clone());
         let text = head.headers.get_str("content-type").is_some_and(|t| t.starts_with("text/"));
-        c.head = if c.passthrough {
+        let error = !passthrough && head.status >= 400 && text;
+        // The version the head names by its validators (an error's names none).
+        let named = if error {
+            None
+        } else {
+            let (etag, lm) = (head.headers.get_str("etag"), head.headers.get_str("last-modified"));
+            match self.version_named(object, etag, lm) {
+                Ok(v) => v,
+                Err(what) => return self.violate(Some(n), format!("{id} head: {what}")),
+            }
+        };
+        let mut expected = None;
+        let kind = if passthrough {
             ClientHead::Passthrough { status: head.status, piped: None }
-        } else if head.status >= 400 && text {
+        } else if error {
             ClientHead::Error { status: head.status, text: Vec::new() }
         } else {
+            // The head must be the oracle's for the version it names; a 416 names none (it
+            // carries no validators) and must be right for some version.
+            let candidates: Vec<usize> = match named {
+                Some(k) => vec![k],
+                None if head.status == 416 => (0..self.origin.versions(object).len()).collect(),
+                None => {
+                    let what = format!("{id} head {head:?} names no version of o{object}");
+                    return self.violate(Some(n), what);
+                }
+            };
+            let range = self.read_spec(record).range;
             let length = head.content_length();
-            let range = head.headers.get_str("content-range");
-            let body = c.method == Method::Get && e.content_length > 0;
-            if head.status != e.status
-                || length != Some(e.content_length)
-                || range != e.content_range.as_deref()
-                || head.body != body
-            {
-                return self.violate(Some(n), format!("{id} head {head:?}, oracle {e:?}"));
-            }
+            let content_range = head.headers.get_str("content-range");
+            let oracles: Vec<workload::Expected> = candidates
+                .iter()
+                .map(|&k| workload::expected(range, self.origin.versions(object)[k].shape.size))
+                .collect();
+            let fits = |e: &workload::Expected| {
+                head.status == e.status
+                    && length == Some(e.content_length)
+                    && content_range == e.content_range.as_deref()
+                    && head.body == (method == Method::Get && e.content_length > 0)
+            };
+            let Some(e) = oracles.iter().find(|e| fits(e)) else {
+                return self.violate(Some(n), format!("{id} head {head:?}, oracle {oracles:?}"));
+            };
+            expected = Some(e.clone());
             ClientHead::Block
         };
+        let c = self.nodes[n].clients.get_mut(&id).expect("a live client");
+        c.head = kind;
+        c.version = named;
+        if let Some(e) = expected {
+            c.next_offset = e.start;
+            c.expected = e;
+        }
+        self.records[record].version = named;
         self.records[record].head_at = Some(self.now);
         let len = head.content_length().unwrap_or(0);
         self.trace.line(self.now, format_args!("respond n{n} {id} {} {len}", head.status));
@@ -420,12 +488,27 @@ impl Sim {
                 return self.violate(Some(n), what);
             }
         }
-        let (at, object, record) = (c.next_offset, c.object, c.record);
+        let (at, object, record, version) = (c.next_offset, c.object, c.record, c.version);
         c.next_offset += data.len() as u64;
         c.bytes += data.len() as u64;
-        let shape = self.spec.cluster.objects[object].shape();
+        // Every byte is of the one version the head named.
+        let Some(k) = version else {
+            return self.violate(Some(n), format!("{id} body part after a head of no version"));
+        };
+        let shape = self.origin.versions(object)[k].shape;
         if let Err(m) = self.contents.check(shape, at, &data) {
-            let what = format!("{id} delivered a wrong byte at offset {}", m.offset);
+            let other = self
+                .origin
+                .versions(object)
+                .iter()
+                .find(|v| v.index != k && self.contents.check(v.shape, at, &data).is_ok());
+            let what = match other {
+                Some(v) => format!(
+                    "{id} delivered bytes of version {} at offset {at} under a head naming version {k}",
+                    v.index
+                ),
+                None => format!("{id} delivered a wrong byte at offset {}", m.offset),
+            };
             return self.violate(Some(n), what);
         }
         let r = &mut self.records[record];
@@ -591,14 +674,19 @@ impl Sim {
                 return self.violate(Some(j), what);
             }
             if let Some(key) = p.key {
-                if let Err(what) = self.check_block(key, &p.body) {
+                // Exactly the block of the version its head names (of some version if none).
+                let checked = self
+                    .head_version(key, &head.headers)
+                    .and_then(|named| self.check_block(key, &p.body, named));
+                if let Err(what) = checked {
                     return self
                         .violate(Some(j), format!("relay {rid} served a wrong block: {what}"));
                 }
             }
         }
         let ending = Some((!ok).then(|| "the relay aborted its answer".to_owned()));
-        let parts = self.coalesce(p.key, p.body);
+        let version = p.key.and_then(|k| self.head_version(k, &head.headers).ok().flatten());
+        let parts = self.coalesce(p.key, p.body, version);
         let n = self.calls[&id].node;
         let (from, to) = (Endpoint::Node(j), Endpoint::Node(n));
         let now = self.now;
@@ -653,14 +741,22 @@ impl Sim {
     /// The parts of an answer for block `key`, as one part when they are contiguous handles on
     /// the generator's bytes of the block (the transport may deliver a body in any parts; one
     /// part lets the receiving machine keep the handle instead of joining copies).
-    fn coalesce(&self, key: Option<BlockKey>, parts: Vec<Bytes>) -> Vec<Bytes> {
-        let Some((key, (object, _))) = key.and_then(|k| Some((k, self.block_of(k)?))) else {
+    fn coalesce(
+        &self,
+        key: Option<BlockKey>,
+        parts: Vec<Bytes>,
+        version: Option<usize>,
+    ) -> Vec<Bytes> {
+        let Some((key, (object, _))) = key.and_then(|k| Some((k, self.block_of(None, k)?))) else {
             return parts;
         };
         if parts.len() < 2 {
             return parts;
         }
-        let shape = self.spec.cluster.objects[object].shape();
+        let shape = match version {
+            Some(k) => self.origin.versions(object)[k].shape,
+            None => self.origin.current(object).shape,
+        };
         let start = key.block * self.spec.cluster.geometry.block_bytes();
         let mut at = start;
         for part in &parts {
@@ -681,7 +777,7 @@ impl Sim {
                 }
             }
             Lie::Garbage => {
-                let expected = key.and_then(|k| self.block_of(k)).map_or(0, |(_, len)| len);
+                let expected = key.and_then(|k| self.block_of(None, k)).map_or(0, |(_, len)| len);
                 answer.status = 200;
                 answer.headers =
                     Headers::new().with("content-length", (expected + 4096).to_string());

@@ -105,6 +105,9 @@ pub struct Sim {
     pub(crate) violation: Option<Violation>,
     pub(crate) stale_refetches: u64,
     pub(crate) peer_answers: BTreeMap<(usize, String), u64>,
+    /// Objects the plan replaces: a node must never cache their blocks without knowing which
+    /// version it reads (a later probe could not tell what to drop).
+    pub(crate) replaced: Vec<bool>,
     buffers: drive::Buffers,
     events: u64,
     fault_active: Vec<bool>,
@@ -139,7 +142,16 @@ impl Sim {
         let object_ids: Vec<ObjectId> = (0..cluster.objects.len())
             .map(|i| keys.identify(&crate::origin::object_url(i, "index", u64::MAX)))
             .collect();
-        let chunk_objects = chunk_index(&keys, &object_ids, cluster);
+        let mut chunk_objects = BTreeMap::new();
+        for (i, o) in cluster.objects.iter().enumerate() {
+            index_chunks(&mut chunk_objects, &keys, &object_ids[i], i, o.size, cluster);
+        }
+        let mut replaced = vec![false; cluster.objects.len()];
+        for f in &spec.plan.faults {
+            if let FaultKind::ReplaceObject { object, .. } = f.kind {
+                replaced[object % cluster.objects.len()] = true;
+            }
+        }
         let heal_at = Instant::ZERO + spec.phases.safety;
         let end_at = heal_at + spec.phases.liveness;
         let mut sim = Sim {
@@ -159,6 +171,7 @@ impl Sim {
             violation: None,
             stale_refetches: 0,
             peer_answers: BTreeMap::new(),
+            replaced,
             buffers: drive::Buffers::default(),
             events: 0,
             fault_active: vec![false; spec.plan.faults.len()],
@@ -292,6 +305,9 @@ impl Sim {
             assert_eq!(owner, Some(id), "call {id} of no exchange");
         }
         assert!(self.origin_windows.values().all(|&n| n == 1), "origin window count drifted");
+        if (0..self.spec.cluster.objects.len()).any(|o| self.origin.versions(o).len() > 1) {
+            self.check_cached_versions();
+        }
     }
 
     /// Schedules node `n`'s timer event at its machine's earliest deadline, if earlier than the
@@ -394,12 +410,26 @@ impl Sim {
                 self.net.add_loss(side(b), side(a), percent, on);
             }
             FaultKind::Origin(o) => self.origin.set_fault(o, on),
+            FaultKind::ReplaceObject { object, size } => {
+                if on {
+                    self.replace_object(object % self.spec.cluster.objects.len(), size);
+                }
+            }
         }
         if on {
             self.stall_silenced_calls();
         } else {
             self.resume_healed_calls();
         }
+    }
+
+    /// The origin serves a new version of `object` from now on.
+    fn replace_object(&mut self, object: usize, size: Option<u64>) {
+        let v = self.origin.replace(object, self.now, size);
+        let (k, size, etag) = (v.index, v.shape.size, v.etag.clone());
+        self.trace.line(self.now, format_args!("version o{object} v{k} {size}B {etag}"));
+        let id = self.object_ids[object].clone();
+        index_chunks(&mut self.chunk_objects, &self.keys, &id, object, size, &self.spec.cluster);
     }
 
     /// Node `n`'s process dies: its machine is dropped, its client reads are cut off, the calls it
@@ -477,37 +507,166 @@ impl Sim {
         self.keys.block_key(&self.object_ids[object], block)
     }
 
-    /// The object of block `key` and the block's geometry length, if it is of a known object.
-    pub(crate) fn block_of(&self, key: BlockKey) -> Option<(usize, u64)> {
+    /// The object of block `key` and the block's geometry length in the version of the object
+    /// node `n` believes in (else the version the origin serves now), if it is of a known object
+    /// and inside that version.
+    pub(crate) fn block_of(&self, n: Option<usize>, key: BlockKey) -> Option<(usize, u64)> {
         let &object = self.chunk_objects.get(&key.chunk)?;
-        let size = self.spec.cluster.objects[object].size;
+        let believed = n.and_then(|n| self.believed_version(n, object).ok().flatten());
+        let size = match believed {
+            Some(k) => self.origin.versions(object)[k].shape.size,
+            None => self.origin.current(object).shape.size,
+        };
         Some((object, self.spec.cluster.geometry.block_len(size, key.block)?))
     }
 
-    /// Whether `data` is exactly block `key` of its object: exact geometry length, exact bytes,
-    /// never of a Range-blind object.
-    pub(crate) fn check_block(&self, key: BlockKey, data: &[bytes::Bytes]) -> Result<(), String> {
+    /// The version of `object` that these validators name (`ETag`, else `Last-Modified`):
+    /// `Ok(None)` when there are none, an error when they name no version of it.
+    pub(crate) fn version_named(
+        &self,
+        object: usize,
+        etag: Option<&str>,
+        last_modified: Option<&str>,
+    ) -> Result<Option<usize>, String> {
+        let versions = self.origin.versions(object);
+        let found = match (etag, last_modified) {
+            (Some(e), _) => versions.iter().position(|v| v.etag == e),
+            (None, Some(lm)) => versions.iter().position(|v| v.last_modified == lm),
+            (None, None) => return Ok(None),
+        };
+        match found {
+            Some(k) => Ok(Some(k)),
+            None => Err(format!(
+                "validators {etag:?} / {last_modified:?} name no version of o{object} (it has {})",
+                versions.len()
+            )),
+        }
+    }
+
+    /// The version of `object` node `n`'s machine believes it reads (the validators its engine
+    /// holds), if it knows any.
+    pub(crate) fn believed_version(
+        &self,
+        n: usize,
+        object: usize,
+    ) -> Result<Option<usize>, String> {
+        let Some(machine) = self.nodes[n].machine.as_ref() else { return Ok(None) };
+        let Some(meta) = machine.engine().meta_of(&self.object_ids[object].id) else {
+            return Ok(None);
+        };
+        self.version_named(object, meta.etag.as_deref(), meta.last_modified.as_deref())
+    }
+
+    /// Whether `data` is exactly block `key` of version `version` of its object (`None`: of some
+    /// version): exact geometry length, exact bytes, never of a Range-blind object. Returns the
+    /// version it is.
+    pub(crate) fn check_block(
+        &self,
+        key: BlockKey,
+        data: &[bytes::Bytes],
+        version: Option<usize>,
+    ) -> Result<usize, String> {
         let Some(&object) = self.chunk_objects.get(&key.chunk) else {
             return Err(format!("block {key} of no known object"));
         };
         let def = self.spec.cluster.objects[object];
+        let versions = self.origin.versions(object);
+        let result = match version {
+            Some(k) => match versions.get(k) {
+                Some(v) => self.block_is(key, data, v.shape).map(|()| k),
+                None => Err(format!("block {key} of version {k}, which o{object} never had")),
+            },
+            None => {
+                // The newest version first: the likeliest, and the one a miss is reported for.
+                let mut first = None;
+                let found =
+                    versions.iter().rev().find_map(|v| match self.block_is(key, data, v.shape) {
+                        Ok(()) => Some(v.index),
+                        Err(e) => {
+                            first.get_or_insert(e);
+                            None
+                        }
+                    });
+                found.ok_or_else(|| first.expect("an object has a version"))
+            }
+        };
+        let k = match result {
+            Ok(k) => k,
+            Err(what) if versions.len() > 1 => {
+                // Name the version the bytes are of, if any: a block of the wrong version.
+                let other = versions.iter().find(|v| {
+                    Some(v.index) != version && self.block_is(key, data, v.shape).is_ok()
+                });
+                return Err(match other {
+                    Some(v) => format!(
+                        "block {key} is version {} of o{object}, not version {} ({what})",
+                        v.index,
+                        version.map_or("?".into(), |k| k.to_string())
+                    ),
+                    None => what,
+                });
+            }
+            Err(what) => return Err(what),
+        };
+        if def.range_blind {
+            return Err(format!("block {key} of a Range-blind object"));
+        }
+        Ok(k)
+    }
+
+    /// Whether `data` is exactly block `key` of an object shaped `shape`.
+    fn block_is(
+        &self,
+        key: BlockKey,
+        data: &[bytes::Bytes],
+        shape: crate::content::ObjectShape,
+    ) -> Result<(), String> {
         let g = self.spec.cluster.geometry;
-        let want = g.block_len(def.size, key.block);
+        let want = g.block_len(shape.size, key.block);
         let len: u64 = data.iter().map(|d| d.len() as u64).sum();
         if want != Some(len) {
             return Err(format!("block {key}: {len} bytes, geometry says {want:?}"));
         }
         let mut at = key.block * g.block_bytes();
         for part in data {
-            if let Err(m) = self.contents.check(def.shape(), at, part) {
+            if let Err(m) = self.contents.check(shape, at, part) {
                 return Err(format!("block {key} with a wrong byte at {}", m.offset));
             }
             at += part.len() as u64;
         }
-        if def.range_blind {
-            return Err(format!("block {key} of a Range-blind object"));
-        }
         Ok(())
+    }
+
+    /// Every cached block of a replaced object is of the version its node believes in (a node
+    /// that learnt a new version dropped the old one's blocks).
+    fn check_cached_versions(&mut self) {
+        let mut bad = None;
+        'nodes: for (n, node) in self.nodes.iter().enumerate() {
+            for (key, data, _) in node.cache.iter() {
+                let Some(&object) = self.chunk_objects.get(&key.chunk) else { continue };
+                if self.origin.versions(object).len() < 2 {
+                    continue;
+                }
+                let believed = match self.believed_version(n, object) {
+                    Ok(Some(k)) => k,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        bad = Some((n, e));
+                        break 'nodes;
+                    }
+                };
+                if let Err(e) = self.check_block(*key, std::slice::from_ref(data), Some(believed)) {
+                    bad = Some((
+                        n,
+                        format!("cache holds {e} while the node reads version {believed}"),
+                    ));
+                    break 'nodes;
+                }
+            }
+        }
+        if let Some((n, what)) = bad {
+            self.violate(Some(n), what);
+        }
     }
 
     fn report(mut self) -> RunReport {
@@ -556,6 +715,9 @@ impl Sim {
             stale_refetches: self.stale_refetches,
             peer_answers: std::mem::take(&mut self.peer_answers),
             liveness_failures: std::mem::take(&mut self.liveness_failures),
+            versions: (0..self.spec.cluster.objects.len())
+                .map(|o| self.origin.versions(o).to_vec())
+                .collect(),
             trace: self.trace.take_lines(),
         }
     }
@@ -574,27 +736,27 @@ fn record(phase: Phase, index: usize, node: usize, object: usize) -> ReadRecord 
         bytes: 0,
         attempts: 0,
         outcome: ReadOutcome::Pending,
+        version: None,
     }
 }
 
-/// Which object each chunk key belongs to.
-fn chunk_index(
+/// Records which object each chunk key of object `i` (of `size` bytes) belongs to.
+fn index_chunks(
+    out: &mut BTreeMap<ChunkKey, usize>,
     keys: &Engine,
-    ids: &[ObjectId],
+    id: &ObjectId,
+    i: usize,
+    size: u64,
     cluster: &crate::config::ClusterConfig,
-) -> BTreeMap<ChunkKey, usize> {
-    let mut out = BTreeMap::new();
+) {
     let g = cluster.geometry;
-    for (i, o) in cluster.objects.iter().enumerate() {
-        let mut block = 0;
-        while block < g.block_count(o.size) {
-            let key = keys.block_key(&ids[i], block);
-            let previous = out.insert(key.chunk, i);
-            assert!(previous.is_none_or(|p| p == i), "two objects share a chunk key");
-            block += g.blocks_per_chunk();
-        }
+    let mut block = 0;
+    while block < g.block_count(size) {
+        let key = keys.block_key(id, block);
+        let previous = out.insert(key.chunk, i);
+        assert!(previous.is_none_or(|p| p == i), "two objects share a chunk key");
+        block += g.blocks_per_chunk();
     }
-    out
 }
 
 #[cfg(test)]

@@ -190,11 +190,12 @@ impl Sim {
         let parts: Vec<Bytes> = match &mut answer.body {
             // A peer answer is one group: its parts are delivered once.
             Body::Parts(parts) => std::mem::take(parts),
-            &mut Body::Window { object, start, len } => {
-                let ends = group_ends(&Body::Window { object, start, len }, block_bytes);
+            &mut Body::Window { object, version, start, len } => {
+                let ends = group_ends(&Body::Window { object, version, start, len }, block_bytes);
                 let from = if i == 0 { 0 } else { ends[i - 1] };
                 let to = ends[i].min(len);
-                let shape = self.spec.cluster.objects[object].shape();
+                // The answer is of the version current when the origin answered, to its end.
+                let shape = self.origin.versions(object)[version].shape;
                 let bytes = to - from;
                 self.origin.account(self.now, bytes);
                 if bytes == 0 {
@@ -277,11 +278,13 @@ impl Sim {
         self.trace.line(
             now,
             format_args!(
-                "origin {id} {} {}B delay={:?}{}",
+                "origin {id} {} {}B delay={:?}{}{}",
                 answer.status,
                 answer.body.len,
                 answer.delay,
-                if answer.stalled { " stalled" } else { "" }
+                if answer.stalled { " stalled" } else { "" },
+                // Later versions only, so that runs of unchanging objects trace as before.
+                if answer.version > 0 { format!(" v{}", answer.version) } else { String::new() }
             ),
         );
         if answer.stalled {
@@ -292,8 +295,13 @@ impl Sim {
         let truncated = answer.content_length.is_some_and(|l| l > answer.body.len);
         let reply = Answer {
             status: answer.status,
-            headers: answer.headers(object),
-            body: Body::Window { object, start: answer.body.start, len: answer.body.len },
+            headers: answer.headers(),
+            body: Body::Window {
+                object,
+                version: answer.version,
+                start: answer.body.start,
+                len: answer.body.len,
+            },
             ending: Some(truncated.then(|| "connection closed before the body ended".into())),
         };
         let (from, to) = (Endpoint::Origin, Endpoint::Node(n));
