@@ -372,6 +372,9 @@ pub struct Read {
     /// a clean status; an object that changed before then is read again).
     pending_head: Option<ResponseHead>,
     restarts: u8,
+    /// The version of the object this read serves (the validators its head names, or a relay's
+    /// when it set out): every block it uses must be of it.
+    version: Option<ObjectMeta>,
     /// This read has probed the origin (it never probes twice for one answer).
     probed: bool,
     /// What this read would use if its revalidating probe finds the origin unavailable
@@ -427,6 +430,7 @@ impl Read {
             head_sent: false,
             pending_head: None,
             restarts: 0,
+            version: None,
             probed: false,
             stale: None,
             emitted: 0,
@@ -439,6 +443,45 @@ impl Read {
     /// The object's identity.
     pub fn object(&self) -> &ObjectId {
         &self.object
+    }
+
+    /// The version of the object this read serves, once it knows: the validators its head names
+    /// (a relay's: those it knew when it set out). A block of another version must never join
+    /// it; the shell refuses peer answers and origin windows that name another.
+    pub fn version(&self) -> Option<&ObjectMeta> {
+        self.version.as_ref()
+    }
+
+    /// Whether the node no longer reads this read's version: it learnt another, or forgot the
+    /// object because it changed. The store holds blocks of the node's version only, so such a
+    /// read must not take a block from it.
+    fn outdated(&self, engine: &Engine) -> bool {
+        let Some(version) = &self.version else { return false };
+        if engine.is_immutable(&self.object) {
+            return false;
+        }
+        match engine.meta_of(&self.object.id) {
+            Some(known) => known.same_version(version) == Some(false),
+            None => version.etag.is_some() || version.last_modified.is_some(),
+        }
+    }
+
+    /// The object changed under this read: it starts over if nothing was committed, else fails
+    /// (a committed response is cut short, never completed with another version's bytes).
+    fn changed(&mut self) {
+        if self.can_restart() {
+            self.restart();
+        } else {
+            self.fail(ReadError::Origin(OriginError::Changed));
+        }
+    }
+
+    /// The validators a relay's head names: those of the version it serves.
+    fn head_meta(&self, engine: &Engine) -> ObjectMeta {
+        match &self.version {
+            Some(v) => v.clone(),
+            None => engine.meta_of(&self.object.id).cloned().unwrap_or_default(),
+        }
     }
 
     /// The next action, or `None` while waiting for an answer or after a terminal action.
@@ -523,7 +566,9 @@ impl Read {
         let len = data.len() as u64;
         self.head_sent = true;
         self.content_length = len;
+        // A held block is of the version the node reads now.
         let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
+        self.version = Some(meta.clone());
         self.out.push_back(Action::Respond(ResponseHead {
             status: 200,
             content_length: len,
@@ -539,6 +584,7 @@ impl Read {
     pub fn handle_lookup(&mut self, engine: &mut Engine, cached: Option<Bytes>, now: Instant) {
         match std::mem::replace(&mut self.state, State::Done) {
             State::AwaitRelayLookup => self.relay_lookup(engine, cached, now),
+            State::AwaitLookup(_) if cached.is_some() && self.outdated(engine) => self.changed(),
             State::AwaitLookup(mut job) => match cached {
                 Some(data) if job.window.is_some_and(|w| data.len() as u64 == w.len()) => {
                     engine.stats.block_source_cache += 1;
@@ -623,6 +669,7 @@ impl Read {
             to: start + expected - 1,
         };
         self.content_length = expected;
+        self.version = engine.meta_of(&self.object.id).cloned();
         // The store was already consulted: go straight to the upstreams.
         let upstreams = engine.upstreams(key, now).into();
         self.next_source(
@@ -698,7 +745,7 @@ impl Read {
         assert!(!job.streaming, "a stream starts once");
         job.streaming = true;
         self.head_sent = true;
-        let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
+        let meta = self.head_meta(engine);
         self.out.push_back(Action::Respond(ResponseHead {
             status: 200,
             content_length: self.content_length,
@@ -831,7 +878,7 @@ impl Read {
         if self.is_relay() {
             engine.stats.relay_served += 1;
             self.head_sent = true;
-            let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
+            let meta = self.head_meta(engine);
             self.out.push_back(Action::Respond(ResponseHead {
                 status: 200,
                 content_length: self.content_length,
@@ -853,6 +900,7 @@ impl Read {
         let method = *method;
         self.size = size;
         let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
+        self.version = Some(meta.clone());
         let validators =
             Validators { etag: meta.etag.as_deref(), last_modified: meta.last_modified.as_deref() };
         let verdict =
@@ -927,6 +975,7 @@ impl Read {
         debug_assert!(self.can_restart());
         self.restarts += 1;
         self.pending_head = None;
+        self.version = None;
         self.segments = None;
         self.emitted = 0;
         self.content_length = 0;

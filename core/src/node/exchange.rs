@@ -7,6 +7,7 @@ use super::Node;
 use crate::breaker::Permit;
 use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::BodyPlan;
+use crate::engine::ObjectMeta;
 use crate::time::Instant;
 use bytes::BytesMut;
 use std::time::Duration;
@@ -25,8 +26,9 @@ pub(super) enum Owner {
 pub(super) enum OriginBody {
     /// Waiting for the head.
     Head,
-    /// Reading a block window under `plan`: `skip` bytes still to discard, then into `buf`.
-    Reading { plan: BodyPlan, skip: u64, buf: BodyBuf },
+    /// Reading a block window under `plan`: `skip` bytes still to discard, then into `buf`;
+    /// `meta` is what the head said of the object (the version the bytes are of).
+    Reading { plan: BodyPlan, skip: u64, buf: BodyBuf, meta: Box<ObjectMeta> },
 }
 
 /// Who a peer block fetch answers.

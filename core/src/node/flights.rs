@@ -57,7 +57,8 @@ pub(super) struct Flight {
 pub(super) enum Judged {
     /// What the probe established, and the object's validators and entity fields.
     Probe(ProbeOutcome, ObjectMeta),
-    Block(FetchedBlock),
+    /// A block window, and the validators of the version it is of.
+    Block(FetchedBlock, ObjectMeta),
 }
 
 impl Node {
@@ -151,7 +152,9 @@ impl Node {
                             Ok(plan) => {
                                 let reserve = plan.read_max.min(BODY_RESERVE_MAX) as usize;
                                 let buf = BodyBuf::with_reserve(reserve);
-                                *body = OriginBody::Reading { plan, skip: plan.skip, buf };
+                                let meta = ObjectMeta::from_fields(|n| headers.get(n));
+                                let meta = Box::new(meta);
+                                *body = OriginBody::Reading { plan, skip: plan.skip, buf, meta };
                             }
                             Err(e) => self.origin_done(io, Err(e), true, now),
                         }
@@ -159,7 +162,7 @@ impl Node {
                 }
             }
             IoEvent::Body(mut data) => {
-                let OriginBody::Reading { plan, skip, buf } = body else {
+                let OriginBody::Reading { plan, skip, buf, .. } = body else {
                     unreachable!("a probe ends at its head");
                 };
                 if *skip > 0 {
@@ -195,12 +198,14 @@ impl Node {
     /// Judges the bytes an origin block exchange read so far.
     fn judge_block(&mut self, io: IoId) -> Result<Judged, OriginError> {
         let x = self.exchanges.get_mut(&io).expect("a live exchange");
-        let Job::Origin { body: OriginBody::Reading { plan, skip, buf }, .. } = &mut x.job else {
+        let Job::Origin { body: OriginBody::Reading { plan, skip, buf, meta }, .. } = &mut x.job
+        else {
             unreachable!("a block window being read");
         };
         let data = buf.take();
         let body = finish_range_body(plan, *skip == 0, data.len() as u64)?;
-        Ok(Judged::Block(FetchedBlock { data, body, coalesced: false }))
+        let meta = *std::mem::take(meta);
+        Ok(Judged::Block(FetchedBlock { data, body, coalesced: false }, meta))
     }
 
     pub(super) fn origin_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
@@ -236,8 +241,16 @@ impl Node {
             (Ok(Judged::Probe(outcome, meta)), Fill::Probe(object)) => {
                 self.learn_probe(object, *outcome, meta.clone(), now);
             }
-            (Ok(Judged::Block(b)), Fill::Block { key, expected, size, class }) => {
-                if block_verdict(*size, *expected, b) == Verdict::Cache {
+            (Ok(Judged::Block(b, meta)), Fill::Block { key, expected, size, class }) => {
+                let object = match &flight.key {
+                    FlightKey::Block(identity, ..) => ObjectId::from_id(identity),
+                    FlightKey::Probe(_) => unreachable!("a block flight"),
+                };
+                // Only the version the node reads now is cached (the object may have changed,
+                // or been forgotten for a change, while the window travelled).
+                if block_verdict(*size, *expected, b) == Verdict::Cache
+                    && self.may_store(&object, Some(meta))
+                {
                     let (key, data, class) = (*key, b.data.clone(), *class);
                     self.emit(Output::StorePut { key, data, class });
                 }
@@ -293,12 +306,18 @@ impl Node {
                 req.read.handle_probe(&mut self.engine, Ok(p), now)
             }
             (FlightKey::Probe(_), Err(e)) => req.read.handle_probe(&mut self.engine, Err(e), now),
-            (FlightKey::Block(..), Ok(Judged::Block(mut b))) => {
+            (FlightKey::Block(..), Ok(Judged::Block(mut b, meta))) => {
                 b.coalesced = coalesced;
-                req.read.handle_fetch(&mut self.engine, Ok(b));
+                // A window of another version than the one this read serves (the node learnt
+                // or forgot a version since the read began) never joins it.
+                let object = req.read.object();
+                let other = !self.engine.is_immutable(object)
+                    && req.read.version().is_some_and(|v| v.same_version(&meta) == Some(false));
+                let fetched = if other { Err(OriginError::Changed) } else { Ok(b) };
+                req.read.handle_fetch(&mut self.engine, fetched);
             }
             (FlightKey::Block(..), Err(e)) => req.read.handle_fetch(&mut self.engine, Err(e)),
-            (FlightKey::Probe(_), Ok(Judged::Block(_)))
+            (FlightKey::Probe(_), Ok(Judged::Block(..)))
             | (FlightKey::Block(..), Ok(Judged::Probe(..))) => {
                 unreachable!("a flight's result matches its key")
             }
@@ -333,6 +352,18 @@ impl Node {
         if !stale.is_empty() {
             self.emit(Output::StoreDrop { keys: stale });
         }
+    }
+
+    /// Whether a block of the version `version` names (`None`: unknown) of `object` may be
+    /// cached: only of the version the node reads now. A node that forgot a changed object
+    /// caches nothing of it until a probe names its new version: that probe could not tell an
+    /// old block from a new one, so nothing would drop it.
+    pub(super) fn may_store(&self, object: &ObjectId, version: Option<&ObjectMeta>) -> bool {
+        if self.engine.is_immutable(object) {
+            return true;
+        }
+        let Some(known) = self.engine.meta_of(&object.id) else { return false };
+        version.is_none_or(|v| known.same_version(v) != Some(false))
     }
 
     /// Whether a response's validators say `object` changed since its probe. A changed object is

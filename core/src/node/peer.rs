@@ -170,15 +170,20 @@ impl Node {
         self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now)
     }
 
-    /// Whether a peer's block answer names another version of the object than this node reads
-    /// (by the validators on its head). A peer that names none is trusted by length, as before.
+    /// Whether a peer's block answer names another version of the object than the asking read
+    /// serves (else than this node reads), by the validators on its head. A peer that names
+    /// none is trusted by length, as before.
     fn peer_version_differs(&self, io: IoId, headers: &Headers) -> bool {
         let Some(Job::Peer(job)) = self.exchanges.get(&io).map(|x| &x.job) else { return false };
         let Some(identity) = &job.object else { return false };
         if self.engine.is_immutable(&crate::identity::ObjectId::from_id(identity)) {
             return false;
         }
-        let Some(known) = self.engine.meta_of(identity) else { return false };
+        let read = match job.owner {
+            PeerOwner::Request(rid) => self.requests.get(&rid).and_then(|r| r.read.version()),
+            PeerOwner::Ticket(_) => None,
+        };
+        let Some(known) = read.or_else(|| self.engine.meta_of(identity)) else { return false };
         let answer = crate::engine::ObjectMeta::from_fields(|n| headers.get(n));
         known.same_version(&answer) == Some(false)
     }

@@ -242,7 +242,13 @@ impl Node {
                 let fill = Fill::Block { key, expected: expected_len, size: object_size, class };
                 self.ask_origin(rid, FlightKey::Block(id, start, end), url, fill, now);
             }
-            Action::Store { key, data, class } => self.emit(Output::StorePut { key, data, class }),
+            Action::Store { key, data, class } => {
+                // Only the version the node reads now is cached.
+                let read = &self.requests[&rid].read;
+                if self.may_store(read.object(), read.version()) {
+                    self.emit(Output::StorePut { key, data, class });
+                }
+            }
             Action::Emit(data) => {
                 if !req.cancelled {
                     req.window += 1;

@@ -1269,3 +1269,80 @@ fn outgoing_peer_requests_carry_a_mac_the_receiver_accepts() {
     let verdict = covered.verify(&secret(), mac, sent_at, Duration::from_secs(1));
     assert_eq!(verdict, Ok(()));
 }
+
+/// Asserts that every block in the harness's store is the bytes of version `v`.
+fn store_holds_only(h: &Harness, v: u8) {
+    let e = engine();
+    let id = e.identify(URL);
+    for (key, data) in &h.store {
+        let block = (0..4).find(|&b| e.block_key(&id, b) == *key).expect("a block of the object");
+        let start = block * BLOCK;
+        assert_eq!(
+            data.to_vec(),
+            content_of(v, start, data.len() as u64).to_vec(),
+            "block {block}"
+        );
+    }
+}
+
+#[test]
+fn a_read_whose_object_was_forgotten_under_it_takes_no_block_of_another_version() {
+    // Found by the simulator (`object-changes`): once another request found the object changed,
+    // the node knew no version at all, so a block of the new version passed the check meant for
+    // the old one, joined a response that named the old one, and was cached unversioned.
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let first = h.take_sends().remove(0);
+    h.read(2, Some("bytes=2048-2057"));
+    let other = h.take_sends().remove(0);
+    h.publish(2);
+    h.answer_origin(&other);
+    assert_eq!(h.node.stats().object_changes, 1, "read 2's window revealed version 2");
+    // Read 1's first window, asked for version 1, comes back as version 2.
+    h.answer_origin(&first);
+    h.serve_origin();
+    let head = h.head_of(1).expect("a head");
+    assert_eq!(head.headers.get_str("etag"), Some("\"v2\""), "read 1 started over on version 2");
+    assert_eq!(h.body_of(1), content_of(2, 0, SIZE).to_vec(), "one version, whole");
+    assert!(h.ended(1));
+    assert_eq!(h.body_of(2), content_of(2, 2048, 10).to_vec());
+    store_holds_only(&h, 2);
+}
+
+#[test]
+fn a_read_never_takes_a_peer_block_of_a_version_its_node_learnt_after_the_read_began() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.publish(1);
+    h.read(1, None);
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    let v1 = Headers::new().with("content-length", BLOCK.to_string()).with("etag", "\"v1\"");
+    h.io(peer.id, IoEvent::Connected);
+    h.io(peer.id, IoEvent::Head { status: 200, headers: v1 });
+    h.io(peer.id, IoEvent::Body(content_of(1, 0, BLOCK)));
+    h.io(peer.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content_of(1, 0, BLOCK).to_vec(), "the head went out, version 1");
+    let next = h.take_sends().remove(0);
+    assert_eq!(next.endpoint, Endpoint::Peer);
+    // Meanwhile another read's probe found version 2 (and dropped version 1's blocks).
+    h.publish(2);
+    let meta = crate::engine::ObjectMeta { etag: Some("\"v2\"".into()), ..Default::default() };
+    let id = engine().identify(URL);
+    let outcome = crate::engine::origin::ProbeOutcome::Size(SIZE);
+    for key in h.node.engine_mut().record_probe(&id, outcome, meta, h.now) {
+        h.store.remove(&key);
+    }
+    // The peer, which has version 2 too, answers with it: not for this read.
+    let v2 = Headers::new().with("content-length", BLOCK.to_string()).with("etag", "\"v2\"");
+    h.io(next.id, IoEvent::Connected);
+    h.io(next.id, IoEvent::Head { status: 200, headers: v2 });
+    assert!(h.cancelled(next.id), "refused at its head");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content_of(1, 0, BLOCK).to_vec(), "never a byte of version 2");
+    assert!(h.aborted(1) && !h.ended(1), "cut short");
+    store_holds_only(&h, 2);
+}
