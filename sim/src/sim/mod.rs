@@ -812,4 +812,33 @@ mod tests {
         assert!(lines.len() as u64 >= r.events);
         assert!(lines.iter().any(|l| l.contains("send n1 x0 c0 -> origin probe o0")), "{lines:#?}");
     }
+
+    #[test]
+    fn a_block_is_judged_against_the_version_it_must_be_and_named_when_it_is_another() {
+        let mut s = sim(vec![]);
+        let key = s.block_key(0, 2);
+        let v0 = s.origin.versions(0)[0].shape;
+        let old = s.contents.window(v0, 2 << 10, 1 << 10);
+        s.replace_object(0, None);
+        let v1 = s.origin.versions(0)[1].shape;
+        let new = s.contents.window(v1, 2 << 10, 1 << 10);
+        assert_eq!(s.check_block(key, std::slice::from_ref(&old), None), Ok(0));
+        assert_eq!(s.check_block(key, std::slice::from_ref(&new), None), Ok(1));
+        assert_eq!(s.check_block(key, std::slice::from_ref(&new), Some(1)), Ok(1));
+        let e = s.check_block(key, std::slice::from_ref(&old), Some(1)).expect_err("old");
+        assert!(e.contains("is version 0 of o0, not version 1"), "{e}");
+        let mut bad = new.to_vec();
+        bad[7] ^= 1;
+        let e = s.check_block(key, &[Bytes::from(bad)], None).expect_err("corrupt");
+        assert!(e.contains("wrong byte at 2055"), "{e}");
+        // A version of another size has other block lengths.
+        s.replace_object(0, Some(2500));
+        let e = s.check_block(key, std::slice::from_ref(&new), Some(2)).expect_err("length");
+        assert!(e.contains("geometry says Some(452)"), "{e}");
+        assert_eq!(s.version_named(0, Some("\"o0v2\""), None), Ok(Some(2)));
+        let lm = s.origin.versions(0)[1].last_modified.clone();
+        assert_eq!(s.version_named(0, None, Some(&lm)), Ok(Some(1)));
+        assert_eq!(s.version_named(0, None, None), Ok(None));
+        assert!(s.version_named(0, Some("\"o0v9\""), None).is_err());
+    }
 }
