@@ -14,11 +14,13 @@
 //! - the network ([`net`]) and the exchanges over it ([`calls`]): dials, pooled connections,
 //!   latency, bandwidth, loss, silent paths that stall a call until it heals (TCP
 //!   retransmission) or the node's own timer gives up and cancels, refused dials, resets;
-//! - the origin ([`origin`]), serving bytes that are a pure function of object and offset
-//!   ([`content`]);
+//! - the origin ([`origin`]), serving bytes that are a pure function of object, version and
+//!   offset ([`content`]); an object can be replaced mid-run by a new version
+//!   ([`FaultKind::ReplaceObject`]);
 //! - faults ([`fault`]), the workload ([`workload`]), the report ([`report`]);
-//! - the oracle: every byte a client receives or a cache stores, every response head, coalescing,
-//!   the machine's own invariants, timers. It observes the machine's outputs; it does not run
+//! - the oracle: every byte a client receives or a cache stores (of the one version the response's
+//!   head names, of the version the node believes in), every response head, coalescing, the
+//!   machine's own invariants, timers. It observes the machine's outputs; it does not run
 //!   beside it.
 //!
 //! A node's outputs are carried out as the contract on [`Node`](dart_core::node::Node) says: an
