@@ -416,7 +416,9 @@ impl Sim {
             return self.violate(Some(n), format!("{id} sent two heads"));
         }
         let text = head.headers.get_str("content-type").is_some_and(|t| t.starts_with("text/"));
-        let error = !passthrough && head.status >= 400 && text;
+        // The machine's own text reply, also for a read whose passthrough exchange failed before
+        // the origin's head came (the simulated origin sends no content type).
+        let error = head.status >= 400 && text;
         // The version the head names by its validators (an error's names none).
         let named = if error {
             None
@@ -428,10 +430,10 @@ impl Sim {
             }
         };
         let mut expected = None;
-        let kind = if passthrough {
-            ClientHead::Passthrough { status: head.status, piped: None }
-        } else if error {
+        let kind = if error {
             ClientHead::Error { status: head.status, text: Vec::new() }
+        } else if passthrough {
+            ClientHead::Passthrough { status: head.status, piped: None }
         } else {
             // The head must be the oracle's for the version it names; a 416 names none (it
             // carries no validators) and must be right for some version.
