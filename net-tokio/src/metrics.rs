@@ -114,12 +114,14 @@ impl prometheus_client::collector::Collector for Collected {
             ("cached", a.check_hits),
             ("refused", a.check_refused),
             ("failed", a.check_failed),
+            ("stale", a.check_stale),
         ];
         counter(
             &mut enc,
             "dart_credential_checks",
             "Credential checks: sent to the origin, admitted from the cache of accepted \
-             credentials, refused by the origin (passed through), failed (answered 502).",
+             credentials, refused by the origin (passed through), failed (answered 502), \
+             admitted on a credential accepted earlier while the origin was unavailable.",
             "result",
             &checks,
         )?;

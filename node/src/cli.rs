@@ -112,6 +112,11 @@ pub struct NodeFlags {
     /// Authorization) for an object is trusted before it is checked again; 0s checks every read.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub credential_ttl: std::time::Duration,
+    /// While the origin is unavailable (5xx, unreachable, timing out), a credential it accepted
+    /// is still admitted for this long past its --credential-ttl (stale-if-error); a credential it
+    /// never accepted is refused either way. 0s fails closed at once.
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    pub credential_grace: std::time::Duration,
     /// Check credentials for content-addressed objects (OCI digests) too. Off by default: the
     /// registry convention lets whoever names a digest read it (see SECURITY.md).
     #[arg(long)]

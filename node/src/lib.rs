@@ -330,6 +330,7 @@ fn access_setup(flags: &NodeFlags, mode: &UpstreamMode) -> anyhow::Result<Access
         check_ttl: flags.credential_ttl,
         public,
         check_content_addressed: flags.check_content_addressed,
+        stale_grace: flags.credential_grace,
         peer_secret,
         clock_skew: flags.peer_clock_skew,
     })

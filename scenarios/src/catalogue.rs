@@ -51,6 +51,7 @@ pub fn all() -> Vec<Scenario> {
         partition_heals(),
         object_changes(),
         stale_if_error(),
+        credentials_in_an_outage(),
         object_changes_restart(),
         swarm(),
         reference(),
@@ -439,8 +440,8 @@ fn expired_credential() -> Scenario {
         check.that(refusals > 0, "relays reported the origin's refusal of the requester's credential");
         let alone = r.phase(Phase::Safety).find(|x| x.node == leaf && x.object == 1).map(|x| x.outcome.clone());
         check.that(
-            matches!(alone, Some(ReadOutcome::Failed { status: 502, .. })),
-            format!("the expired reader's own object fails with 502 ({alone:?})"),
+            matches!(alone, Some(ReadOutcome::Failed { status: 403, committed: false, .. })),
+            format!("the expired reader's own object fails with the origin's 403, before its head ({alone:?})"),
         );
         let shared = r.phase(Phase::Safety).find(|x| x.node == leaf && x.object == 0).map(|x| x.outcome.clone());
         check.note(format!(
@@ -940,7 +941,7 @@ fn object_changes() -> Scenario {
 fn stale_if_error() -> Scenario {
     Scenario::new(
         "stale-if-error",
-        "the origin goes down (seed odd: 503s, even: stalls) while the readers' validators go stale and the object changes: reads complete from cached blocks, then converge on the new version",
+        "the origin goes down (seed odd: 503s, even: stalls) while the readers' validators go stale and the object changes: reads complete from cached blocks, then converge on the new version (the origin is public: a presigned URL never seen before cannot be vouched for while the origin is down, so a private object's new readers are refused, as `credentials-in-an-outage` checks)",
         |seed, scale| {
             let nodes = pick(scale, 12, 40) as usize;
             let block = pick(scale, 128 << 10, MIB);
@@ -952,6 +953,7 @@ fn stale_if_error() -> Scenario {
             let wave2 = Workload::everyone_reads_everything(&mut r, nodes, 1, secs(2));
             spec.workload.safety.extend(wave2.into_iter().map(|x| ReadSpec { at: x.at + secs(4), ..x }));
             spec.cluster.revalidate_after = secs(1);
+            spec.cluster.public_origin = true;
             // A stalled origin costs a read one head bound before it goes on stale.
             spec.cluster.bounds.origin_head = secs(3);
             let down = if seed % 2 == 1 {
@@ -996,6 +998,72 @@ fn stale_if_error() -> Scenario {
             engine_total(r, |e| e.revalidations),
             engine_total(r, |e| e.object_changes),
             finished_by_version(r, Phase::Liveness),
+        ));
+    })
+}
+
+fn credentials_in_an_outage() -> Scenario {
+    Scenario::new(
+        "credentials-in-an-outage",
+        "a private object (every read vouched for by the origin) is read, then the origin goes down (seed odd: 503s, even: stalls) past the credential TTL: clients re-reading with credentials the origin accepted are served from cache (stale-if-error for credentials), new presigned URLs are refused with 502 and never get a byte",
+        |seed, scale| {
+            let nodes = pick(scale, 12, 40) as usize;
+            let block = pick(scale, 128 << 10, MIB);
+            let size = pick(scale, 2, 16) * MIB;
+            let mut spec =
+                everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(200));
+            let wave1_end = pick(scale, 3, 10);
+            // Wave 1: each client reads with its own credential.
+            for (k, x) in spec.workload.safety.iter_mut().enumerate() {
+                x.signer = Some(k as u32);
+            }
+            let wave1 = spec.workload.safety.clone();
+            // Wave 2, while the origin is down and long after the TTL: the same clients again.
+            let again = wave1.iter().map(|x| ReadSpec { at: x.at + secs(wave1_end + 4), ..*x });
+            // Wave 3, at the same time: new presigned URLs nobody vouched for.
+            let fresh = wave1
+                .iter()
+                .map(|x| ReadSpec { at: x.at + secs(wave1_end + 4), signer: None, ..*x });
+            spec.workload.safety.extend(again.chain(fresh).collect::<Vec<_>>());
+            spec.cluster.credential_ttl = secs(1);
+            spec.cluster.revalidate_after = secs(1);
+            spec.cluster.bounds.origin_head = secs(3);
+            let down = if seed % 2 == 1 {
+                OriginFault::Errors { status: 503, percent: 100 }
+            } else {
+                OriginFault::Stall
+            };
+            spec.plan = FaultPlan { faults: vec![fault(secs(wave1_end), secs(60), FaultKind::Origin(down))] };
+            spec.phases = Phases { safety: secs(wave1_end + 12), liveness: secs(60) };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let nodes = run.spec.cluster.nodes;
+        let reads: Vec<_> = r.phase(Phase::Safety).collect();
+        let (wave1, rest) = reads.split_at(nodes);
+        let (again, fresh) = rest.split_at(nodes);
+        let unfinished = wave1.iter().filter(|x| x.outcome != ReadOutcome::Finished).count();
+        check.that(unfinished == 0, format!("wave 1 finished ({unfinished} did not)"));
+        let bad: Vec<String> = again
+            .iter()
+            .filter(|x| x.outcome != ReadOutcome::Finished)
+            .map(|x| format!("n{} {:?}", x.node, x.outcome))
+            .collect();
+        check.that(bad.is_empty(), format!("a client the origin accepted keeps reading through the outage; not: {bad:?}"));
+        let leaked: Vec<String> = fresh
+            .iter()
+            .filter(|x| !matches!(&x.outcome, ReadOutcome::Failed { status: 502, committed: false, .. }) || x.bytes > 0)
+            .map(|x| format!("n{} {:?} {} bytes", x.node, x.outcome, x.bytes))
+            .collect();
+        check.that(leaked.is_empty(), format!("a credential nobody vouched for gets 502 and no byte while the origin is down; not: {leaked:?}"));
+        liveness_on_newest_version(run, check);
+        let stale = engine_total(r, |e| e.stale_served);
+        check.note(format!(
+            "{} re-reads served through the outage, {} new URLs refused; {stale} reads went on stale validators",
+            again.len() - bad.len(),
+            fresh.len() - leaked.len(),
         ));
     })
 }

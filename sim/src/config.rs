@@ -1,6 +1,13 @@
 //! A run as a value: the cluster's shape, the nodes' bounds, the phases, the workload and the
 //! fault plan. Together with a seed it determines the run exactly.
 
+use dart_core::node::Access;
+use dart_core::peer_auth::ClusterSecret;
+
+/// The cluster secret every simulated node shares (its peer requests are signed and checked).
+pub const SIM_CLUSTER_SECRET: &[u8] = b"dart-simulated-cluster-secret";
+/// The Unix time (ms) every simulated node's wall clock starts at (2026-01-01T00:00:00Z).
+pub const SIM_EPOCH_MS: u64 = 1_767_225_600_000;
 use crate::fault::FaultPlan;
 use crate::net::NetConfig;
 use crate::origin::{ObjectDef, OriginConfig};
@@ -53,6 +60,11 @@ pub struct ClusterConfig {
     /// How long a node trusts an object's size and validators before a revalidating probe (the
     /// engine's `revalidate_after`; the origin sends no `Cache-Control`).
     pub revalidate_after: Duration,
+    /// The origin is declared public (`--public-upstream`): reads skip the credential check.
+    /// Off by default, so every scenario runs the check of the node machine's access rules.
+    pub public_origin: bool,
+    /// How long a node trusts the origin's acceptance of a credential (`--credential-ttl`).
+    pub credential_ttl: Duration,
 }
 
 impl ClusterConfig {
@@ -71,6 +83,8 @@ impl ClusterConfig {
             peer: Some(PeerConfig::default()),
             cut_through: true,
             revalidate_after: dart_core::engine::DEFAULT_REVALIDATE_AFTER,
+            public_origin: false,
+            credential_ttl: dart_core::node::DEFAULT_CHECK_TTL,
         }
     }
 
@@ -78,6 +92,23 @@ impl ClusterConfig {
     pub fn origin_only(mut self) -> Self {
         self.peer = None;
         self
+    }
+
+    /// The access rules every node runs: the default policy and credential checks (the origin
+    /// public if [`Self::public_origin`]), and a cluster secret on the peer plane.
+    pub fn access(&self) -> Access {
+        let public = if self.public_origin {
+            vec![crate::origin::ORIGIN_HOST.parse().expect("a host pattern")]
+        } else {
+            Vec::new()
+        };
+        let peer_secret = ClusterSecret::from_bytes(SIM_CLUSTER_SECRET).expect("a valid secret");
+        Access {
+            public,
+            peer_secret: Some(peer_secret),
+            check_ttl: self.credential_ttl,
+            ..Access::default()
+        }
     }
 
     /// The engine configuration every node runs.

@@ -162,6 +162,7 @@ pub struct SimNode {
     next_request: u64,
     engine: EngineConfig,
     bounds: Bounds,
+    access: dart_core::node::Access,
     peer: Option<(PeerConfig, View)>,
     rng: Rng,
 }
@@ -172,6 +173,7 @@ impl SimNode {
         index: usize,
         engine: EngineConfig,
         bounds: Bounds,
+        access: dart_core::node::Access,
         cache_blocks: usize,
         peer: Option<(PeerConfig, View)>,
         rng: Rng,
@@ -190,16 +192,17 @@ impl SimNode {
             next_request: 0,
             engine,
             bounds,
+            access,
             peer,
             rng,
         };
-        node.machine = Some(node.fresh_machine());
+        node.machine = Some(node.fresh_machine(Instant::ZERO));
         node
     }
 
     /// A machine as the process starts it: a fresh engine whose breaker's jitter descends from
     /// the node's RNG.
-    fn fresh_machine(&mut self) -> Node {
+    fn fresh_machine(&mut self, now: Instant) -> Node {
         let mut engine = Engine::new(self.engine.clone());
         if let Some((peer, view)) = &self.peer {
             let placement =
@@ -214,14 +217,14 @@ impl SimNode {
             bounds: self.bounds,
             self_id: member_id(self.index),
             advertise: member_addr(self.index),
-            // The simulated origin is declared public for now: its oracles count one origin
-            // request per range in flight, which per-credential checks would break.
-            access: dart_core::node::Access {
-                public: vec![crate::origin::ORIGIN_HOST.parse().expect("a host pattern")],
-                ..dart_core::node::Access::default()
-            },
+            access: self.access.clone(),
         };
-        Node::new(engine, config).expect("valid bounds")
+        let mut node = Node::new(engine, config).expect("valid bounds");
+        // The wall clock every node reads (peer MACs carry it): the simulated epoch plus the
+        // simulated time.
+        let unix_ms = crate::config::SIM_EPOCH_MS + now.as_nanos() / 1_000_000;
+        node.handle_input(dart_core::node::Input::WallClock { unix_ms }, now);
+        node
     }
 
     /// Whether the process is running.
@@ -267,9 +270,9 @@ impl SimNode {
     }
 
     /// The process starts again with a fresh machine; a warm start drops torn writes.
-    pub fn restart(&mut self) {
+    pub fn restart(&mut self, now: Instant) {
         self.cache.drop_torn();
-        self.machine = Some(self.fresh_machine());
+        self.machine = Some(self.fresh_machine(now));
     }
 
     /// Asserts the node's invariants and the machine's own.

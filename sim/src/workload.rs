@@ -108,12 +108,23 @@ pub struct ReadSpec {
     pub method: Method,
     /// The presigned URL expires this long after the run starts (`None`: never).
     pub expires: Option<Duration>,
+    /// Whose credential signs the URL: `Some(k)` is client k's, the same URL on every read (a
+    /// client re-reading); `None` a new signature per read.
+    pub signer: Option<u32>,
 }
 
 impl ReadSpec {
     /// A GET of the whole of `object` through `node` at `at`.
     pub fn whole(at: Duration, node: usize, object: usize) -> Self {
-        ReadSpec { at, node, object, range: RangeSpec::Whole, method: Method::Get, expires: None }
+        ReadSpec {
+            at,
+            node,
+            object,
+            range: RangeSpec::Whole,
+            method: Method::Get,
+            expires: None,
+            signer: None,
+        }
     }
 }
 
@@ -174,6 +185,7 @@ impl Workload {
                     range,
                     method,
                     expires: None,
+                    signer: None,
                 }
             })
             .collect()

@@ -76,6 +76,9 @@ fn a_resized_version_and_a_last_modified_only_origin_converge_too() {
 #[test]
 fn the_origin_down_while_validators_are_stale_serves_the_cached_version() {
     let mut s = spec(6, ObjectDef::plain(1 << 20, 6), Vec::new());
+    // A public origin: late readers sign new URLs, which a private origin's outage would refuse
+    // (credentials-in-an-outage covers that).
+    s.cluster.public_origin = true;
     let down = FaultKind::Origin(OriginFault::Errors { status: 503, percent: 100 });
     s.plan.faults = vec![
         Fault { at: Duration::from_secs(2), lasts: Duration::from_secs(6), kind: down },

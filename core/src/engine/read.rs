@@ -1056,7 +1056,11 @@ impl Read {
             (ReadError::Origin(OriginError::Refused(_)), false) => 403,
             (_, true) if refused.is_some() => 502,
             (_, true) => 500,
-            (ReadError::Origin(e), false) if e.status() == Some(404) => 404,
+            // The origin's own refusal of the requester (or its answer that the object is gone)
+            // is the client's answer, as a proxy would pass it.
+            (ReadError::Origin(e), false) if matches!(e.status(), Some(401 | 403 | 404 | 410)) => {
+                e.status().expect("matched")
+            }
             (
                 ReadError::Origin(_)
                 | ReadError::PeerFailed(_)

@@ -17,7 +17,10 @@
 //! A credential is the fingerprint (SHA-256) of the exact URL and the `Authorization` value. An
 //! admitted credential is trusted for [`Access::check_ttl`] (at most [`VERIFIED_MAX`] are
 //! remembered, the soonest to expire forgotten first); concurrent requests with one credential
-//! share one check. Skipped: upstreams the operator declares public ([`Access::public`]), and
+//! share one check. **Stale-if-error for credentials:** when a check finds the origin
+//! unavailable (a 5xx, a transport failure, a timeout), a credential the origin accepted within
+//! [`Access::stale_grace`] after its TTL ran out is admitted again (counted); a credential the
+//! origin never accepted is not — the node still fails closed for it. Skipped: upstreams the operator declares public ([`Access::public`]), and
 //! content-addressed objects unless [`Access::check_content_addressed`] (the registry
 //! convention: a digest is not a secret to whoever may pull the image, but see SECURITY.md).
 //! Relays are not checked: the requesting node checked its own client, and peers authenticate
@@ -40,6 +43,8 @@ use std::time::Duration;
 pub const VERIFIED_MAX: usize = 65_536;
 /// Default [`Access::check_ttl`].
 pub const DEFAULT_CHECK_TTL: Duration = Duration::from_secs(30);
+/// Default [`Access::stale_grace`].
+pub const DEFAULT_STALE_GRACE: Duration = Duration::from_secs(3600);
 
 /// Who may make this node fetch what, and read what it holds.
 #[derive(Clone, Debug)]
@@ -52,6 +57,9 @@ pub struct Access {
     pub public: Vec<Pattern>,
     /// Check content-addressed objects too (default: the registry convention, no check).
     pub check_content_addressed: bool,
+    /// How long past its TTL an accepted credential is still admitted while the origin is
+    /// unavailable (stale-if-error); zero fails closed at once.
+    pub stale_grace: Duration,
     /// The cluster secret of the peer-plane MAC; `None`: the peer plane is unauthenticated.
     pub peer_secret: Option<ClusterSecret>,
     /// Largest clock difference a peer's MAC timestamp may show.
@@ -65,6 +73,7 @@ impl Default for Access {
             check_ttl: DEFAULT_CHECK_TTL,
             public: Vec::new(),
             check_content_addressed: false,
+            stale_grace: DEFAULT_STALE_GRACE,
             peer_secret: None,
             clock_skew: DEFAULT_SKEW,
         }
@@ -130,6 +139,8 @@ pub struct AccessCounters {
     pub check_refused: u64,
     /// Reads answered 502 because a check could not be completed.
     pub check_failed: u64,
+    /// Reads admitted on a credential accepted earlier while the origin was unavailable.
+    pub check_stale: u64,
 }
 
 impl AccessCounters {
@@ -177,6 +188,11 @@ pub(super) struct State {
 impl State {
     fn admitted(&self, c: &Credential, now: Instant) -> bool {
         self.verified.get(c).is_some_and(|&until| now < until)
+    }
+
+    /// Whether `c` was accepted and its TTL ran out less than `grace` ago.
+    fn stale_ok(&self, c: &Credential, now: Instant, grace: Duration) -> bool {
+        self.verified.get(c).is_some_and(|&until| now < until.saturating_add(grace))
     }
 
     fn admit(&mut self, c: Credential, until: Instant) {
@@ -313,7 +329,7 @@ impl Node {
                     if (200..300).contains(&status) || status == 416 {
                         node.check_admitted(credential, waiters, status, &headers, now);
                     } else {
-                        node.check_refused(waiters, status, &headers);
+                        node.check_refused(credential, waiters, status, &headers, now);
                     }
                 });
             }
@@ -334,7 +350,9 @@ impl Node {
             IoEvent::Failed(e) => {
                 let url = redact_url(&self.exchanges[&io].url);
                 let reason = format!("request {url}: {e}");
-                self.check_done(io, false, |node, _, waiters| node.check_failed(waiters, &reason));
+                self.check_done(io, false, |node, credential, waiters| {
+                    node.check_failed(credential, waiters, &reason, now)
+                });
             }
         }
     }
@@ -344,7 +362,9 @@ impl Node {
         let url = redact_url(&self.exchanges[&io].url);
         let reason = format!("request {url}: {expiry}");
         let _ = now;
-        self.check_done(io, true, |node, _, waiters| node.check_failed(waiters, &reason));
+        self.check_done(io, true, |node, credential, waiters| {
+            node.check_failed(credential, waiters, &reason, now)
+        });
     }
 
     /// Ends check `io` and hands its waiters to `f`.
@@ -396,7 +416,17 @@ impl Node {
         }
     }
 
-    fn check_refused(&mut self, waiters: Vec<RequestId>, status: u16, headers: &Headers) {
+    fn check_refused(
+        &mut self,
+        credential: Credential,
+        waiters: Vec<RequestId>,
+        status: u16,
+        headers: &Headers,
+        now: Instant,
+    ) {
+        if status >= 500 && self.admit_stale(credential, &waiters, now) {
+            return;
+        }
         let (status, message) = match status {
             400..=499 => (status, format!("dart: the origin refused this request ({status})")),
             _ => {
@@ -422,7 +452,33 @@ impl Node {
         }
     }
 
-    fn check_failed(&mut self, waiters: Vec<RequestId>, reason: &str) {
+    /// The origin could not vouch for `credential` (it is unavailable): if it accepted the
+    /// credential recently enough, the waiters go on (stale-if-error). Returns whether they did.
+    fn admit_stale(&mut self, credential: Credential, waiters: &[RequestId], now: Instant) -> bool {
+        if !self.access.stale_ok(&credential, now, self.config.access.stale_grace) {
+            return false;
+        }
+        for &rid in waiters {
+            let g = self.access.gated.remove(&rid).expect("a check waiter is gated");
+            self.access.counters.check_stale += 1;
+            self.isolated(now, |node| {
+                node.working.push(rid);
+                node.begin_client_read(rid, g.read, g.method, g.forward, now);
+            });
+        }
+        true
+    }
+
+    fn check_failed(
+        &mut self,
+        credential: Credential,
+        waiters: Vec<RequestId>,
+        reason: &str,
+        now: Instant,
+    ) {
+        if self.admit_stale(credential, &waiters, now) {
+            return;
+        }
         let message = format!("dart: could not confirm access with the origin: {reason}");
         for rid in waiters {
             self.access.gated.remove(&rid).expect("a check waiter is gated");

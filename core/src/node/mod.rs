@@ -17,7 +17,9 @@ mod requests;
 #[cfg(test)]
 mod tests;
 
-pub use access::{Access, AccessCounters, Credential, VERIFIED_MAX};
+pub use access::{
+    Access, AccessCounters, Credential, DEFAULT_CHECK_TTL, DEFAULT_STALE_GRACE, VERIFIED_MAX,
+};
 pub use bounds::{Bounds, BoundsError, BOUND_MAX};
 pub use io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,

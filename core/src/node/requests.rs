@@ -11,6 +11,7 @@ use super::{Node, BODY_WINDOW, REQUESTS_MAX};
 use crate::codec::redact::redact_url;
 use crate::codec::wire::HEADER_NODE;
 use crate::engine::flight::{FlightId, FlightKey};
+use crate::engine::origin::OriginError;
 use crate::engine::{Action, Method, Preconditions, Read, ReadRequest, ResponseHead};
 use crate::time::Instant;
 use bytes::Bytes;
@@ -280,6 +281,9 @@ impl Node {
                     let mut extra = Headers::new();
                     if let Some(up) = f.upstream_status {
                         extra.push(crate::codec::wire::HEADER_UPSTREAM_STATUS, up.to_string());
+                    }
+                    if let crate::engine::ReadError::Origin(OriginError::Refused(r)) = &f.error {
+                        extra.push("x-dart-refused", r.label());
                     }
                     self.reply(rid, req.plane, status, &format!("dart: {error}"), extra);
                 }

@@ -1016,6 +1016,7 @@ fn an_allow_list_admits_only_its_hosts_and_a_dial_time_refusal_is_a_403() {
     h.io(probe.id, IoEvent::Failed(IoError::Refused(Refusal::LinkLocal)));
     let head = h.head_of(2).expect("an answer");
     assert_eq!(head.status, 403);
+    assert_eq!(head.headers.get_str("x-dart-refused"), Some("link_local"));
     assert_eq!(h.node.access_counters().refused(Refusal::LinkLocal), 1);
     assert_eq!(h.node.live_requests(), 0);
 }
@@ -1091,6 +1092,19 @@ fn an_authorization_is_part_of_the_credential_and_reaches_the_origin() {
 }
 
 #[test]
+fn an_origin_refusal_of_an_unchecked_read_is_passed_through() {
+    // A public upstream skips the check; if the origin refuses anyway, the client hears it.
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.origin.secret = Some("s");
+    h.read(1, None);
+    h.serve_origin();
+    assert_eq!(status_of(&h, 1), Some(403));
+    read_with(&mut h, 2, Headers::new().with("authorization", "Bearer wrong"));
+    h.serve_origin();
+    assert_eq!(status_of(&h, 2), Some(401));
+}
+
+#[test]
 fn concurrent_requests_with_one_credential_share_one_check() {
     let mut h = Harness::new(checked_node());
     h.read(1, None);
@@ -1106,26 +1120,38 @@ fn concurrent_requests_with_one_credential_share_one_check() {
 }
 
 #[test]
-fn a_check_that_cannot_complete_fails_closed() {
+fn a_check_that_cannot_complete_fails_closed_except_for_a_credential_accepted_recently() {
     let mut h = Harness::new(checked_node());
     h.read(1, None);
     h.serve_origin();
     h.advance(Duration::from_secs(31));
-    // 5xx: not a refusal, but not a yes either.
+    // 5xx: not a refusal, but not a yes either. The credential the origin accepted 31 s ago is
+    // admitted again (stale-if-error), and its read is served from the cache.
     h.origin.status = Some(503);
     h.outputs.clear();
     h.read(2, None);
     h.serve_origin();
-    assert_eq!(status_of(&h, 2), Some(502));
-    assert!(h.body_of(2).starts_with(b"dart: could not confirm access"));
-    // A check that never answers is given up at the origin's head bound.
+    assert_eq!(status_of(&h, 2), Some(200));
+    assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
+    assert_eq!(h.node.access_counters().check_stale, 1);
+    // A credential the origin never accepted fails closed.
     h.outputs.clear();
-    h.read(3, None);
+    read_url(&mut h, 3, &format!("{URL}?sig=never-seen"), Headers::new());
+    h.serve_origin();
+    assert_eq!(status_of(&h, 3), Some(502));
+    assert!(h.body_of(3).starts_with(b"dart: could not confirm access"));
+    // Past the grace, the accepted one fails closed too; a check that never answers is given up
+    // at the origin's head bound.
+    h.advance(super::DEFAULT_STALE_GRACE);
+    h.origin.status = None;
+    h.outputs.clear();
+    h.read(4, None);
     let check = h.take_sends().remove(0);
+    assert_eq!(check.purpose, Purpose::Check);
     h.io(check.id, IoEvent::Connected);
     h.advance(Bounds::default().origin_head);
     assert!(h.cancelled(check.id));
-    assert_eq!(status_of(&h, 3), Some(502));
+    assert_eq!(status_of(&h, 4), Some(502));
     assert_eq!(h.node.access_counters().check_failed, 2);
     assert_eq!(h.node.live_requests(), 0);
     assert_eq!(h.node.poll_timeout(), None);

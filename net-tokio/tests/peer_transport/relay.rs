@@ -163,7 +163,7 @@ async fn five_credential_refusals_relayed_by_a_healthy_peer_leave_its_circuit_cl
     assert_eq!(got, block_bytes(SIZE, 0));
     for block in 1..=5 {
         let failure = read(&reader, &expired, block_range(SIZE, block)).await.expect_err("403");
-        assert_eq!(failure.status, 502, "block {block}: the reader's own origin fetch is refused");
+        assert_eq!(failure.status, 403, "block {block}: the origin's refusal of the reader's URL");
         assert!(!failure.committed, "the head waits for the block: a clean status");
         assert_eq!(circuit(&reader, &parent), CircuitState::Closed, "after refusal {block}");
     }

@@ -70,7 +70,11 @@ impl Sim {
             return;
         }
         let expires = spec.expires.map_or(u64::MAX, |d| d.as_millis() as u64);
-        let url = object_url(object, &format!("n{n}r{record}"), expires);
+        let signer = match spec.signer {
+            Some(k) => format!("c{k}"),
+            None => format!("n{n}r{record}"),
+        };
+        let url = object_url(object, &signer, expires);
         // What the head must say is settled when it names its version; until then, the current.
         let size = self.origin.current(object).shape.size;
         let expected = workload::expected(spec.range, size);
@@ -331,6 +335,10 @@ impl Sim {
                     };
                     client.passthrough = true;
                     (CallKind::Passthrough { object }, None)
+                } else if req.purpose == Purpose::Check {
+                    // A credential check is per credential: concurrent ones for one object are
+                    // expected (each requester's URL is its own), so it is no coalescing window.
+                    (CallKind::Probe { object }, None)
                 } else {
                     let range = req.headers.get_str("range").and_then(parse_window);
                     let Some((start, end)) = range else {

@@ -135,7 +135,8 @@ impl Sim {
             .map(|i| {
                 let rng: Rng = rng::child(&mut root, &format!("n{i}"));
                 let peer = cluster.peer.clone().map(|p| (p, view.clone()));
-                SimNode::new(i, cluster.engine(), cluster.bounds, cluster.cache_blocks, peer, rng)
+                let (engine, access) = (cluster.engine(), cluster.access());
+                SimNode::new(i, engine, cluster.bounds, access, cluster.cache_blocks, peer, rng)
             })
             .collect();
         let keys = Engine::new(cluster.engine());
@@ -455,7 +456,7 @@ impl Sim {
         if self.nodes[n].is_up() {
             return;
         }
-        self.nodes[n].restart();
+        self.nodes[n].restart(self.now);
         self.net.set_down(Endpoint::Node(n), false);
         self.touch(n);
     }
