@@ -1,18 +1,59 @@
 //! A bounded HTTP/1.1 accept loop over a [`Listener`], with graceful shutdown.
+//!
+//! # Bounds of one listener
+//!
+//! - Connections: at most [`ServeOptions::connections_max`] at once. At the limit the loop stops
+//!   accepting: further connections wait in the kernel's listen backlog (bounded by the
+//!   listener's backlog; past it the kernel drops SYNs and clients retry), and accepting resumes
+//!   the moment a connection closes. No descriptor is spent on a connection the loop cannot
+//!   serve.
+//! - Accept failures for want of a resource (`EMFILE`, `ENFILE`, `ENOBUFS`, ...): a short pause
+//!   ([`ACCEPT_BACKOFF_MIN`] doubling to [`ACCEPT_BACKOFF_MAX`]) that ends early when one of
+//!   this listener's connections closes, and at most one log line per [`ACCEPT_LOG_INTERVAL`]
+//!   (plus one when accepting recovers).
+//! - Request heads: [`ServeOptions::head_read_timeout`] and [`ServeOptions::head_bytes_max`]
+//!   (an oversized head is answered 431 and the connection closed); a keep-alive connection
+//!   idle between requests is closed after [`ServeOptions::idle_timeout`] (see
+//!   [`HeadTimer`](crate::guard::HeadTimer)).
+//! - Writes: a connection whose client takes no bytes for [`ServeOptions::write_progress`] is
+//!   closed ([`GuardedIo`]); one whose response the node aborts is closed at once
+//!   ([`ConnectionAbort`]).
+//! - Buffers: hyper's read buffer is at most `head_bytes_max`; its write buffer takes no
+//!   further body part once it holds `head_bytes_max` bytes or 16 parts, so it holds at most
+//!   that plus one part. The node's body window adds at most `BODY_WINDOW` parts of at most one
+//!   block each (docs in `dart_core::node`); a passthrough body is moved frame by frame with
+//!   hyper's backpressure.
 
 use crate::body::ResponseBody;
+use crate::guard::{ConnectionAbort, GuardedIo};
 use crate::seam::Listener;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+
+/// How long a keep-alive connection may sit idle between requests by default (Go's
+/// `IdleTimeout` of the earlier implementation's servers; nginx uses 75 s).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much longer than the node's write-stall bound the transport waits for write progress:
+/// the node's own timer, armed when its body window filled (at or before the socket blocked),
+/// acts first on block reads and counts them; the transport's catches what the node does not
+/// see (passthrough bodies).
+pub const WRITE_PROGRESS_GRACE: Duration = Duration::from_secs(1);
+/// First pause after an accept failed for want of a resource.
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause between accept attempts while they keep failing.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(50);
+/// At most one log line about failing accepts per this interval (plus one on recovery).
+pub const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Server options. The inbound transport limits come from the node's bounds
 /// (`dart_core::node::Bounds`): they act before the node sees a request.
@@ -22,12 +63,18 @@ pub struct ServeOptions {
     pub date_header: bool,
     /// How long in-flight connections may take to finish after shutdown is signalled.
     pub drain_timeout: Duration,
-    /// How long a client may take to send its request head.
+    /// How long a client may take to send its request head (the first on a connection from
+    /// when it was accepted; a later one from its first byte).
     pub head_read_timeout: Duration,
+    /// How long a keep-alive connection may wait for the first byte of its next request.
+    pub idle_timeout: Duration,
     /// Most bytes of a request head (hyper's read buffer; at least 8 KiB).
     pub head_bytes_max: usize,
     /// Most connections served at once; further accepts wait for a free slot.
     pub connections_max: usize,
+    /// How long a write may make no progress (the client stopped reading) before the
+    /// connection is closed.
+    pub write_progress: Duration,
 }
 
 impl ServeOptions {
@@ -37,8 +84,10 @@ impl ServeOptions {
             date_header: true,
             drain_timeout: Duration::from_secs(10),
             head_read_timeout: bounds.inbound_head_read,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             head_bytes_max: bounds.inbound_head_bytes.max(8192),
             connections_max: bounds.inbound_connections,
+            write_progress: bounds.write_stall.saturating_add(WRITE_PROGRESS_GRACE),
         }
     }
 }
@@ -82,6 +131,7 @@ where
     // reaped on each accept, so it never holds more than `connections_max` live ones plus those
     // that ended since the last accept.
     let mut connections = JoinSet::new();
+    let mut failures = AcceptFailures::default();
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -94,33 +144,27 @@ where
             () = &mut shutdown => break,
             a = listener.accept() => a,
         };
-        let (stream, _remote) = match accepted {
-            Ok(a) => a,
+        let stream = match accepted {
+            Ok((stream, _remote)) => {
+                failures.accepted(tokio::time::Instant::now());
+                stream
+            }
+            Err(e) if is_transient(&e) => continue,
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let pause = failures.failed(&e, tokio::time::Instant::now());
+                drop(permit);
+                // A connection of ours that closes frees a descriptor: try again at once.
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    Some(_) = connections.join_next() => {}
+                    () = tokio::time::sleep(pause) => {}
+                }
                 continue;
             }
         };
-        let handler = handler.clone();
-        let service = service_fn(move |req| {
-            let h = handler.clone();
-            async move { Ok::<_, Infallible>(h(req).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(options.head_read_timeout)
-            .max_buf_size(options.head_bytes_max)
-            .auto_date_header(options.date_header)
-            .serve_connection(TokioIo::new(stream), service);
-        let watched = graceful.watch(conn);
         while connections.try_join_next().is_some() {}
-        connections.spawn(async move {
-            if let Err(e) = watched.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(permit);
-        });
+        connections.spawn(serve_connection(stream, handler.clone(), &graceful, options, permit));
     }
     drop(listener);
     match tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await {
@@ -136,6 +180,125 @@ where
                 "drain timed out: force-closed the connections still open"
             );
             Drained::TimedOut
+        }
+    }
+}
+
+/// Serves one accepted connection under its bounds (see the module doc).
+fn serve_connection<S, H, F>(
+    stream: S,
+    handler: H,
+    graceful: &GracefulShutdown,
+    options: ServeOptions,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    S: crate::seam::Stream,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let abort = ConnectionAbort::default();
+    let (io, timer) = GuardedIo::new(
+        stream,
+        options.write_progress,
+        options.head_read_timeout,
+        options.idle_timeout,
+    );
+    let on_request = abort.clone();
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(on_request.clone());
+        let response = handler(req);
+        async move { Ok::<_, Infallible>(response.await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(timer)
+        .header_read_timeout(options.head_read_timeout)
+        .max_buf_size(options.head_bytes_max)
+        .auto_date_header(options.date_header)
+        .serve_connection(TokioIo::new(io), service);
+    let watched = graceful.watch(conn);
+    async move {
+        tokio::select! {
+            ended = watched => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            }
+            () = abort.aborted() => tracing::debug!("connection closed: its response was aborted"),
+        }
+        drop(permit);
+    }
+}
+
+/// Whether an accept error concerns only the connection being accepted (try the next at once)
+/// rather than the process (descriptors, memory: pause).
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// Rate-limited reporting and backoff of failing accepts (see the module doc).
+#[derive(Debug, Default)]
+struct AcceptFailures {
+    /// Failures of the current storm, if accepts are failing.
+    storm: Option<Storm>,
+    /// When the last start of a storm was logged.
+    logged_at: Option<tokio::time::Instant>,
+    /// Failures not yet reported in a log line.
+    unreported: u64,
+}
+
+#[derive(Debug)]
+struct Storm {
+    started: tokio::time::Instant,
+    failures: u64,
+    announced: bool,
+    pause: Duration,
+}
+
+impl AcceptFailures {
+    /// Records a failure at `now`; returns how long to pause before the next attempt.
+    fn failed(&mut self, e: &io::Error, now: tokio::time::Instant) -> Duration {
+        self.unreported += 1;
+        let due = self.logged_at.is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL);
+        let storm = self.storm.get_or_insert(Storm {
+            started: now,
+            failures: 0,
+            announced: false,
+            pause: ACCEPT_BACKOFF_MIN,
+        });
+        storm.failures += 1;
+        if due {
+            tracing::warn!(
+                error = %e,
+                failures = self.unreported,
+                "accept failed: pausing up to {ACCEPT_BACKOFF_MAX:?} between attempts \
+                 (reported at most every {ACCEPT_LOG_INTERVAL:?})"
+            );
+            storm.announced = true;
+            self.logged_at = Some(now);
+            self.unreported = 0;
+        }
+        let pause = storm.pause;
+        storm.pause = (storm.pause * 2).min(ACCEPT_BACKOFF_MAX);
+        pause
+    }
+
+    /// Records a successful accept at `now`: a storm whose start was logged logs its end.
+    fn accepted(&mut self, now: tokio::time::Instant) {
+        let Some(storm) = self.storm.take() else { return };
+        if storm.announced {
+            tracing::info!(
+                failures = storm.failures,
+                lasted = ?now.duration_since(storm.started),
+                "accepting again"
+            );
         }
     }
 }
