@@ -4,7 +4,8 @@
 //!
 //! - Connections: at most [`ServeOptions::connections_max`] at once. At the limit the loop stops
 //!   accepting: further connections wait in the kernel's listen backlog (bounded by the
-//!   listener's backlog; past it the kernel drops SYNs and clients retry), and accepting resumes
+//!   listener's backlog, [`LISTEN_BACKLOG`](crate::seam::LISTEN_BACKLOG) on tokio; past it the
+//!   kernel drops SYNs and clients retry), and accepting resumes
 //!   the moment a connection closes. No descriptor is spent on a connection the loop cannot
 //!   serve.
 //! - Accept failures for want of a resource (`EMFILE`, `ENFILE`, `ENOBUFS`, ...): a short pause
@@ -252,6 +253,8 @@ struct AcceptFailures {
     logged_at: Option<tokio::time::Instant>,
     /// Failures not yet reported in a log line.
     unreported: u64,
+    /// Log lines written.
+    lines: u64,
 }
 
 #[derive(Debug)]
@@ -282,6 +285,7 @@ impl AcceptFailures {
                  (reported at most every {ACCEPT_LOG_INTERVAL:?})"
             );
             storm.announced = true;
+            self.lines += 1;
             self.logged_at = Some(now);
             self.unreported = 0;
         }
@@ -294,11 +298,64 @@ impl AcceptFailures {
     fn accepted(&mut self, now: tokio::time::Instant) {
         let Some(storm) = self.storm.take() else { return };
         if storm.announced {
+            self.lines += 1;
             tracing::info!(
                 failures = storm.failures,
                 lasted = ?now.duration_since(storm.started),
                 "accepting again"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn emfile() -> io::Error {
+        io::Error::from_raw_os_error(24)
+    }
+
+    #[test]
+    fn a_storm_of_accept_failures_logs_one_line_and_one_on_recovery() {
+        let mut f = AcceptFailures::default();
+        let t0 = tokio::time::Instant::now();
+        let mut pauses = Vec::new();
+        for i in 0..1000u64 {
+            pauses.push(f.failed(&emfile(), t0 + Duration::from_millis(i)));
+        }
+        assert_eq!(f.lines, 1, "one line for the start of the storm");
+        assert_eq!(pauses[0], ACCEPT_BACKOFF_MIN);
+        assert!(pauses.iter().all(|p| *p <= ACCEPT_BACKOFF_MAX));
+        assert_eq!(pauses[999], ACCEPT_BACKOFF_MAX);
+        f.accepted(t0 + Duration::from_secs(1));
+        assert_eq!(f.lines, 2, "one line when accepting recovers");
+        f.accepted(t0 + Duration::from_secs(1));
+        assert_eq!(f.lines, 2, "successes outside a storm log nothing");
+    }
+
+    #[test]
+    fn storms_within_the_log_interval_are_counted_not_logged() {
+        let mut f = AcceptFailures::default();
+        let t0 = tokio::time::Instant::now();
+        for i in 0..50u64 {
+            let at = t0 + Duration::from_millis(100 * i);
+            assert_eq!(f.failed(&emfile(), at), ACCEPT_BACKOFF_MIN, "a new storm starts short");
+            f.accepted(at + Duration::from_millis(1));
+        }
+        assert_eq!(f.lines, 2, "the first storm and its end; the next 49 are inside the interval");
+        assert_eq!(f.unreported, 49);
+        let later = t0 + ACCEPT_LOG_INTERVAL + Duration::from_secs(1);
+        f.failed(&emfile(), later);
+        assert_eq!((f.lines, f.unreported), (3, 0), "the next report carries the count");
+    }
+
+    #[test]
+    fn only_resource_errors_pause_the_accept_loop() {
+        for kind in [io::ErrorKind::ConnectionAborted, io::ErrorKind::ConnectionReset] {
+            assert!(is_transient(&io::Error::from(kind)));
+        }
+        assert!(!is_transient(&emfile()));
+        assert!(!is_transient(&io::Error::from_raw_os_error(23)), "ENFILE");
     }
 }

@@ -375,3 +375,118 @@ async fn an_oversized_head_is_answered_431_and_closed_on_every_listener() {
     }
     node.shutdown().await;
 }
+
+/// The `dart` binary started under `ulimit -n <files>`; returns it, its client address and a
+/// reader of everything it logs.
+async fn dart_with_open_files(
+    files: u64,
+    args: &[String],
+) -> (tokio::process::Child, SocketAddr, tokio::task::JoinHandle<String>) {
+    use tokio::io::AsyncBufReadExt;
+    let script = format!("ulimit -n {files} && exec \"$0\" \"$@\"");
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_dart"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn dart under a low open-file limit");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let banner = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a banner within the startup bound")
+        .expect("stdout")
+        .expect("a banner line");
+    let client = banner
+        .split(" | ")
+        .next()
+        .and_then(|p| p.strip_prefix("dart client="))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("banner: {banner}"));
+    let mut err = child.stderr.take().expect("stderr");
+    let stderr = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s).await;
+        s
+    });
+    (child, client, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_low_open_file_limit_connections_are_shed_before_it_and_serving_resumes_at_once() {
+    const FILES: u64 = 256;
+    let own = dart_node::limits::raise_open_file_limit().after.unwrap_or(u64::MAX);
+    // Four times the node's descriptors, if this process may hold them (one each, plus room).
+    let clients = usize::try_from(own.saturating_sub(128)).unwrap_or(usize::MAX).min(4 * 256);
+    assert!(clients > FILES as usize, "this process may open only {own} files");
+    let size = 16 * 1024;
+    let o = origin(Behaviour::Honours, size).await;
+    let dir = support::temp_dir("hygiene", "nofile");
+    let args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--cache-size",
+        "16MiB",
+        "--mem-size",
+        "1MiB",
+        "--block-size",
+        "256KiB",
+        "--chunk-size",
+        "4MiB",
+        "--drain-secs",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["--cache-dir".to_string(), dir.0.display().to_string()])
+    .collect();
+    let (mut child, addr, stderr) = dart_with_open_files(FILES, &args).await;
+    let target = object_target(&o, "/nofile.bin");
+    assert_eq!(get(addr, &target).await.status, 200);
+
+    // Far more clients at once than the node has descriptors: each connects and asks before
+    // any answer is read. The node serves as many as its budget allows and takes the rest
+    // from the listen backlog as each answered connection closes.
+    let t0 = Instant::now();
+    let mut held = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let mut s = TcpStream::connect(addr).await.expect("connect (the backlog takes it)");
+        let req = format!("GET {target} HTTP/1.1\r\nHost: n\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("send");
+        held.push(s);
+    }
+    for mut s in held {
+        let (head, mut body) = read_head(&mut s).await;
+        assert_eq!(status_of(&head), 200, "{head}");
+        s.read_to_end(&mut body).await.expect("body");
+        assert!(body == generate(SEED, 0, size as usize), "bytes differ");
+    }
+    println!("nofile {FILES}: {clients} concurrent clients all served in {:?}", t0.elapsed());
+
+    let mut latencies = Vec::new();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let a = get(addr, &target).await;
+        latencies.push(t0.elapsed());
+        assert_eq!(a.status, 200, "{}", a.head);
+    }
+    println!("nofile {FILES}: requests after the storm answered in {latencies:?}");
+    let worst = *latencies.iter().max().expect("three");
+    assert!(worst < Duration::from_millis(500), "a request after the storm waited {worst:?}");
+
+    let pid = child.id().expect("running").to_string();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.expect("kill").success());
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("exits");
+    let log = stderr.await.expect("stderr");
+    let failures = log.lines().filter(|l| l.contains("accept failed")).count();
+    println!("nofile {FILES}: {failures} 'accept failed' lines");
+    assert!(log.contains("--max-connections lowered to fit the open-file limit"), "{log}");
+    assert_eq!(failures, 0, "the connection limit sheds load before the file limit:\n{log}");
+}
