@@ -39,15 +39,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     // The demo prints a report; routine start-up logs would only interleave with it.
     let default_level = if matches!(cli.command, Some(Command::Demo(_))) { "warn" } else { "info" };
     init_tracing(default_level);
-    if cli.command.is_none() {
-        let files = limits::raise_open_file_limit();
-        tracing::info!(
-            before = ?files.before,
-            after = ?files.after,
-            hard = ?files.hard,
-            "open-file soft limit (raised to the hard limit)"
-        );
-    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
@@ -68,7 +59,15 @@ fn init_tracing(default_level: &str) {
 }
 
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
+    // Before start, which sizes the connection limits to it; logged once the flags are valid.
+    let files = limits::raise_open_file_limit();
     let node = start(&flags).await?;
+    tracing::info!(
+        before = ?files.before,
+        after = ?files.after,
+        hard = ?files.hard,
+        "open-file soft limit (raised to the hard limit)"
+    );
     println!("{}", node.banner);
     shutdown_signal().await;
     println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
