@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 /// Ends one connection at once, whatever it is doing (the node aborted its response).
@@ -58,17 +59,39 @@ pub struct GuardedIo<S> {
     stalled: bool,
 }
 
+/// Asks idle keep-alive connections of one listener to close: the accept loop, at its
+/// connection limit with a connection accepted and waiting, wakes one (the longest waiting)
+/// so that a client with a request goes before a client with none.
+#[derive(Clone, Debug, Default)]
+pub struct Reclaim(Arc<Notify>);
+
+impl Reclaim {
+    /// Closes one idle keep-alive connection, now or as soon as one goes idle.
+    pub fn one(&self) {
+        self.0.notify_one();
+    }
+
+    fn waiter(&self) -> Pin<Box<OwnedNotified>> {
+        let mut notified = Box::pin(self.0.clone().notified_owned());
+        // Registered from now on, not only from its first poll (notify_one would skip it).
+        notified.as_mut().enable();
+        notified
+    }
+}
+
 impl<S> GuardedIo<S> {
-    /// Wraps `inner`; returns the stream and the head timer hyper must use for it.
+    /// Wraps `inner`; returns the stream and the head timer hyper must use for it. Idle waits
+    /// for a next request end early when `reclaim` asks.
     pub fn new(
         inner: S,
         write_progress: Duration,
         head: Duration,
         idle: Duration,
+        reclaim: Reclaim,
     ) -> (Self, HeadTimer) {
         assert!(!write_progress.is_zero() && !head.is_zero() && !idle.is_zero());
         let shared = Arc::new(Shared::default());
-        let timer = HeadTimer { shared: shared.clone(), head, idle };
+        let timer = HeadTimer { shared: shared.clone(), head, idle, reclaim };
         let io = GuardedIo { inner, shared, write_progress, stall: None, stalled: false };
         (io, timer)
     }
@@ -172,12 +195,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedIo<S> {
 /// of a connection the head bound from the moment hyper waits for it (a client that connects
 /// and sends nothing, or trickles, is closed by it), and every later head the idle bound until
 /// its first byte arrives, then the head bound from that byte (Go's `IdleTimeout` and
-/// `ReadHeaderTimeout`).
+/// `ReadHeaderTimeout`). An idle wait also ends, closing the connection, when the listener's
+/// [`Reclaim`] picks it.
 #[derive(Clone, Debug)]
 pub struct HeadTimer {
     shared: Arc<Shared>,
     head: Duration,
     idle: Duration,
+    reclaim: Reclaim,
 }
 
 impl HeadTimer {
@@ -186,6 +211,7 @@ impl HeadTimer {
         let now = tokio::time::Instant::now();
         sleep.read_mark = self.shared.bytes_read.load(Ordering::Relaxed);
         sleep.waiting_for_first_byte = !first;
+        sleep.reclaimed = if first { None } else { Some(self.reclaim.waiter()) };
         let bound = if first { self.head } else { self.idle };
         sleep.inner.as_mut().reset(now + bound);
     }
@@ -196,6 +222,7 @@ impl HeadTimer {
             head: self.head,
             read_mark: 0,
             waiting_for_first_byte: false,
+            reclaimed: None,
             inner: Box::pin(tokio::time::sleep(self.head)),
         };
         self.arm(&mut sleep);
@@ -233,6 +260,8 @@ struct HeadSleep {
     head: Duration,
     read_mark: u64,
     waiting_for_first_byte: bool,
+    /// While idle: fires when the listener reclaims this connection.
+    reclaimed: Option<Pin<Box<OwnedNotified>>>,
     inner: Pin<Box<tokio::time::Sleep>>,
 }
 
@@ -246,8 +275,16 @@ impl Future for HeadSleep {
             && self.shared.bytes_read.load(Ordering::Relaxed) > self.read_mark
         {
             self.waiting_for_first_byte = false;
+            // A request is coming: no longer idle (a pick it had goes on to the next waiter).
+            self.reclaimed = None;
             let deadline = tokio::time::Instant::now() + self.head;
             self.inner.as_mut().reset(deadline);
+        }
+        if let Some(reclaimed) = &mut self.reclaimed {
+            if reclaimed.as_mut().poll(cx).is_ready() {
+                tracing::debug!("idle keep-alive connection closed to make room");
+                return Poll::Ready(());
+            }
         }
         self.inner.as_mut().poll(cx)
     }

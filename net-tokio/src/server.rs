@@ -2,12 +2,12 @@
 //!
 //! # Bounds of one listener
 //!
-//! - Connections: at most [`ServeOptions::connections_max`] at once. At the limit the loop stops
-//!   accepting: further connections wait in the kernel's listen backlog (bounded by the
-//!   listener's backlog, [`LISTEN_BACKLOG`](crate::seam::LISTEN_BACKLOG) on tokio; past it the
-//!   kernel drops SYNs and clients retry), and accepting resumes
-//!   the moment a connection closes. No descriptor is spent on a connection the loop cannot
-//!   serve.
+//! - Connections: at most [`ServeOptions::connections_max`] at once. At the limit the loop holds
+//!   the one connection it accepted, asks one idle keep-alive connection to close
+//!   ([`Reclaim`]), and serves the new one the moment a slot frees; further connections wait in
+//!   the kernel's listen backlog (bounded: [`LISTEN_BACKLOG`](crate::seam::LISTEN_BACKLOG) on
+//!   tokio; past it the kernel drops SYNs and clients retry). At most one descriptor beyond the
+//!   limit is spent on a connection the loop cannot serve yet.
 //! - Accept failures for want of a resource (`EMFILE`, `ENFILE`, `ENOBUFS`, ...): a short pause
 //!   ([`ACCEPT_BACKOFF_MIN`] doubling to [`ACCEPT_BACKOFF_MAX`]) that ends early when one of
 //!   this listener's connections closes, and at most one log line per [`ACCEPT_LOG_INTERVAL`]
@@ -26,7 +26,7 @@
 //!   hyper's backpressure.
 
 use crate::body::ResponseBody;
-use crate::guard::{ConnectionAbort, GuardedIo};
+use crate::guard::{ConnectionAbort, GuardedIo, Reclaim};
 use crate::seam::Listener;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -133,13 +133,9 @@ where
     // that ended since the last accept.
     let mut connections = JoinSet::new();
     let mut failures = AcceptFailures::default();
+    let reclaim = Reclaim::default();
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
-        };
         let accepted = tokio::select! {
             biased;
             () = &mut shutdown => break,
@@ -153,7 +149,6 @@ where
             Err(e) if is_transient(&e) => continue,
             Err(e) => {
                 let pause = failures.failed(&e, tokio::time::Instant::now());
-                drop(permit);
                 // A connection of ours that closes frees a descriptor: try again at once.
                 tokio::select! {
                     biased;
@@ -164,8 +159,21 @@ where
                 continue;
             }
         };
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                // At the limit with a client waiting: an idle keep-alive connection makes room.
+                reclaim.one();
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+                }
+            }
+        };
         while connections.try_join_next().is_some() {}
-        connections.spawn(serve_connection(stream, handler.clone(), &graceful, options, permit));
+        let guard = ConnectionGuard { options, reclaim: reclaim.clone(), permit };
+        connections.spawn(serve_connection(stream, handler.clone(), &graceful, guard));
     }
     drop(listener);
     match tokio::time::timeout(options.drain_timeout, graceful.shutdown()).await {
@@ -185,25 +193,33 @@ where
     }
 }
 
+/// What a connection holds of its listener: the options, the reclaim signal and its slot.
+struct ConnectionGuard {
+    options: ServeOptions,
+    reclaim: Reclaim,
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// Serves one accepted connection under its bounds (see the module doc).
 fn serve_connection<S, H, F>(
     stream: S,
     handler: H,
     graceful: &GracefulShutdown,
-    options: ServeOptions,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    guard: ConnectionGuard,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     S: crate::seam::Stream,
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let ConnectionGuard { options, reclaim, permit } = guard;
     let abort = ConnectionAbort::default();
     let (io, timer) = GuardedIo::new(
         stream,
         options.write_progress,
         options.head_read_timeout,
         options.idle_timeout,
+        reclaim,
     );
     let on_request = abort.clone();
     let service = service_fn(move |mut req: Request<Incoming>| {
