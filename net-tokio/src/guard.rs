@@ -1,6 +1,7 @@
 //! Per-connection bounds of the accept loop: every accepted stream is wrapped in a
 //! [`GuardedIo`] (write progress), served with a [`HeadTimer`] (request-head and keep-alive
-//! idle bounds), and can be ended at once through its [`ConnectionAbort`].
+//! idle bounds; an idle wait also ends when the listener's [`Reclaim`] needs the slot), and can
+//! be ended at once through its [`ConnectionAbort`].
 //!
 //! These act in the transport, before and around the node: the node's own write-stall timer
 //! (`Bounds::write_stall`) gives up block reads whose requester stops reading, and the
@@ -61,7 +62,8 @@ pub struct GuardedIo<S> {
 
 /// Asks idle keep-alive connections of one listener to close: the accept loop, at its
 /// connection limit with a connection accepted and waiting, wakes one (the longest waiting)
-/// so that a client with a request goes before a client with none.
+/// so that a client with a request goes before a client with none. With none idle, the next
+/// connection to go idle closes (one pick is kept, never more).
 #[derive(Clone, Debug, Default)]
 pub struct Reclaim(Arc<Notify>);
 
