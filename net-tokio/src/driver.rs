@@ -19,6 +19,7 @@
 use crate::body::{self, BodyError, ResponseBody};
 use crate::cache::BlockCache;
 use crate::client::{parse_target, HttpClient};
+use crate::guard::ConnectionAbort;
 use crate::metrics::{Metrics, Scrape};
 use crate::seam::{DialError, Dialer, ShellClock};
 use bytes::Bytes;
@@ -61,9 +62,17 @@ pub enum Part {
 
 type RosterResult = Result<(Roster, Option<String>), String>;
 
+/// Where a request's response parts go, and how to end its connection at once.
+struct Mailbox {
+    tx: mpsc::UnboundedSender<Part>,
+    /// Fired on the node's abort: a requester that stopped reading never polls its body again,
+    /// so the abort part alone would never reach its socket.
+    connection: Option<ConnectionAbort>,
+}
+
 struct Inner {
     node: Node,
-    mailboxes: BTreeMap<RequestId, mpsc::UnboundedSender<Part>>,
+    mailboxes: BTreeMap<RequestId, Mailbox>,
     ios: BTreeMap<IoId, AbortHandle>,
     pipes: BTreeMap<IoId, RequestId>,
     pending_puts: BTreeMap<BlockKey, Bytes>,
@@ -512,7 +521,7 @@ impl<D: Dialer> NodeDriver<D> {
         }
         report(IoEvent::Head { status: parts.status.as_u16(), headers });
         if let Some(to) = self.take_pipe(id) {
-            let mailbox = self.lock().mailboxes.get(&to).cloned();
+            let mailbox = self.lock().mailboxes.get(&to).map(|m| m.tx.clone());
             match mailbox {
                 Some(tx) => {
                     let _ = tx.send(Part::Pipe(incoming, id));
@@ -603,7 +612,8 @@ impl<D: Dialer> NodeDriver<D> {
         }
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
         let request = Inbound { method: req.method().as_str().to_owned(), target, headers };
-        self.respond(plane, request).await
+        let connection = req.extensions().get::<ConnectionAbort>().cloned();
+        self.respond_on(plane, request, connection).await
     }
 
     /// Serves one parsed request: the response whose body the node streams. Dropping the
@@ -613,9 +623,19 @@ impl<D: Dialer> NodeDriver<D> {
         plane: Plane,
         request: Inbound,
     ) -> Response<ResponseBody> {
+        self.respond_on(plane, request, None).await
+    }
+
+    /// [`respond`](Self::respond) on a connection that the node's abort closes at once.
+    pub async fn respond_on(
+        self: Arc<Self>,
+        plane: Plane,
+        request: Inbound,
+        connection: Option<ConnectionAbort>,
+    ) -> Response<ResponseBody> {
         let id = RequestId(self.next_request.fetch_add(1, Ordering::Relaxed));
         let (tx, mut rx) = mpsc::unbounded_channel();
-        self.lock().mailboxes.insert(id, tx);
+        self.lock().mailboxes.insert(id, Mailbox { tx, connection });
         let mut guard = CancelGuard { driver: Some(self.clone()), id };
         self.feed(Input::WallClock { unix_ms: self.unix_ms() });
         self.feed(Input::Request { id, plane, request });
@@ -647,9 +667,17 @@ impl<D: Dialer> NodeDriver<D> {
 }
 
 fn send(inner: &mut Inner, id: RequestId, part: Part, last: bool) {
-    let tx = if last { inner.mailboxes.remove(&id) } else { inner.mailboxes.get(&id).cloned() };
-    if let Some(tx) = tx {
-        let _ = tx.send(part);
+    if !last {
+        if let Some(m) = inner.mailboxes.get(&id) {
+            let _ = m.tx.send(part);
+        }
+        return;
+    }
+    let Some(m) = inner.mailboxes.remove(&id) else { return };
+    let abort = matches!(part, Part::Abort);
+    let _ = m.tx.send(part);
+    if let (true, Some(connection)) = (abort, m.connection) {
+        connection.abort();
     }
 }
 

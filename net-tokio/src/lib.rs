@@ -5,7 +5,8 @@
 //!   operations, response parts, its timers.
 //! - [`client`]: the pooled outbound HTTP/1.1 client over the seam (no timeouts of its own).
 //! - [`seam`]: listeners, dialers and the clock, so the same code runs on tokio and turmoil.
-//! - [`server`]: the bounded accept loop with graceful shutdown.
+//! - [`server`]: the bounded accept loop with graceful shutdown; [`guard`]: its per-connection
+//!   bounds (write progress, head and idle timers, abort).
 //! - [`store`]: the block store (RAM hot set, owned/borrowed disk arenas, TinyLFU admission).
 //! - [`cache`], [`metrics`], [`body`]: the block cache seam, Prometheus exposition and bodies.
 //! - [`origin_server`]: a generated-object origin for the demo and tests.
@@ -14,6 +15,7 @@ pub mod body;
 pub mod cache;
 pub mod client;
 pub mod driver;
+pub mod guard;
 pub mod metrics;
 pub mod origin_server;
 pub mod seam;

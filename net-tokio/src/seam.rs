@@ -372,6 +372,12 @@ pub trait Seam: Clone + Send + Sync + 'static {
     }
 }
 
+/// Connections a listener's kernel queue holds while the accept loop is at its connection limit
+/// (the kernel caps it at `net.core.somaxconn`, 4096 on current Linux, which is what Go's
+/// listeners ask for). Past it the kernel drops SYNs and clients retry after a second:
+/// std's and tokio's default of 128 overflows under a burst of a few hundred connections.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
 /// Real sockets on tokio.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TokioSeam;
@@ -381,7 +387,13 @@ impl Seam for TokioSeam {
     type Dialer = TokioDialer;
 
     async fn bind(&self, addr: SocketAddr) -> io::Result<Self::Listener> {
-        tokio::net::TcpListener::bind(addr).await
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
     }
 
     fn dialer(&self) -> TokioDialer {

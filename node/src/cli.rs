@@ -156,6 +156,24 @@ pub struct NodeFlags {
     /// Relays store and forward whole blocks instead of cutting through (for comparisons).
     #[arg(long, hide = true)]
     pub store_and_forward: bool,
+    /// How long a client may take to send a request head (the first on a connection from its
+    /// accept, a later one from its first byte); every listener.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    pub header_read_timeout: std::time::Duration,
+    /// How long a keep-alive connection may sit idle between requests; every listener.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub idle_timeout: std::time::Duration,
+    /// Most bytes of one request head (at least 8KiB); a larger head is answered 431.
+    #[arg(long, default_value = "64KiB", value_parser = size)]
+    pub max_header_bytes: u64,
+    /// Most connections the client listener, and the peer listener, each serve at once; lowered
+    /// to fit the open-file limit. Further connections wait in the listen backlog.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// How long a client may take no bytes of a response body before its request is given up
+    /// (its flight, buffers and peer permit released) and its connection closed.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub write_stall_timeout: std::time::Duration,
     /// How long in-flight responses may take to finish on SIGTERM/ctrl-c, in seconds.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod demo;
+pub mod limits;
 
 use anyhow::Context as _;
 use cli::{Cli, Command, NodeFlags};
@@ -60,7 +61,15 @@ fn init_tracing(default_level: &str) {
 }
 
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
+    // Before start, which sizes the connection limits to it; logged once the flags are valid.
+    let files = limits::raise_open_file_limit();
     let node = start(&flags).await?;
+    tracing::info!(
+        before = ?files.before,
+        after = ?files.after,
+        hard = ?files.hard,
+        "open-file soft limit (raised to the hard limit)"
+    );
     println!("{}", node.banner);
     shutdown_signal().await;
     println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
@@ -163,8 +172,7 @@ pub async fn start_on<S: Seam>(
         }
     }
     let mode = upstream_mode(flags)?;
-    let bounds = Bounds { peer_request: flags.peer_timeout, ..Bounds::default() };
-    bounds.validate().context("invalid timeouts")?;
+    let bounds = bounds(flags)?;
     let p2p = p2p_setup(flags)?;
     let store: Arc<dyn BlockCache> = match store {
         Some(store) => store,
@@ -253,10 +261,10 @@ pub async fn start_on<S: Seam>(
     };
     let driver = NodeDriver::start_with(node, store, client, stop_rx.clone(), wall);
 
-    let options = ServeOptions {
-        date_header: seam.wall_clock(),
-        drain_timeout: Duration::from_secs(flags.drain_secs),
-        ..ServeOptions::from_bounds(&bounds)
+    let options = serve_options(flags, &bounds, seam.wall_clock(), if peered { 2 } else { 1 });
+    let admin_options = ServeOptions {
+        connections_max: options.connections_max.min(limits::ADMIN_CONNECTIONS_MAX),
+        ..options
     };
     let mut servers = JoinSet::new();
     let d = driver.clone();
@@ -271,7 +279,7 @@ pub async fn start_on<S: Seam>(
         let d = driver.clone();
         let id: Arc<str> = flags.self_id.as_str().into();
         let handler = move |req| admin_handle(d.clone(), id.clone(), req);
-        servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
+        servers.spawn(serve(l, handler, stopped(stop_rx.clone()), admin_options));
     }
     let mode_text = match &mode {
         UpstreamMode::Static(u) => format!("origin {}", strip_userinfo(u)),
@@ -334,6 +342,53 @@ fn access_setup(flags: &NodeFlags, mode: &UpstreamMode) -> anyhow::Result<Access
         peer_secret,
         clock_skew: flags.peer_clock_skew,
     })
+}
+
+/// The node's bounds from the flags.
+fn bounds(flags: &NodeFlags) -> anyhow::Result<Bounds> {
+    const HEAD_BYTES_MIN: u64 = 8 << 10;
+    if flags.max_header_bytes < HEAD_BYTES_MIN {
+        anyhow::bail!("--max-header-bytes must be at least 8KiB, got {}", flags.max_header_bytes);
+    }
+    if flags.idle_timeout.is_zero() {
+        anyhow::bail!("--idle-timeout must be above zero");
+    }
+    let bounds = Bounds {
+        peer_request: flags.peer_timeout,
+        write_stall: flags.write_stall_timeout,
+        inbound_head_read: flags.header_read_timeout,
+        inbound_head_bytes: usize::try_from(flags.max_header_bytes).unwrap_or(usize::MAX),
+        inbound_connections: flags.max_connections,
+        ..Bounds::default()
+    };
+    bounds.validate().context("invalid bounds")?;
+    Ok(bounds)
+}
+
+/// The data listeners' transport options: the bounds, the idle timeout, and a connection limit
+/// lowered to what the open-file limit can hold (`data_listeners`: client, and peer if on).
+fn serve_options(
+    flags: &NodeFlags,
+    bounds: &Bounds,
+    wall_clock: bool,
+    data_listeners: usize,
+) -> ServeOptions {
+    let budget = limits::connection_budget(limits::open_file_limit(), data_listeners);
+    if budget < bounds.inbound_connections {
+        tracing::warn!(
+            configured = bounds.inbound_connections,
+            budget,
+            open_files = ?limits::open_file_limit(),
+            "--max-connections lowered to fit the open-file limit"
+        );
+    }
+    ServeOptions {
+        date_header: wall_clock,
+        drain_timeout: Duration::from_secs(flags.drain_secs),
+        idle_timeout: flags.idle_timeout,
+        connections_max: bounds.inbound_connections.min(budget),
+        ..ServeOptions::from_bounds(bounds)
+    }
 }
 
 /// An `--immutable` URL prefix in the form object identities take (identities canonicalise the
