@@ -106,11 +106,14 @@ impl Dialer for LoopbackDialer {
     }
 }
 
+/// The node's bound listeners and the connections each accepted.
+type Accepts = Arc<Mutex<Vec<(SocketAddr, Arc<AtomicUsize>)>>>;
+
 /// Real loopback sockets, counting the connections each of the node's listeners accepts.
 #[derive(Clone, Debug, Default)]
 struct TestSeam {
     dialer: LoopbackDialer,
-    listeners: Arc<Mutex<Vec<(SocketAddr, Arc<AtomicUsize>)>>>,
+    listeners: Accepts,
 }
 
 impl Seam for TestSeam {
