@@ -45,3 +45,120 @@ pub async fn origin(seed: u64, behaviour: Behaviour, size: u64) -> Origin {
     tokio::spawn(serve_origin(l, object, stats.clone(), stop, ServeOptions::default()));
     Origin { addr, stats, _stop: tx }
 }
+
+/// A listener that counts the connections it accepted.
+pub struct Counting<L> {
+    inner: L,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<L> Counting<L> {
+    /// Wraps `inner`; `accepted` goes up by one for every connection accepted.
+    pub fn new(inner: L, accepted: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        Counting { inner, accepted }
+    }
+}
+
+impl<L: dart_net_tokio::seam::Listener> dart_net_tokio::seam::Listener for Counting<L> {
+    type Io = L::Io;
+
+    async fn accept(&mut self) -> std::io::Result<(Self::Io, SocketAddr)> {
+        let accepted = self.inner.accept().await?;
+        // Counted before the server reads a byte: whoever got an answer was counted first.
+        self.accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(accepted)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An answer read to its end.
+#[derive(Debug)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Response headers.
+    pub headers: http::HeaderMap,
+    /// The whole body.
+    pub body: bytes::Bytes,
+}
+
+impl Reply {
+    /// A header's value as text ("" when absent).
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    /// The body as (lossy) text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A client that opens a new connection for every request (no pooling), so that a listener's
+/// accept count is exactly the number of requests sent to it.
+pub type OneShot = hyper_util::client::legacy::Client<
+    dart_net_tokio::seam::SeamConnector<dart_net_tokio::seam::TokioDialer>,
+    http_body_util::Empty<bytes::Bytes>,
+>;
+
+/// A [`OneShot`] client.
+pub fn one_shot() -> OneShot {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(dart_net_tokio::seam::SeamConnector::new(
+            dart_net_tokio::seam::TokioDialer,
+            std::time::Duration::from_secs(2),
+        ))
+}
+
+/// A keep-alive client (for timing warm reads without a handshake per read).
+pub fn pooled() -> OneShot {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(
+        dart_net_tokio::seam::SeamConnector::new(
+            dart_net_tokio::seam::TokioDialer,
+            std::time::Duration::from_secs(2),
+        ),
+    )
+}
+
+/// Sends `method url` with `headers` on `client` and reads the answer to its end, bounded by
+/// ten seconds so that a hang is a failure, not a stuck test.
+pub async fn send(
+    client: &OneShot,
+    method: http::Method,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    use http_body_util::BodyExt as _;
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(http_body_util::Empty::new()).expect("a request");
+    let exchange = async {
+        let resp = client.request(req).await.expect("a response");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.expect("a whole body").to_bytes();
+        Reply { status, headers, body }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("{url}: no answer within 10 s"))
+}
+
+/// `GET url` with `headers` on a fresh connection.
+pub async fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
+    send(&one_shot(), http::Method::GET, url, headers).await
+}
+
+/// The value of the Prometheus sample `series` (`name{labels}`) in `metrics`.
+pub fn sample(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in\n{metrics}"))
+}
