@@ -207,8 +207,8 @@ mod tests {
 
     #[test]
     fn joiners_retry_alone_only_on_refusals_and_only_while_waiting() {
-        let refused = OriginError::Status { status: 403 };
-        let failed = OriginError::Status { status: 500 };
+        let refused = OriginError::Status { status: 403, challenge: None };
+        let failed = OriginError::Status { status: 500, challenge: None };
         assert_eq!(joiner_action(Some(&refused), true), JoinerAction::RetryAlone);
         assert_eq!(joiner_action(Some(&refused), false), JoinerAction::Use);
         assert_eq!(joiner_action(Some(&failed), true), JoinerAction::Use);

@@ -16,6 +16,8 @@ pub enum OriginError {
     Status {
         /// The HTTP status code.
         status: u16,
+        /// A 401's `WWW-Authenticate`, passed on to a client the refusal reaches.
+        challenge: Option<String>,
     },
     /// A probe's 206 did not reveal the object's total size (`bytes 0-0/*`).
     #[error("origin hid the object size (Content-Range total is `*`)")]
@@ -62,9 +64,22 @@ pub enum OriginError {
 }
 
 impl OriginError {
+    /// This error with a 401's `WWW-Authenticate` (visible ASCII, at most 1 KiB) attached.
+    pub fn with_challenge(self, challenge: Option<&[u8]>) -> Self {
+        match self {
+            OriginError::Status { status: 401, .. } => {
+                let challenge = challenge
+                    .filter(|c| c.len() <= 1024 && c.iter().all(|&b| (0x20..0x7f).contains(&b)))
+                    .map(|c| String::from_utf8_lossy(c).into_owned());
+                OriginError::Status { status: 401, challenge }
+            }
+            other => other,
+        }
+    }
+
     /// True for a credential refusal (401/403): a coalesced joiner retries alone with its own URL.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, OriginError::Status { status: 401 | 403 })
+        matches!(self, OriginError::Status { status: 401 | 403, .. })
     }
 
     /// True when the origin could not be reached or failed on its side (a transport error, a
@@ -72,7 +87,7 @@ impl OriginError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             OriginError::Transport(_) => true,
-            OriginError::Status { status } => *status >= 500,
+            OriginError::Status { status, .. } => *status >= 500,
             OriginError::HiddenTotal
             | OriginError::BadContentRange
             | OriginError::WrongOffset { .. }
@@ -87,7 +102,7 @@ impl OriginError {
     /// The origin's own status, when it answered with one.
     pub fn status(&self) -> Option<u16> {
         match self {
-            OriginError::Status { status } => Some(*status),
+            OriginError::Status { status, .. } => Some(*status),
             OriginError::HiddenTotal
             | OriginError::BadContentRange
             | OriginError::WrongOffset { .. }
@@ -135,7 +150,7 @@ pub fn classify_probe(
         }
         200 => Ok(ProbeOutcome::RangeBlind { content_length }),
         416 => Ok(ProbeOutcome::Size(0)),
-        _ => Err(OriginError::Status { status }),
+        _ => Err(OriginError::Status { status, challenge: None }),
     }
 }
 
@@ -211,7 +226,7 @@ pub fn plan_range_response(
                 kind: BodyKind::RangeIgnored { content_length },
             })
         }
-        _ => Err(OriginError::Status { status }),
+        _ => Err(OriginError::Status { status, challenge: None }),
     }
 }
 
@@ -287,7 +302,10 @@ mod tests {
 
     #[test]
     fn probe_error_statuses_keep_their_code() {
-        assert_eq!(classify_probe(404, None, None), Err(OriginError::Status { status: 404 }));
+        assert_eq!(
+            classify_probe(404, None, None),
+            Err(OriginError::Status { status: 404, challenge: None })
+        );
         assert!(classify_probe(403, None, None).unwrap_err().is_refusal());
     }
 

@@ -144,7 +144,10 @@ impl Node {
                     FlightKey::Probe(_) => {
                         // The body is dropped unread: a Range-blind 200 may be the whole object.
                         let meta = ObjectMeta::from_fields(|n| headers.get(n));
-                        let result = classify_probe(status, cr, cl).map(|o| Judged::Probe(o, meta));
+                        let challenge = headers.get("www-authenticate");
+                        let result = classify_probe(status, cr, cl)
+                            .map(|o| Judged::Probe(o, meta))
+                            .map_err(|e| e.with_challenge(challenge));
                         self.origin_done(io, result, true, now);
                     }
                     FlightKey::Block(_, start, end) => {
@@ -156,7 +159,10 @@ impl Node {
                                 let meta = Box::new(meta);
                                 *body = OriginBody::Reading { plan, skip: plan.skip, buf, meta };
                             }
-                            Err(e) => self.origin_done(io, Err(e), true, now),
+                            Err(e) => {
+                                let e = e.with_challenge(headers.get("www-authenticate"));
+                                self.origin_done(io, Err(e), true, now)
+                            }
                         }
                     }
                 }

@@ -282,8 +282,17 @@ impl Node {
                     if let Some(up) = f.upstream_status {
                         extra.push(crate::codec::wire::HEADER_UPSTREAM_STATUS, up.to_string());
                     }
-                    if let crate::engine::ReadError::Origin(OriginError::Refused(r)) = &f.error {
-                        extra.push("x-dart-refused", r.label());
+                    match &f.error {
+                        crate::engine::ReadError::Origin(OriginError::Refused(r)) => {
+                            extra.push("x-dart-refused", r.label());
+                        }
+                        crate::engine::ReadError::Origin(OriginError::Status {
+                            status: 401,
+                            challenge: Some(c),
+                        }) if req.plane == Plane::Client => {
+                            extra.push("www-authenticate", c.as_str());
+                        }
+                        _ => {}
                     }
                     self.reply(rid, req.plane, status, &format!("dart: {error}"), extra);
                 }
