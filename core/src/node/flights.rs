@@ -319,6 +319,14 @@ impl Node {
                 let object = req.read.object();
                 let other = !self.engine.is_immutable(object)
                     && req.read.version().is_some_and(|v| v.same_version(&meta) == Some(false));
+                // The flight's fill already offered this block to the store.
+                req.filled = match key {
+                    FlightKey::Block(_, start, _) if coalesced_flight && !other => {
+                        let block = start / self.engine.config().geometry.block_bytes();
+                        Some(self.engine.block_key(object, block))
+                    }
+                    _ => None,
+                };
                 let fetched = if other { Err(OriginError::Changed) } else { Ok(b) };
                 req.read.handle_fetch(&mut self.engine, fetched);
             }

@@ -63,6 +63,9 @@ pub(super) struct Request {
     pub forward: Headers,
     /// When the body window filled and the requester has not taken a part since.
     pub stalled_at: Option<Instant>,
+    /// A block the flight that delivered it already offered to the store (the read's own
+    /// `Store` of it is not repeated).
+    pub filled: Option<crate::hash::BlockKey>,
 }
 
 impl Request {
@@ -152,6 +155,7 @@ impl Node {
             cancelled: false,
             forward,
             stalled_at: None,
+            filled: None,
         };
         self.requests.insert(id, request);
         self.working.push(id);
@@ -244,6 +248,9 @@ impl Node {
                 self.ask_origin(rid, FlightKey::Block(id, start, end), url, fill, now);
             }
             Action::Store { key, data, class } => {
+                if req.filled.take() == Some(key) {
+                    return; // the flight's fill offered it already
+                }
                 // Only the version the node reads now is cached.
                 let read = &self.requests[&rid].read;
                 if self.may_store(read.object(), read.version()) {

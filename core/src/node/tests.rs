@@ -322,6 +322,8 @@ fn concurrent_reads_of_one_object_share_one_probe_and_one_fetch_per_block() {
     assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
     assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
     assert_eq!(h.node.stats().origin_bytes, SIZE, "coalesced bytes are counted once");
+    let puts = h.outputs.iter().filter(|o| matches!(o, Output::StorePut { .. })).count();
+    assert_eq!(puts, 4, "each block is offered to the store once, not once per waiter");
 }
 
 #[test]
