@@ -6,6 +6,7 @@
 //! and drives one [`Read`] per client request; see [`Read`] for the driving contract.
 
 pub mod flight;
+pub mod hedge;
 pub mod meta;
 pub mod origin;
 mod read;

@@ -1,0 +1,214 @@
+//! Tail control for peer fetches (seeds/engine.md §3.8): an online latency estimator and a hedge
+//! limiter.
+//!
+//! A peer fetch has two escalations, kept apart:
+//!
+//! | escalation | trigger | rate limited? |
+//! |---|---|---|
+//! | failover | the contender definitively failed (an error, a miss, a timeout) | no: it reacts to a known-bad peer, and throttling it would send a subtree to the origin while a peer that holds the block sits idle |
+//! | hedge | the contender is merely slow (past the estimated p99) | yes, to [`HedgeLimiter::ratio`]: when a whole cluster is slow, unthrottled duplicates double its load |
+//!
+//! The hedge delay is the exact p99 of a bounded window of recent peer fetches that *held* the
+//! block (a fast miss must not collapse it), floored at [`DELAY_FLOOR`] so a fast cluster does not
+//! hedge on noise and capped at [`DELAY_CAP`] so a pathological sample cannot disable hedging.
+//! Until [`SAMPLES_MIN`] samples exist there is no estimate and no hedge.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Samples needed before the estimator answers.
+pub const SAMPLES_MIN: usize = 16;
+/// Samples kept (the oldest age out).
+pub const WINDOW: usize = 512;
+/// Shortest hedge delay.
+pub const DELAY_FLOOR: Duration = Duration::from_millis(5);
+/// Longest hedge delay.
+pub const DELAY_CAP: Duration = Duration::from_secs(2);
+/// Default [`HedgeLimiter::ratio`].
+pub const DEFAULT_HEDGE_RATIO: f64 = 0.05;
+
+/// Exact quantiles over the last [`WINDOW`] samples.
+#[derive(Clone, Debug, Default)]
+pub struct LatencyEstimator {
+    /// Arrival order (for ageing out).
+    order: VecDeque<Duration>,
+    /// The same samples, sorted (for exact quantiles).
+    sorted: Vec<Duration>,
+}
+
+impl LatencyEstimator {
+    /// Records one fetch that held the block and took `d`.
+    pub fn record(&mut self, d: Duration) {
+        if self.order.len() == WINDOW {
+            let old = self.order.pop_front().expect("a full window");
+            let i = self.sorted.binary_search(&old).expect("every sample is in the sorted copy");
+            self.sorted.remove(i);
+        }
+        self.order.push_back(d);
+        let i = self.sorted.partition_point(|x| *x <= d);
+        self.sorted.insert(i, d);
+    }
+
+    /// Samples held.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether no sample is held.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The exact `q`-quantile (nearest rank: the smallest sample with at least `q` of the samples
+    /// at or below it), or `None` below [`SAMPLES_MIN`] samples.
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        let n = self.sorted.len();
+        if n < SAMPLES_MIN {
+            return None;
+        }
+        let rank = (q.clamp(0.0, 1.0) * n as f64).ceil() as usize;
+        Some(self.sorted[rank.clamp(1, n) - 1])
+    }
+
+    /// The hedge delay: p99 within [[`DELAY_FLOOR`], [`DELAY_CAP`]], `None` without an estimate.
+    pub fn hedge_delay(&self) -> Option<Duration> {
+        self.quantile(0.99).map(|p99| p99.clamp(DELAY_FLOOR, DELAY_CAP))
+    }
+}
+
+/// Keeps the long-run share of hedged fetches at or below `ratio`: every fetch earns `ratio` of a
+/// hedge, a hedge spends one, and banked credit is capped at one so an idle period cannot release
+/// a burst.
+#[derive(Clone, Debug)]
+pub struct HedgeLimiter {
+    ratio: f64,
+    credit: f64,
+}
+
+impl HedgeLimiter {
+    /// A limiter allowing `ratio` (clamped to `[0, 1]`; not a number means the default).
+    pub fn new(ratio: f64) -> Self {
+        let ratio = if ratio.is_nan() { DEFAULT_HEDGE_RATIO } else { ratio.clamp(0.0, 1.0) };
+        HedgeLimiter { ratio, credit: 0.0 }
+    }
+
+    /// The configured share.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// A fetch started: it earns its share of a hedge.
+    pub fn on_fetch(&mut self) {
+        self.credit = (self.credit + self.ratio).min(1.0);
+    }
+
+    /// Whether a hedge may fire now; if so, it is paid for.
+    pub fn try_hedge(&mut self) -> bool {
+        // A little slack for floating-point sums of the ratio.
+        if self.credit >= 1.0 - 1e-9 {
+            self.credit -= 1.0;
+            self.credit = self.credit.max(0.0);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Default for HedgeLimiter {
+    fn default() -> Self {
+        HedgeLimiter::new(DEFAULT_HEDGE_RATIO)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_estimator_needs_sixteen_samples_and_answers_exact_quantiles() {
+        let mut e = LatencyEstimator::default();
+        for i in 1..=15 {
+            e.record(ms(i));
+        }
+        assert_eq!(e.quantile(0.5), None);
+        assert_eq!(e.hedge_delay(), None);
+        e.record(ms(16));
+        assert_eq!(e.quantile(0.5), Some(ms(8)));
+        assert_eq!(e.quantile(0.99), Some(ms(16)));
+        for i in 17..=100 {
+            e.record(ms(i));
+        }
+        // Samples 1..=100 ms in shuffled arrival would give the same: the order does not matter.
+        assert_eq!(e.quantile(0.5), Some(ms(50)));
+        assert_eq!(e.quantile(0.99), Some(ms(99)));
+        assert_eq!(e.quantile(1.0), Some(ms(100)));
+    }
+
+    #[test]
+    fn old_samples_age_out_of_the_window() {
+        let mut e = LatencyEstimator::default();
+        for _ in 0..WINDOW {
+            e.record(ms(1000));
+        }
+        assert_eq!(e.quantile(0.5), Some(ms(1000)));
+        for _ in 0..WINDOW {
+            e.record(ms(10));
+        }
+        assert_eq!(e.len(), WINDOW);
+        assert_eq!(e.quantile(0.99), Some(ms(10)), "the slow era is gone");
+    }
+
+    #[test]
+    fn the_hedge_delay_is_floored_and_capped() {
+        let mut fast = LatencyEstimator::default();
+        let mut slow = LatencyEstimator::default();
+        for _ in 0..SAMPLES_MIN {
+            fast.record(Duration::from_micros(50));
+            slow.record(Duration::from_secs(60));
+        }
+        assert_eq!(fast.hedge_delay(), Some(DELAY_FLOOR));
+        assert_eq!(slow.hedge_delay(), Some(DELAY_CAP));
+    }
+
+    #[test]
+    fn the_limiter_keeps_the_long_run_share_at_its_ratio() {
+        for ratio in [0.05, 0.25, 0.5] {
+            let mut l = HedgeLimiter::new(ratio);
+            let mut hedges = 0u32;
+            let fetches = 10_000;
+            for _ in 0..fetches {
+                l.on_fetch();
+                // Every fetch is slow: each would hedge if allowed.
+                if l.try_hedge() {
+                    hedges += 1;
+                }
+            }
+            let share = f64::from(hedges) / f64::from(fetches);
+            assert!((share - ratio).abs() < 0.002, "ratio {ratio}: share {share}");
+        }
+    }
+
+    #[test]
+    fn the_limiter_clamps_its_ratio_and_banks_at_most_one_hedge() {
+        assert_eq!(HedgeLimiter::new(7.0).ratio(), 1.0);
+        assert_eq!(HedgeLimiter::new(-1.0).ratio(), 0.0);
+        assert_eq!(HedgeLimiter::new(f64::NAN).ratio(), DEFAULT_HEDGE_RATIO);
+        let mut off = HedgeLimiter::new(0.0);
+        for _ in 0..1000 {
+            off.on_fetch();
+        }
+        assert!(!off.try_hedge(), "a zero ratio never hedges");
+        // A long run of fast fetches (none needed a hedge) banks at most one.
+        let mut l = HedgeLimiter::new(0.05);
+        for _ in 0..100_000 {
+            l.on_fetch();
+        }
+        assert!(l.try_hedge());
+        assert!(!l.try_hedge(), "no burst after a quiet period");
+    }
+}
