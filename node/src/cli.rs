@@ -150,6 +150,10 @@ pub struct NodeFlags {
     /// How long an open circuit waits before probing (grows on failed probes, capped at 60s).
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub breaker_cooldown: std::time::Duration,
+    /// Largest share of peer fetches that may be hedged: a fetch slower than the estimated p99
+    /// of recent peer fetches races a backup at the next ancestor. 0 disables hedging.
+    #[arg(long, default_value_t = dart_core::engine::hedge::DEFAULT_HEDGE_RATIO)]
+    pub hedge_ratio: f64,
     /// Whole-request bound of one peer request.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_timeout: std::time::Duration,

@@ -172,6 +172,9 @@ pub async fn start_on<S: Seam>(
         }
     }
     let mode = upstream_mode(flags)?;
+    if !(flags.hedge_ratio.is_finite() && (0.0..=1.0).contains(&flags.hedge_ratio)) {
+        anyhow::bail!("--hedge-ratio must be between 0 and 1, got {}", flags.hedge_ratio);
+    }
     let bounds = bounds(flags)?;
     let p2p = p2p_setup(flags)?;
     let store: Arc<dyn BlockCache> = match store {
@@ -196,6 +199,8 @@ pub async fn start_on<S: Seam>(
         cut_through,
         revalidate_after: flags.revalidate_after,
         immutable_prefixes,
+        hedge: flags.hedge_ratio > 0.0,
+        hedge_ratio: flags.hedge_ratio,
     });
     let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
     let advertise = p2p

@@ -228,7 +228,11 @@ async fn script(w: World) {
             })
             .collect()
     };
+    let hedges = |w: &World| -> u64 {
+        (0..NODES).map(|i| w.driver(i).with_node(|n| n.stats().hedge_backup_won)).sum()
+    };
     let soft_before = soft(&w);
+    let hedges_before = hedges(&w);
     // Every node first opens a connection to it (a roster exchange), so that the stall hits
     // requests on established connections, not only dials.
     for i in (0..NODES).filter(|&i| i != stalled) {
@@ -240,12 +244,18 @@ async fn script(w: World) {
     }
     let times = w.everyone_reads("stall.bin", &[stalled], "stalled peer").await;
     let soft_after = soft(&w);
-    w.note(format!("stalled peer: soft failures before {soft_before:?} after {soft_after:?}"));
-    assert!(soft_after != soft_before, "a request to the stalled peer timed out");
+    let hedges_won = hedges(&w) - hedges_before;
+    w.note(format!(
+        "stalled peer: soft failures before {soft_before:?} after {soft_after:?}; {hedges_won} \
+         hedges won; read times {times:?} ms"
+    ));
+    // Its children either hedged past it (the backup won) or timed out on it.
+    assert!(hedges_won > 0 || soft_after != soft_before, "nothing routed around the stall");
     let slowest = times.iter().max().copied().unwrap_or(0);
-    // One response-head bound (10 s) on the established connection, then one dial bound (1 s)
-    // opens the circuit: the stalled peer costs each of its children about 11 s once.
-    assert!(slowest < 15_000, "slowest read {slowest} ms");
+    // Without hedging a child paid one response-head bound (10 s) on the established
+    // connection, then one dial bound (1 s): about 11 s. A hedge races the grandparent after the
+    // estimated p99 instead (measured: about 2 s at worst for this seed).
+    assert!(slowest < 5_000, "slowest read {slowest} ms: the stall cost a head bound");
     for i in (0..NODES).filter(|&i| i != stalled) {
         turmoil::release(host(stalled), host(i));
     }

@@ -20,8 +20,8 @@ mod tests;
 
 pub use meta::ObjectMeta;
 pub use read::{
-    block_verdict, Action, FetchedBlock, Method, PeerAnswer, Preconditions, Read, ReadError,
-    ReadFailure, ReadRequest, ResponseHead, Verdict, Window, RESTARTS_MAX,
+    block_verdict, Action, Contender, FetchedBlock, Method, PeerAnswer, Preconditions, Read,
+    ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window, RESTARTS_MAX,
 };
 
 use crate::breaker::{Admission, Breaker, Outcome, Permit};
@@ -73,6 +73,11 @@ pub struct EngineConfig {
     /// URL prefixes whose objects never change (besides content-addressed paths): never
     /// revalidated, and their blocks are not checked against a validator (`--immutable`).
     pub immutable_prefixes: Vec<String>,
+    /// Race a backup peer fetch when the primary is slower than the estimated p99
+    /// (seeds/engine.md §3.8; `--hedge`).
+    pub hedge: bool,
+    /// Longest-run share of peer fetches that may be hedged (`--hedge-ratio`).
+    pub hedge_ratio: f64,
 }
 
 /// Default of [`EngineConfig::revalidate_after`].
@@ -87,6 +92,8 @@ impl Default for EngineConfig {
             cut_through: true,
             revalidate_after: DEFAULT_REVALIDATE_AFTER,
             immutable_prefixes: Vec::new(),
+            hedge: true,
+            hedge_ratio: hedge::DEFAULT_HEDGE_RATIO,
         }
     }
 }
@@ -131,6 +138,12 @@ pub struct EngineStats {
     pub revalidations: u64,
     /// Peer answers refused because they described another version of the object.
     pub peer_version_mismatch: u64,
+    /// Hedges fired: a backup peer fetch raced a slow primary.
+    pub hedge_fired: u64,
+    /// Hedged blocks the primary still won.
+    pub hedge_primary_won: u64,
+    /// Hedged blocks the backup won.
+    pub hedge_backup_won: u64,
     /// Reads that went on with stale validators because the revalidating probe found the origin
     /// unavailable (stale-if-error).
     pub stale_served: u64,
@@ -160,11 +173,15 @@ pub struct Engine {
     next_seq: u64,
     stats: EngineStats,
     p2p: Option<P2p>,
+    /// Latencies of recent peer fetches that held their block (the hedge delay).
+    latency: hedge::LatencyEstimator,
+    hedges: hedge::HedgeLimiter,
 }
 
 impl Engine {
     /// A fresh engine.
     pub fn new(config: EngineConfig) -> Self {
+        let config_ratio = config.hedge_ratio;
         Engine {
             config,
             objects: BTreeMap::new(),
@@ -172,7 +189,37 @@ impl Engine {
             next_seq: 0,
             stats: EngineStats::default(),
             p2p: None,
+            latency: hedge::LatencyEstimator::default(),
+            hedges: hedge::HedgeLimiter::new(config_ratio),
         }
+    }
+
+    /// Records a peer fetch that held its block and took `d` (a miss or a failure never does:
+    /// a fast 404 must not collapse the hedge delay).
+    pub fn record_peer_latency(&mut self, d: std::time::Duration) {
+        self.latency.record(d);
+    }
+
+    /// The estimated p99 of peer fetches that held their block (`None` below 16 samples).
+    pub fn peer_latency_p99(&self) -> Option<std::time::Duration> {
+        self.latency.quantile(0.99)
+    }
+
+    /// How long a primary peer fetch runs before a hedge may race it; `None` with hedging off
+    /// or before the estimator has enough samples.
+    pub(crate) fn hedge_delay(&self) -> Option<std::time::Duration> {
+        if !self.config.hedge {
+            return None;
+        }
+        self.latency.hedge_delay()
+    }
+
+    pub(crate) fn on_peer_fetch(&mut self) {
+        self.hedges.on_fetch();
+    }
+
+    pub(crate) fn try_hedge(&mut self) -> bool {
+        self.hedges.try_hedge()
     }
 
     /// Turns on the peer path: misses go to this node's tree ancestors before the origin.

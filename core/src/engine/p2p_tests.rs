@@ -115,18 +115,30 @@ impl Cluster {
                     };
                     read.handle_lookup(&mut self.nodes[at].engine, hit, now);
                 }
-                Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
+                Action::FetchPeer {
+                    contender,
+                    peer,
+                    key,
+                    url,
+                    hop,
+                    expected_len,
+                    permit,
+                    cut_through,
+                    ..
+                } => {
+                    // Peers answer at once here: no hedge is ever due.
                     let answer = self.serve_peer(&peer.addr, key, &url, hop, expected_len);
                     if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
                         // The peer's 200 head arrived: commit ours and forward as bytes arrive.
-                        read.handle_peer_started(&mut self.nodes[at].engine);
+                        read.handle_peer_started(&mut self.nodes[at].engine, contender);
                         let Some(Action::Respond(_)) = read.poll_action() else {
                             panic!("a started stream sends its head first");
                         };
                         body.extend_from_slice(&data[..data.len().min(expected_len as usize)]);
                     }
-                    read.handle_peer(&mut self.nodes[at].engine, permit, answer, now);
+                    read.handle_peer(&mut self.nodes[at].engine, contender, permit, answer, now);
                 }
+                Action::CancelPeer { .. } => panic!("no race without a hedge"),
                 Action::FetchOrigin { start, end, .. } => {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.nodes[at].engine, got);
@@ -414,7 +426,7 @@ fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin
     // While the root fails, a sibling read of this node caches the block.
     let sibling_copy = Bytes::from(c.expected(0, 3));
     let dead = PeerAnswer::Failed(Observation::DialFailed);
-    read.handle_peer(&mut c.nodes[leaf].engine, permit, dead, now);
+    read.handle_peer(&mut c.nodes[leaf].engine, Contender::Primary, permit, dead, now);
     let Some(Action::Lookup { key: again, window: window_again }) = read.poll_action() else {
         panic!("the store is consulted again before the origin");
     };

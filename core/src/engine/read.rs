@@ -152,6 +152,35 @@ pub struct ReadFailure {
     pub error: ReadError,
 }
 
+/// Which of a block's (at most two) concurrent peer fetches an answer is about: the primary
+/// (the nearest usable ancestor, or a failover after a definitive failure) or the backup (a hedge
+/// raced at the next usable ancestor once the primary is slower than the estimated p99).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Contender {
+    /// The first fetch of a block, or a failover.
+    Primary,
+    /// A hedge.
+    Backup,
+}
+
+impl Contender {
+    /// The other one.
+    pub fn other(self) -> Contender {
+        match self {
+            Contender::Primary => Contender::Backup,
+            Contender::Backup => Contender::Primary,
+        }
+    }
+
+    /// Its slot in a pair.
+    pub fn index(self) -> usize {
+        match self {
+            Contender::Primary => 0,
+            Contender::Backup => 1,
+        }
+    }
+}
+
 /// A peer's answer to [`Action::FetchPeer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerAnswer {
@@ -190,6 +219,12 @@ pub enum Action {
     /// [`Read::handle_peer`], handing back `permit`. If the answer never comes (the task is
     /// dropped), the shell must report the permit abandoned ([`Engine::abandon`]).
     FetchPeer {
+        /// Which contender this fetch is.
+        contender: Contender,
+        /// Hedging is possible for this fetch: when it has not answered (for a cut-through
+        /// fetch: sent its head) this long after it was sent, the shell calls
+        /// [`Read::handle_hedge_due`].
+        hedge_after: Option<std::time::Duration>,
         /// The peer.
         peer: PeerRef,
         /// The block.
@@ -207,6 +242,12 @@ pub enum Action {
         /// read then emits, pipes the body to the requester while keeping a copy (at most
         /// `expected_len + 1` bytes), and finally answers [`Read::handle_peer`] with the copy.
         cut_through: bool,
+    },
+    /// Stop the `contender`'s fetch (another contender won the race) and report its permit
+    /// abandoned: a loser is never charged as a failure. No answer is expected for it.
+    CancelPeer {
+        /// The loser.
+        contender: Contender,
     },
     /// Fetch `start..=end` of `url` from the origin (coalesced by the shell's flight table) and
     /// answer with [`Read::handle_fetch`].
@@ -317,6 +358,16 @@ struct Job {
     tried_peer: bool,
     /// The store was consulted again after the peers failed, just before the origin.
     rechecked: bool,
+    /// The peer fetches in flight for this block, by [`Contender::index`]: the address asked.
+    race: [Option<String>; 2],
+    /// A hedge fired for this block (win counters are kept only then).
+    hedged: bool,
+}
+
+impl Job {
+    fn in_flight(&self) -> bool {
+        self.race.iter().any(Option::is_some)
+    }
 }
 
 #[derive(Debug)]
@@ -683,35 +734,110 @@ impl Read {
                 streaming: false,
                 tried_peer: false,
                 rechecked: false,
+                race: [None, None],
+                hedged: false,
             },
             now,
         );
     }
 
-    /// Tries the next upstream peer the breaker admits, else the origin.
-    fn next_source(&mut self, engine: &mut Engine, mut job: Job, now: Instant) {
-        let hop = match self.kind {
+    fn hop(&self) -> u64 {
+        match self.kind {
             Kind::Client { .. } => 0,
             Kind::Relay { hop, .. } => hop,
-        };
+        }
+    }
+
+    /// Asks the next upstream the breaker admits as `contender`; false if none did.
+    fn launch(
+        &mut self,
+        engine: &mut Engine,
+        job: &mut Job,
+        contender: Contender,
+        now: Instant,
+    ) -> bool {
         while let Some(peer) = job.upstreams.pop_front() {
-            match engine.admit(&peer.addr, now) {
-                Some(permit) => {
-                    job.tried_peer = true;
-                    self.out.push_back(Action::FetchPeer {
-                        peer,
-                        key: job.key,
-                        url: self.url.clone(),
-                        hop,
-                        expected_len: job.expected,
-                        permit,
-                        cut_through: self.is_relay() && engine.config.cut_through,
-                    });
-                    self.state = State::AwaitPeer(job);
-                    return;
-                }
-                None => engine.stats.peer_skipped_open += 1,
+            if job.race.iter().flatten().any(|a| *a == peer.addr) {
+                continue; // never race one address against itself
             }
+            let Some(permit) = engine.admit(&peer.addr, now) else {
+                engine.stats.peer_skipped_open += 1;
+                continue;
+            };
+            job.tried_peer = true;
+            // A hedge is possible only with another address left to race.
+            let hedge_after = match contender {
+                Contender::Primary if job.upstreams.iter().any(|p| p.addr != peer.addr) => {
+                    engine.hedge_delay()
+                }
+                Contender::Primary | Contender::Backup => None,
+            };
+            if contender == Contender::Primary {
+                engine.on_peer_fetch();
+            }
+            job.race[contender.index()] = Some(peer.addr.clone());
+            self.out.push_back(Action::FetchPeer {
+                contender,
+                hedge_after,
+                peer,
+                key: job.key,
+                url: self.url.clone(),
+                hop: self.hop(),
+                expected_len: job.expected,
+                permit,
+                cut_through: self.is_relay() && engine.config.cut_through,
+            });
+            return true;
+        }
+        false
+    }
+
+    /// The primary fetch of this block has not answered within the hedge delay: race a backup at
+    /// the next usable ancestor if the hedge budget allows. A stale call (the race moved on) does
+    /// nothing.
+    pub fn handle_hedge_due(&mut self, engine: &mut Engine, now: Instant) {
+        let State::AwaitPeer(job) = &mut self.state else { return };
+        let ready = job.race[0].is_some() && job.race[1].is_none() && !job.streaming;
+        if !ready || job.hedged {
+            return;
+        }
+        let primary = job.race[0].clone();
+        if !job.upstreams.iter().any(|p| Some(&p.addr) != primary.as_ref()) {
+            return;
+        }
+        if !engine.try_hedge() {
+            return;
+        }
+        let mut job = match std::mem::replace(&mut self.state, State::Done) {
+            State::AwaitPeer(job) => job,
+            _ => unreachable!("checked above"),
+        };
+        if self.launch(engine, &mut job, Contender::Backup, now) {
+            job.hedged = true;
+            engine.stats.hedge_fired += 1;
+        }
+        self.state = State::AwaitPeer(job);
+    }
+
+    /// Stops every contender still in flight (the race is over).
+    fn cancel_race(&mut self, job: &mut Job) {
+        for contender in [Contender::Primary, Contender::Backup] {
+            if job.race[contender.index()].take().is_some() {
+                self.out.push_back(Action::CancelPeer { contender });
+            }
+        }
+    }
+
+    /// Tries the next upstream peer the breaker admits, else the origin. With a contender still
+    /// in flight it waits for that one instead (a failover never launches twice).
+    fn next_source(&mut self, engine: &mut Engine, mut job: Job, now: Instant) {
+        if job.in_flight() {
+            self.state = State::AwaitPeer(job);
+            return;
+        }
+        if self.launch(engine, &mut job, Contender::Primary, now) {
+            self.state = State::AwaitPeer(job);
+            return;
         }
         if job.tried_peer && !job.rechecked {
             // While the peers failed, a concurrent read may have cached the block: look again
@@ -737,13 +863,25 @@ impl Read {
     /// A cut-through relay's upstream peer answered 200: commit the head now. The read emits
     /// [`Action::Respond`]; the shell forwards body bytes itself as they arrive, then answers
     /// [`Read::handle_peer`]. After this, a failure can only truncate the response.
-    pub fn handle_peer_started(&mut self, engine: &mut Engine) {
-        let State::AwaitPeer(job) = &mut self.state else {
+    pub fn handle_peer_started(&mut self, engine: &mut Engine, contender: Contender) {
+        let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             panic!("peer stream start out of turn");
         };
         assert!(matches!(self.kind, Kind::Relay { .. }), "only relays cut through");
         assert!(!job.streaming, "a stream starts once");
+        assert!(job.race[contender.index()].is_some(), "a stream of a fetch in flight");
+        // The first stream to start wins: there is never a second stream.
+        let winner = job.race[contender.index()].take();
+        self.cancel_race(&mut job);
+        job.race[contender.index()] = winner;
+        if job.hedged {
+            match contender {
+                Contender::Primary => engine.stats.hedge_primary_won += 1,
+                Contender::Backup => engine.stats.hedge_backup_won += 1,
+            }
+        }
         job.streaming = true;
+        self.state = State::AwaitPeer(job);
         self.head_sent = true;
         let meta = self.head_meta(engine);
         self.out.push_back(Action::Respond(ResponseHead {
@@ -758,6 +896,7 @@ impl Read {
     pub fn handle_peer(
         &mut self,
         engine: &mut Engine,
+        contender: Contender,
         permit: Permit<String>,
         answer: PeerAnswer,
         now: Instant,
@@ -765,12 +904,21 @@ impl Read {
         let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             panic!("peer answer out of turn");
         };
+        assert!(job.race[contender.index()].take().is_some(), "an answer of a fetch in flight");
         if job.streaming {
+            debug_assert!(!job.in_flight(), "a stream has no rival");
             return self.finish_stream(engine, permit, job, answer, now);
         }
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
                 engine.complete(permit, Outcome::Answered, now);
+                self.cancel_race(&mut job);
+                if job.hedged {
+                    match contender {
+                        Contender::Primary => engine.stats.hedge_primary_won += 1,
+                        Contender::Backup => engine.stats.hedge_backup_won += 1,
+                    }
+                }
                 engine.stats.block_source_peer += 1;
                 engine.stats.peer_bytes += data.len() as u64;
                 let class = engine.class_of(&job.key);
@@ -1006,6 +1154,8 @@ impl Read {
                     streaming: false,
                     tried_peer: false,
                     rechecked: false,
+                    race: [None, None],
+                    hedged: false,
                 });
             }
             None => self.finish(),

@@ -172,7 +172,9 @@ impl World {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.engine, got);
                 }
-                Action::FetchPeer { .. } => panic!("single node never asks a peer"),
+                Action::FetchPeer { .. } | Action::CancelPeer { .. } => {
+                    panic!("single node never asks a peer")
+                }
                 Action::Store { key, data, .. } => {
                     self.stores += 1;
                     self.cache.entry(key).or_insert(data);

@@ -44,6 +44,8 @@ pub(super) enum PeerOwner {
 #[derive(Debug)]
 pub(super) struct PeerJob {
     pub owner: PeerOwner,
+    /// Which contender of its request's race this fetch is.
+    pub contender: crate::engine::Contender,
     /// The identity of the object the block belongs to, when a read asked (to check the
     /// answer's version).
     pub object: Option<String>,

@@ -142,6 +142,9 @@ pub struct Node {
     /// Write-stall deadlines of requests whose body window is full (an entry whose request
     /// moved on is dropped when it comes due).
     stall_timers: BTreeSet<(Instant, RequestId)>,
+    /// Hedge deadlines of requests racing a primary peer fetch (stale entries are dropped when
+    /// they come due).
+    hedge_timers: BTreeSet<(Instant, RequestId)>,
     flights: FlightTable<FlightKey>,
     flight_state: BTreeMap<FlightId, Flight>,
     store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey)>,
@@ -172,6 +175,7 @@ impl Node {
             exchanges: BTreeMap::new(),
             timers: BTreeSet::new(),
             stall_timers: BTreeSet::new(),
+            hedge_timers: BTreeSet::new(),
             flights,
             flight_state: BTreeMap::new(),
             store_ops: BTreeMap::new(),
@@ -276,8 +280,9 @@ impl Node {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let exchange = self.timers.first().map(|&(t, _)| t);
         let stall = self.stall_timers.first().map(|&(t, _)| t);
+        let hedge = self.hedge_timers.first().map(|&(t, _)| t);
         let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
-        [exchange, stall, breaker].into_iter().flatten().min()
+        [exchange, stall, hedge, breaker].into_iter().flatten().min()
     }
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
@@ -303,6 +308,14 @@ impl Node {
             }
             self.stall_timers.remove(&(at, rid));
             self.on_write_stall(rid, at, now);
+            self.working.clear();
+        }
+        while let Some(&(at, rid)) = self.hedge_timers.first() {
+            if at > now {
+                break;
+            }
+            self.hedge_timers.remove(&(at, rid));
+            self.on_hedge_due(rid, at, now);
             self.working.clear();
         }
         if let Some(p2p) = self.engine.p2p_mut() {
@@ -400,11 +413,17 @@ impl Node {
                 self.store_ops.remove(&op);
             }
             Wait::Flight(fid) => self.leave_flight(fid, rid),
-            Wait::Alone(io) | Wait::Peer(io) | Wait::Pipe(io) => {
-                if let Some(x) = self.remove_exchange(io) {
-                    self.emit(Output::Cancel(io));
-                    if let Some(permit) = x.into_permit() {
-                        self.engine.abandon(permit, now);
+            Wait::Alone(_) | Wait::Peers(_) | Wait::Pipe(_) => {
+                let ios: Vec<IoId> = match req.wait {
+                    Wait::Alone(io) | Wait::Pipe(io) => vec![io],
+                    other => other.peers().collect(),
+                };
+                for io in ios {
+                    if let Some(x) = self.remove_exchange(io) {
+                        self.emit(Output::Cancel(io));
+                        if let Some(permit) = x.into_permit() {
+                            self.engine.abandon(permit, now);
+                        }
                     }
                 }
             }
@@ -457,10 +476,11 @@ impl Node {
         for (&io, x) in &self.exchanges {
             if let Some(rid) = x.request() {
                 let req = self.requests.get(&rid).expect("an exchange of no request");
-                assert!(
-                    matches!(req.wait, Wait::Alone(i) | Wait::Peer(i) | Wait::Pipe(i) if i == io),
-                    "exchange {io} and request {rid} disagree"
-                );
+                let holds = match req.wait {
+                    Wait::Alone(i) | Wait::Pipe(i) => i == io,
+                    other => other.peers().any(|i| i == io),
+                };
+                assert!(holds, "exchange {io} and request {rid} disagree");
             }
             if let Some(fid) = x.flight() {
                 assert!(self.flight_state.contains_key(&fid), "an exchange of no flight");
@@ -477,10 +497,19 @@ impl Node {
                     let flight = self.flight_state.get(&fid).expect("waiting on no flight");
                     assert!(flight.waiters.iter().any(|w| w.request == *rid));
                 }
-                Wait::Alone(io) | Wait::Peer(io) | Wait::Pipe(io) => {
+                Wait::Alone(io) | Wait::Pipe(io) => {
                     assert_eq!(self.exchanges.get(&io).and_then(Exchange::request), Some(*rid));
                 }
+                Wait::Peers(_) => {
+                    for io in req.wait.peers() {
+                        let x = self.exchanges.get(&io).expect("a request's peer exchange");
+                        assert_eq!(x.request(), Some(*rid));
+                    }
+                }
                 Wait::Ready => {}
+            }
+            if let Some(at) = req.hedge_at {
+                assert!(self.hedge_timers.contains(&(at, *rid)), "{rid}: hedge timer not armed");
             }
         }
     }

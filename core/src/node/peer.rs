@@ -18,7 +18,7 @@ use crate::codec::wire::{
     HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, ROSTER_PATH,
 };
 use crate::engine::route::{relay_check, RelayPlan};
-use crate::engine::{Method, PeerAnswer};
+use crate::engine::{Contender, Method, PeerAnswer};
 use crate::hash::BlockKey;
 use crate::membership::{validate_member_id, Member};
 use crate::time::Instant;
@@ -106,9 +106,11 @@ impl Node {
     }
 
     /// Asks `addr` for a block on behalf of request `rid`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn fetch_peer(
         &mut self,
         rid: RequestId,
+        contender: Contender,
         addr: String,
         fetch: PeerFetch,
         permit: Permit<String>,
@@ -117,8 +119,50 @@ impl Node {
     ) {
         let object = self.requests.get(&rid).map(|r| r.read.object().id.clone());
         let owner = PeerOwner::Request(rid);
-        let io = self.send_peer_fetch(owner, object, addr, fetch, permit, cut_through, now);
-        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Peer(io);
+        let io =
+            self.send_peer_fetch(owner, contender, object, addr, fetch, permit, cut_through, now);
+        let req = self.requests.get_mut(&rid).expect("a driven request");
+        let mut slots = match req.wait {
+            Wait::Peers(slots) => slots,
+            Wait::Ready => [None, None],
+            other => unreachable!("{rid}: a peer fetch while waiting on {other:?}"),
+        };
+        assert!(slots[contender.index()].is_none(), "{rid}: {contender:?} launched twice");
+        slots[contender.index()] = Some(io);
+        req.wait = Wait::Peers(slots);
+    }
+
+    /// Request `rid`'s read dropped `contender` (another won): its exchange is cancelled and its
+    /// permit abandoned — losing a race is not a failure.
+    pub(super) fn cancel_peer(&mut self, rid: RequestId, contender: Contender, now: Instant) {
+        let req = self.requests.get_mut(&rid).expect("a driven request");
+        let Wait::Peers(mut slots) = req.wait else {
+            unreachable!("{rid}: cancels a peer it does not wait on")
+        };
+        let io = slots[contender.index()].take().expect("a contender in flight");
+        req.wait = if slots.iter().any(Option::is_some) { Wait::Peers(slots) } else { Wait::Ready };
+        let x = self.remove_exchange(io).expect("a contender's exchange");
+        self.emit(Output::Cancel(io));
+        if let Some(permit) = x.into_permit() {
+            self.engine.abandon(permit, now);
+        }
+    }
+
+    /// Request `rid`'s hedge deadline (armed for `at`) came due.
+    pub(super) fn on_hedge_due(&mut self, rid: RequestId, at: Instant, now: Instant) {
+        let Some(req) = self.requests.get_mut(&rid) else { return };
+        if req.hedge_at != Some(at) {
+            return; // re-armed or moved on
+        }
+        req.hedge_at = None;
+        if req.cancelled || !matches!(req.wait, Wait::Peers(_)) {
+            return;
+        }
+        self.working.push(rid);
+        let req = self.requests.get_mut(&rid).expect("a live request");
+        req.read.handle_hedge_due(&mut self.engine, now);
+        self.drive(rid, now);
+        self.working.pop();
     }
 
     /// A direct block fetch for the driver, through the breaker.
@@ -132,13 +176,16 @@ impl Node {
         let Some(permit) = self.engine.admit(&addr, now) else {
             return self.event(Event::BlockFetched { ticket, answer: None });
         };
-        self.send_peer_fetch(PeerOwner::Ticket(ticket), None, addr, fetch, permit, false, now);
+        let owner = PeerOwner::Ticket(ticket);
+        let primary = Contender::Primary;
+        self.send_peer_fetch(owner, primary, None, addr, fetch, permit, false, now);
     }
 
     #[allow(clippy::too_many_arguments)]
     fn send_peer_fetch(
         &mut self,
         owner: PeerOwner,
+        contender: Contender,
         object: Option<String>,
         addr: String,
         fetch: PeerFetch,
@@ -157,6 +204,7 @@ impl Node {
         let url = format!("http://{addr}{}", block_path(fetch.key));
         let job = PeerJob {
             owner,
+            contender,
             object,
             key: fetch.key,
             permit: Some(permit),
@@ -217,7 +265,8 @@ impl Node {
                 job.copy.reserve(reserve);
                 if let (true, PeerOwner::Request(rid)) = (job.stream, job.owner) {
                     job.streaming = true;
-                    self.start_stream(rid, now);
+                    let contender = job.contender;
+                    self.start_stream(rid, contender, now);
                 }
             }
             IoEvent::Body(data) => self.peer_body(io, data, now),
@@ -236,10 +285,10 @@ impl Node {
     }
 
     /// A cut-through relay's upstream answered 200: the relay commits its own head now.
-    fn start_stream(&mut self, rid: RequestId, now: Instant) {
+    fn start_stream(&mut self, rid: RequestId, contender: Contender, now: Instant) {
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a streaming relay is live");
-        req.read.handle_peer_started(&mut self.engine);
+        req.read.handle_peer_started(&mut self.engine, contender);
         self.drive(rid, now);
         self.working.pop();
     }
@@ -299,6 +348,10 @@ impl Node {
             PeerAnswer::Failed(o) => *o,
         };
         self.event(Event::PeerAnswer { addr: job.addr.clone(), observation });
+        if observation == Observation::Served {
+            // Only fetches that held the block teach the hedge delay.
+            self.engine.record_peer_latency(elapsed);
+        }
         let permit = job.permit.expect("a peer job holds its permit");
         let rid = match job.owner {
             PeerOwner::Request(rid) => rid,
@@ -321,9 +374,11 @@ impl Node {
         }
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a peer fetch's request is live");
-        req.wait = Wait::Ready;
+        let Wait::Peers(mut slots) = req.wait else { unreachable!("{rid}: not waiting on peers") };
+        assert_eq!(slots[job.contender.index()].take(), Some(io), "{rid}: contender mix-up");
+        req.wait = if slots.iter().any(Option::is_some) { Wait::Peers(slots) } else { Wait::Ready };
         let before = self.engine.stats().block_source_peer;
-        req.read.handle_peer(&mut self.engine, permit, answer, now);
+        req.read.handle_peer(&mut self.engine, job.contender, permit, answer, now);
         if self.engine.stats().block_source_peer > before {
             let (plane, key) = (req.plane, job.key);
             self.event(Event::Block { request: rid, plane, key, source: BlockSource::Peer });

@@ -41,8 +41,9 @@ pub(super) enum Wait {
     Flight(FlightId),
     /// Its own uncoalesced origin exchange.
     Alone(IoId),
-    /// A peer block exchange.
-    Peer(IoId),
+    /// Its peer block exchanges in flight, by [`crate::engine::Contender::index`] (a primary,
+    /// and a hedge raced beside it); at least one is set.
+    Peers([Option<IoId>; 2]),
     /// A passthrough exchange (its head, then its piped body).
     Pipe(IoId),
 }
@@ -66,13 +67,28 @@ pub(super) struct Request {
     /// A block the flight that delivered it already offered to the store (the read's own
     /// `Store` of it is not repeated).
     pub filled: Option<crate::hash::BlockKey>,
+    /// When its primary peer fetch may be hedged ([`Action::FetchPeer::hedge_after`]).
+    pub hedge_at: Option<Instant>,
+}
+
+impl Wait {
+    /// The peer exchanges this wait holds.
+    pub fn peers(self) -> impl Iterator<Item = IoId> {
+        match self {
+            Wait::Peers(slots) => slots.into_iter().flatten(),
+            _ => [None, None].into_iter().flatten(),
+        }
+    }
 }
 
 impl Request {
     pub fn check(&self, rid: RequestId) {
         assert!(self.window <= BODY_WINDOW, "{rid}: body window overrun");
         if self.cancelled {
-            assert!(matches!(self.wait, Wait::Peer(_) | Wait::Ready), "{rid}: cancelled but held");
+            assert!(matches!(self.wait, Wait::Peers(_) | Wait::Ready), "{rid}: cancelled but held");
+        }
+        if let Wait::Peers(slots) = self.wait {
+            assert!(slots.iter().any(Option::is_some), "{rid}: waits on no peer");
         }
     }
 }
@@ -156,6 +172,7 @@ impl Node {
             forward,
             stalled_at: None,
             filled: None,
+            hedge_at: None,
         };
         self.requests.insert(id, request);
         self.working.push(id);
@@ -238,10 +255,27 @@ impl Node {
                 self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Store(op);
                 self.emit(Output::StoreGet { op, key, window });
             }
-            Action::FetchPeer { peer, key, url, hop, expected_len, permit, cut_through } => {
+            Action::FetchPeer {
+                contender,
+                hedge_after,
+                peer,
+                key,
+                url,
+                hop,
+                expected_len,
+                permit,
+                cut_through,
+            } => {
                 let fetch = super::peer::PeerFetch { key, url, hop, expected: expected_len };
-                self.fetch_peer(rid, peer.addr, fetch, permit, cut_through, now);
+                self.fetch_peer(rid, contender, peer.addr, fetch, permit, cut_through, now);
+                if let Some(delay) = hedge_after {
+                    let at = now.saturating_add(delay);
+                    let req = self.requests.get_mut(&rid).expect("a driven request");
+                    req.hedge_at = Some(at);
+                    self.hedge_timers.insert((at, rid));
+                }
             }
+            Action::CancelPeer { contender } => self.cancel_peer(rid, contender, now),
             Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
                 let id = req.read.object().id.clone();
                 let fill = Fill::Block { key, expected: expected_len, size: object_size, class };
@@ -362,8 +396,8 @@ impl Node {
             return;
         }
         self.counters.cancelled += 1;
-        if let Wait::Peer(io) = req.wait {
-            if req.plane == Plane::Peer || self.peer_streaming(io) {
+        if matches!(req.wait, Wait::Peers(_)) {
+            if req.plane == Plane::Peer || req.wait.peers().any(|io| self.peer_streaming(io)) {
                 // A relay keeps its upstream exchange to its end: mid-stream the block is still
                 // worth caching, and before the head its outcome is evidence about the upstream
                 // that only this relay can record (its requester's equal bound fires first, so a
@@ -380,12 +414,21 @@ impl Node {
                 self.store_ops.remove(&op);
             }
             Wait::Flight(fid) => self.leave_flight(fid, rid),
-            Wait::Alone(io) | Wait::Pipe(io) | Wait::Peer(io) => {
+            Wait::Alone(io) | Wait::Pipe(io) => {
                 let x = self.remove_exchange(io).expect("a request's exchange");
                 self.emit(Output::Cancel(io));
                 // The requester left, which says nothing about the peer: abandoned, not charged.
                 if let Some(permit) = x.into_permit() {
                     self.engine.abandon(permit, now);
+                }
+            }
+            Wait::Peers(_) => {
+                for io in req.wait.peers() {
+                    let x = self.remove_exchange(io).expect("a request's exchange");
+                    self.emit(Output::Cancel(io));
+                    if let Some(permit) = x.into_permit() {
+                        self.engine.abandon(permit, now);
+                    }
                 }
             }
         }
@@ -508,7 +551,8 @@ fn asks(action: &Action) -> bool {
         | Action::Lookup { .. }
         | Action::FetchPeer { .. }
         | Action::FetchOrigin { .. } => true,
-        Action::Respond(_)
+        Action::CancelPeer { .. }
+        | Action::Respond(_)
         | Action::Store { .. }
         | Action::Emit(_)
         | Action::Finish
