@@ -396,16 +396,15 @@ impl Node {
             return;
         }
         self.counters.cancelled += 1;
-        if matches!(req.wait, Wait::Peers(_)) {
-            if req.plane == Plane::Peer || req.wait.peers().any(|io| self.peer_streaming(io)) {
-                // A relay keeps its upstream exchange to its end: mid-stream the block is still
-                // worth caching, and before the head its outcome is evidence about the upstream
-                // that only this relay can record (its requester's equal bound fires first, so a
-                // relay that gave up with it would never learn that its parent stalls). It asks
-                // nothing further (see `act`).
-                self.requests.get_mut(&rid).expect("a live request").cancelled = true;
-                return;
-            }
+        let streaming = req.wait.peers().any(|io| self.peer_streaming(io));
+        if matches!(req.wait, Wait::Peers(_)) && (req.plane == Plane::Peer || streaming) {
+            // A relay keeps its upstream exchanges to their end: mid-stream the block is still
+            // worth caching, and before the head their outcome is evidence about the upstream
+            // that only this relay can record (its requester's equal bound fires first, so a
+            // relay that gave up with it would never learn that its parent stalls). It asks
+            // nothing further (see `act`).
+            self.requests.get_mut(&rid).expect("a live request").cancelled = true;
+            return;
         }
         let req = self.requests.remove(&rid).expect("a live request");
         match req.wait {
