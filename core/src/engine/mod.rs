@@ -200,9 +200,10 @@ impl Engine {
         self.latency.record(d);
     }
 
-    /// The estimated p99 of peer fetches that held their block (`None` below 16 samples).
-    pub fn peer_latency_p99(&self) -> Option<std::time::Duration> {
-        self.latency.quantile(0.99)
+    /// The estimated `q`-quantile of peer fetches that held their block (`None` below 16
+    /// samples).
+    pub fn peer_latency(&self, q: f64) -> Option<std::time::Duration> {
+        self.latency.quantile(q)
     }
 
     /// How long a primary peer fetch runs before a hedge may race it; `None` with hedging off

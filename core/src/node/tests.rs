@@ -1376,3 +1376,202 @@ fn a_read_never_takes_a_peer_block_of_a_version_its_node_learnt_after_the_read_b
     assert!(h.aborted(1) && !h.ended(1), "cut short");
     store_holds_only(&h, 2);
 }
+
+// ---- Tail control: hedged peer fetches ----
+
+/// A reader in a four-member view; returns the node and its ancestors for `URL`'s block 0,
+/// nearest first (parent, grandparent, ...).
+fn hedging_reader(hedge_ratio: f64) -> (Node, Vec<String>) {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    let mut e = Engine::new(EngineConfig {
+        geometry,
+        hedge: hedge_ratio > 0.0,
+        hedge_ratio,
+        ..EngineConfig::default()
+    });
+    let key = e.block_key(&e.identify(URL), 0);
+    // A fanout-1 chain of four; pick the member that sits third or lower for this chunk.
+    let members: Vec<Member> =
+        ["a", "b", "c", "d"].map(|id| Member::ready(id, &format!("{id}:9000"))).to_vec();
+    let (self_id, placement, ancestors) = ["a", "b", "c", "d"]
+        .into_iter()
+        .find_map(|me| {
+            let placement = Placement::new(View::new(members.clone()), me, 1, 1);
+            let ancestors: Vec<String> =
+                placement.upstreams(key.chunk, |_| true).into_iter().map(|p| p.addr).collect();
+            (ancestors.len() >= 2).then_some((me, placement, ancestors))
+        })
+        .expect("a member with a parent and a grandparent");
+    let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
+    e.enable_p2p(P2p { placement, breaker });
+    // A warm estimator: recent peer fetches took 20 ms.
+    for _ in 0..16 {
+        e.record_peer_latency(Duration::from_millis(20));
+    }
+    let access = Access { public: vec!["origin".parse().expect("pattern")], ..Access::default() };
+    (node_with_access(e, self_id, access), ancestors)
+}
+
+/// Answers peer exchange `req` with the block it asks for.
+fn answer_peer(h: &mut Harness, req: &IoRequest, block: u64) {
+    let len = BLOCK.min(SIZE - block * BLOCK);
+    let headers = Headers::new().with("content-length", len.to_string());
+    h.io(req.id, IoEvent::Connected);
+    h.io(req.id, IoEvent::Head { status: 200, headers });
+    h.io(req.id, IoEvent::Body(content(block * BLOCK, len)));
+    h.io(req.id, IoEvent::End);
+}
+
+fn peer_sends(h: &Harness) -> Vec<IoRequest> {
+    h.sends().into_iter().filter(|r| r.endpoint == Endpoint::Peer).collect()
+}
+
+fn breaker_of(h: &Harness) -> crate::breaker::BreakerCounters {
+    h.node.engine().p2p().expect("p2p").breaker.counters().clone()
+}
+
+/// Starts a one-block read and answers its probe; returns the primary peer exchange.
+fn start_block_read(h: &mut Harness, ancestors: &[String]) -> IoRequest {
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let primary = h.take_sends().remove(0);
+    assert!(primary.url.starts_with(&format!("http://{}/", ancestors[0])), "the parent first");
+    primary
+}
+
+#[test]
+fn a_hedge_beats_a_slow_primary_and_the_loser_is_not_blamed() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    // The parent is slow: at the estimated p99 (20 ms) a backup races at the grandparent.
+    assert_eq!(h.node.poll_timeout(), Some(h.now + Duration::from_millis(20)));
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    answer_peer(&mut h, &backup, 0);
+    assert!(h.cancelled(primary.id), "the loser is cancelled");
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_backup_won, s.hedge_primary_won), (1, 1, 0));
+    let b = breaker_of(&h);
+    assert_eq!((b.soft, b.hard, b.abandoned), (0, 0, 1), "a lost race is abandoned, not charged");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn with_hedging_off_a_slow_primary_is_waited_for_and_nothing_is_duplicated() {
+    let (node, ancestors) = hedging_reader(0.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    assert_eq!(h.node.poll_timeout(), Some(h.now + Bounds::default().peer_head));
+    h.advance(Duration::from_secs(5));
+    assert!(peer_sends(&h).is_empty(), "no duplicate");
+    answer_peer(&mut h, &primary, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.node.stats().hedge_fired, 0);
+}
+
+#[test]
+fn a_primary_that_wins_after_a_hedge_counts_as_a_primary_win() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    answer_peer(&mut h, &primary, 0);
+    assert!(h.cancelled(backup.id));
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_primary_won, s.hedge_backup_won), (1, 1, 0));
+}
+
+#[test]
+fn win_counters_move_only_when_a_hedge_fired() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    answer_peer(&mut h, &primary, 0);
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_primary_won, s.hedge_backup_won), (0, 0, 0));
+}
+
+#[test]
+fn a_failover_is_not_rate_limited_and_never_launches_twice() {
+    // The hedge budget is empty (ratio 0 makes the limiter refuse), yet a dead parent still
+    // escalates to the grandparent at once.
+    let (node, ancestors) = hedging_reader(0.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Failed(IoError::Connect("refused".into())));
+    let failover = peer_sends(&h).pop().expect("a failover");
+    assert!(failover.url.starts_with(&format!("http://{}/", ancestors[1])));
+    answer_peer(&mut h, &failover, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.node.stats().peer_failover, 1);
+    // With a hedge in flight, a failing primary waits for the backup: no third fetch.
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    h.outputs.retain(|o| !matches!(o, Output::Send(_)));
+    h.io(primary.id, IoEvent::Failed(IoError::Connect("refused".into())));
+    assert!(h.sends().is_empty(), "the backup is already racing: nothing is launched again");
+    answer_peer(&mut h, &backup, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+}
+
+#[test]
+fn when_both_contenders_miss_the_origin_serves() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    h.outputs.retain(|o| !matches!(o, Output::Send(_)));
+    for x in [&primary, &backup] {
+        h.io(x.id, IoEvent::Connected);
+        h.io(x.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    }
+    // Past the two raced ancestors, the rest of the chain, then the origin.
+    loop {
+        let sends = h.take_sends();
+        let Some(next) = sends.first() else { break };
+        if next.endpoint == Endpoint::Origin {
+            h.answer_origin(next);
+            continue;
+        }
+        h.io(next.id, IoEvent::Connected);
+        h.io(next.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    }
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.node.stats().block_source_origin, 1);
+}
+
+#[test]
+fn misses_never_feed_the_latency_estimator() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let before = h.node.engine().peer_latency(0.5);
+    for id in 0..40u64 {
+        h.outputs.clear();
+        h.read(100 + id, Some("bytes=0-9"));
+        for s in h.take_sends() {
+            match s.endpoint {
+                Endpoint::Origin => h.answer_origin(&s),
+                Endpoint::Peer => {
+                    h.advance(Duration::from_millis(1));
+                    h.io(s.id, IoEvent::Head { status: 404, headers: Headers::new() });
+                }
+            }
+        }
+        h.serve_origin();
+        h.store.clear();
+    }
+    let _ = ancestors;
+    assert_eq!(h.node.engine().peer_latency(0.5), before, "fast 404s teach nothing");
+    assert_eq!(before, Some(Duration::from_millis(20)));
+}
