@@ -20,6 +20,9 @@ pub struct Bounds {
     pub peer_head: Duration,
     /// Bounds a whole peer exchange, body included.
     pub peer_request: Duration,
+    /// A peer body that stops moving is cut off after the estimated p99 block fetch time plus
+    /// this margin (without an estimate: twice this).
+    pub peer_progress_margin: Duration,
     /// Gives up connecting to an origin after this long.
     pub origin_dial: Duration,
     /// Gives up waiting for an origin's response head after this long.
@@ -52,6 +55,7 @@ impl Default for Bounds {
             peer_dial: Duration::from_secs(1),
             peer_head: Duration::from_secs(10),
             peer_request: Duration::from_secs(30),
+            peer_progress_margin: Duration::from_secs(1),
             origin_dial: Duration::from_secs(10),
             origin_head: Duration::from_secs(30),
             origin_request: Duration::from_secs(300),
@@ -92,6 +96,7 @@ impl Bounds {
             ("peer_dial", self.peer_dial),
             ("peer_head", self.peer_head),
             ("peer_request", self.peer_request),
+            ("peer_progress_margin", self.peer_progress_margin),
             ("origin_dial", self.origin_dial),
             ("origin_head", self.origin_head),
             ("origin_request", self.origin_request),

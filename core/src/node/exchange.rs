@@ -101,6 +101,11 @@ pub(super) struct Exchange {
     head_bound: Duration,
     /// `None`: no whole-exchange bound (a passthrough body may be a whole object).
     request_bound: Option<Duration>,
+    /// Longest gap between body parts once the head arrived (peer fetches: a body that stops
+    /// moving is cut off here, not at the whole-request bound).
+    progress_bound: Option<Duration>,
+    /// When the head or the last body part arrived.
+    last_progress: Instant,
     deadline: Option<Instant>,
     pub job: Job,
 }
@@ -159,7 +164,16 @@ impl Exchange {
         let request = self.request_bound.map(|b| self.sent.saturating_add(b));
         let head = (!self.head).then(|| self.sent.saturating_add(self.head_bound));
         let dial = (!self.connected).then(|| self.sent.saturating_add(self.dial));
-        [request, head, dial].into_iter().flatten().min()
+        let progress = match (self.head, self.progress_bound) {
+            (true, Some(b)) => Some(self.last_progress.saturating_add(b)),
+            _ => None,
+        };
+        [request, head, dial, progress].into_iter().flatten().min()
+    }
+
+    /// The body moved (or the head arrived) at `now`.
+    pub fn progressed(&mut self, now: Instant) {
+        self.last_progress = now;
     }
 
     /// Which bound fired at `now`: the dial bound while unconnected, else the head or request
@@ -169,6 +183,10 @@ impl Exchange {
             Expiry::Dial(self.dial)
         } else if !self.head {
             Expiry::Head(self.head_bound.min(self.request_bound.unwrap_or(Duration::MAX)))
+        } else if let Some(b) =
+            self.progress_bound.filter(|b| now >= self.last_progress.saturating_add(*b))
+        {
+            Expiry::Progress(b)
         } else {
             Expiry::Request(self.request_bound.unwrap_or(Duration::MAX))
         }
@@ -181,6 +199,7 @@ pub(super) enum Expiry {
     Dial(Duration),
     Head(Duration),
     Request(Duration),
+    Progress(Duration),
 }
 
 impl Expiry {
@@ -189,7 +208,9 @@ impl Expiry {
     pub fn observation(self) -> crate::breaker::Observation {
         match self {
             Expiry::Dial(_) => crate::breaker::Observation::DialFailed,
-            Expiry::Head(_) | Expiry::Request(_) => crate::breaker::Observation::TimedOut,
+            Expiry::Head(_) | Expiry::Request(_) | Expiry::Progress(_) => {
+                crate::breaker::Observation::TimedOut
+            }
         }
     }
 }
@@ -200,6 +221,7 @@ impl std::fmt::Display for Expiry {
             Expiry::Dial(d) => write!(f, "dial timed out after {d:?}"),
             Expiry::Head(d) => write!(f, "no response head within {d:?}"),
             Expiry::Request(d) => write!(f, "request timed out after {d:?}"),
+            Expiry::Progress(d) => write!(f, "the body stopped moving for {d:?}"),
         }
     }
 }
@@ -221,6 +243,16 @@ impl Node {
         if endpoint == Endpoint::Peer {
             self.sign_peer_request(&url, &mut headers, now);
         }
+        // A peer body that stops moving is cut off after about one estimated block time plus
+        // a margin (without an estimate yet: the margin twice).
+        let progress_bound = match (&job, endpoint) {
+            (Job::Peer(_), Endpoint::Peer) => {
+                let margin = self.config.bounds.peer_progress_margin;
+                let block_time = self.engine.peer_latency(0.99).unwrap_or(margin);
+                Some(block_time.saturating_add(margin).min(request))
+            }
+            _ => None,
+        };
         let request_bound = match job {
             Job::Passthrough { .. } => None,
             Job::Origin { .. } | Job::Peer(_) | Job::Roster { .. } | Job::Check { .. } => {
@@ -236,6 +268,8 @@ impl Node {
             dial,
             head_bound,
             request_bound,
+            progress_bound,
+            last_progress: now,
             deadline: None,
             job,
         };
@@ -291,8 +325,13 @@ impl Node {
                 assert!(!x.head, "{io}: a second response head");
                 x.connected = true;
                 x.head = true;
+                x.progressed(now);
             }
-            IoEvent::Body(_) | IoEvent::End => assert!(x.head, "{io}: body before the head"),
+            IoEvent::Body(_) => {
+                assert!(x.head, "{io}: body before the head");
+                x.progressed(now);
+            }
+            IoEvent::End => assert!(x.head, "{io}: end before the head"),
             IoEvent::Failed(_) => {}
         }
         self.rearm(io);

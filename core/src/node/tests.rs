@@ -1575,3 +1575,24 @@ fn misses_never_feed_the_latency_estimator() {
     assert_eq!(h.node.engine().peer_latency(0.5), before, "fast 404s teach nothing");
     assert_eq!(before, Some(Duration::from_millis(20)));
 }
+
+#[test]
+fn a_peer_body_that_stops_moving_is_cut_off_at_the_progress_bound_and_failed_over() {
+    let (node, ancestors) = hedging_reader(0.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    let headers = Headers::new().with("content-length", BLOCK.to_string());
+    h.io(primary.id, IoEvent::Connected);
+    h.io(primary.id, IoEvent::Head { status: 200, headers });
+    h.io(primary.id, IoEvent::Body(content(0, BLOCK / 2)));
+    // Half a block, then nothing: the estimated block time (20 ms) plus the 1 s margin.
+    let bound = Duration::from_millis(20) + Bounds::default().peer_progress_margin;
+    assert_eq!(h.node.poll_timeout(), Some(h.now + bound));
+    h.advance(bound);
+    assert!(h.cancelled(primary.id));
+    assert_eq!(breaker_of(&h).soft, 1, "a stalled body is the peer's soft failure");
+    let failover = peer_sends(&h).pop().expect("a failover");
+    assert!(failover.url.starts_with(&format!("http://{}/", ancestors[1])));
+    answer_peer(&mut h, &failover, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+}
