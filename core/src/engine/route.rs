@@ -101,10 +101,16 @@ impl Placement {
         }
     }
 
-    /// The ancestors to pull a missed block of `chunk` from, nearest first, keeping at most
-    /// [`UPSTREAMS_MAX`] that are usable (known, with an address, and `usable(addr)`, i.e. circuit
-    /// not open). Empty: this node is the root, or no ancestor is usable — fetch the origin.
-    /// A node outside the ranked set may only ask rank 0.
+    /// The ancestors to pull a missed block of `chunk` from, nearest first, at most
+    /// [`UPSTREAMS_MAX`]. Empty: this node is the root — fetch the origin. A node outside the
+    /// ranked set may only ask rank 0.
+    ///
+    /// The tree is laid over the members that are usable from here (known, with an address, and
+    /// `usable(addr)`, i.e. circuit not open), not over all of them: a dead member is *replaced*
+    /// — the next-ranked member takes its place for everyone who sees it dead — instead of each
+    /// of its descendants falling to the origin on its own. Every ancestor in any such tree is
+    /// better ranked than its descendant, so nodes that disagree about who is dead still never
+    /// ask each other in a cycle.
     pub fn upstreams(&self, chunk: ChunkKey, usable: impl Fn(&str) -> bool) -> Vec<PeerRef> {
         let ranked = self.ranked(chunk);
         let as_peer = |id: &str| {
@@ -112,12 +118,18 @@ impl Placement {
             (!m.addr.is_empty() && m.id != self.self_id && usable(&m.addr))
                 .then(|| PeerRef { id: m.id.clone(), addr: m.addr.clone() })
         };
-        let Some(me) = ranked.iter().position(|id| *id == self.self_id) else {
+        if !ranked.contains(&self.self_id.as_str()) {
             return ranked.first().and_then(|id| as_peer(id)).into_iter().collect();
-        };
-        let tree = Tree::new(ranked.len(), self.fanout);
+        }
+        let live: Vec<&str> = ranked
+            .iter()
+            .copied()
+            .filter(|id| *id == self.self_id || as_peer(id).is_some())
+            .collect();
+        let me = live.iter().position(|id| *id == self.self_id).expect("self is kept");
+        let tree = Tree::new(live.len(), self.fanout);
         let out: Vec<PeerRef> =
-            tree.ancestors(me).filter_map(|i| as_peer(ranked[i])).take(UPSTREAMS_MAX).collect();
+            tree.ancestors(me).filter_map(|i| as_peer(live[i])).take(UPSTREAMS_MAX).collect();
         debug_assert!(out.len() <= UPSTREAMS_MAX);
         out
     }
@@ -224,6 +236,59 @@ mod tests {
             p.upstreams(chunk, |a| a != parent_addr).into_iter().map(|r| r.id).collect();
         assert_eq!(ups, vec![ranked[0].clone()]);
         assert!(p.upstreams(chunk, |_| false).is_empty(), "all open: origin with zero dials");
+    }
+
+    #[test]
+    fn a_dead_root_is_replaced_by_the_next_ranked_member_for_everyone_who_sees_it_dead() {
+        let v = view(15);
+        let chunk = ChunkKey(7);
+        let ranked: Vec<String> = Placement::new(v.clone(), "x", 2, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let root_addr = v.get(&ranked[0]).map(|m| m.addr.clone()).expect("member");
+        let alive = |a: &str| a != root_addr;
+        // The next-ranked member becomes the root (it fetches the origin itself) ...
+        assert!(Placement::new(v.clone(), &ranked[1], 2, 1).upstreams(chunk, alive).is_empty());
+        // ... and every other member's chain of parents ends at it, not at the origin.
+        for me in &ranked[2..] {
+            let mut at = me.clone();
+            loop {
+                let ups = Placement::new(v.clone(), &at, 2, 1).upstreams(chunk, alive);
+                assert!(ups.iter().all(|p| p.addr != root_addr), "{me}: asks the dead root");
+                match ups.first() {
+                    Some(parent) => at = parent.id.clone(),
+                    None => break,
+                }
+            }
+            assert_eq!(at, ranked[1], "{me}: its chain ends at the replacement root");
+        }
+    }
+
+    #[test]
+    fn ancestors_are_always_better_ranked_whoever_is_excluded() {
+        // Nodes that disagree about who is dead never ask each other in a cycle.
+        let v = view(12);
+        let chunk = ChunkKey(99);
+        let ranked: Vec<String> = Placement::new(v.clone(), "x", 3, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let rank = |id: &str| ranked.iter().position(|r| r == id).expect("ranked");
+        for dead_mask in 0u32..64 {
+            let dead: Vec<String> = (0..6)
+                .filter(|b| dead_mask & (1 << b) != 0)
+                .map(|b| v.get(&ranked[b]).map(|m| m.addr.clone()).expect("member"))
+                .collect();
+            for me in &ranked {
+                let p = Placement::new(v.clone(), me, 3, 1);
+                for up in p.upstreams(chunk, |a| !dead.iter().any(|d| d == a)) {
+                    assert!(rank(&up.id) < rank(me), "{} above {me}", up.id);
+                }
+            }
+        }
     }
 
     #[test]
