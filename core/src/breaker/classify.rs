@@ -17,6 +17,9 @@ pub enum Observation {
         /// The origin's status code from the header.
         status: u16,
     },
+    /// 504 with `X-DART-Upstream-Status: 504`: the relay's own upstream did not answer within
+    /// the requester's budget. The relay did its job; its upstream is charged by the relay.
+    UpstreamSlow,
     /// The caller's own context ended first (hedge loser, client disconnect mid-body).
     CallerCancelled,
     /// Connecting failed or timed out: the peer's machine is not there.
@@ -58,6 +61,7 @@ impl Observation {
             // The relay refused the caller (no cluster secret) or the origin (its upstream
             // policy): an answer about the request, not a failure of the relay.
             status @ (401 | 403) => Some(Observation::UpstreamRefused { status }),
+            504 if upstream_status == Some(504) => Some(Observation::UpstreamSlow),
             502 => Some(match upstream_status {
                 Some(status @ (401 | 403)) => Observation::UpstreamRefused { status },
                 Some(_) | None => Observation::UnexpectedStatus(502),
@@ -72,6 +76,7 @@ impl Observation {
             Observation::Served
             | Observation::Miss
             | Observation::UpstreamRefused { .. }
+            | Observation::UpstreamSlow
             | Observation::VersionMismatch => Outcome::Answered,
             Observation::CallerCancelled => Outcome::Cancelled,
             Observation::DialFailed => Outcome::HardFailure(HardReason::Dial),

@@ -22,6 +22,11 @@ pub const HEADER_HOP: &str = "x-dart-hop";
 pub const HEADER_NODE: &str = "x-dart-node";
 /// Header carrying the origin's status when it refused the requester's credential during a relay.
 pub const HEADER_UPSTREAM_STATUS: &str = "x-dart-upstream-status";
+/// How long the requester waits for this relay's response head, in milliseconds: a relay that
+/// cannot answer within it (its own upstream is slow or dead) answers
+/// `504` + `X-DART-Upstream-Status: 504` just before, so the requester fails over without
+/// blaming it.
+pub const HEADER_BUDGET: &str = "x-dart-budget-ms";
 /// Header carrying the requester's advertised peer address.
 pub const HEADER_PEER_ADDR: &str = "x-dart-peer-addr";
 /// Header carrying the sender's membership epoch on roster responses (decimal u64).

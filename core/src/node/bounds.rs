@@ -16,8 +16,12 @@ pub struct Bounds {
     /// A peer whose machine is gone sends no RST: give up connecting after this long.
     pub peer_dial: Duration,
     /// A peer that accepted but never answers: give up on its response head after this long
-    /// (counted from the request; must exceed a relay's legitimate time to first byte).
+    /// (counted from the request). The longest head wait; with an estimate of recent peer fetch
+    /// times the wait is four times their p99, but at least [`Self::peer_head_floor`], and a
+    /// relay waits on its own upstream a little less than its requester waits on it.
     pub peer_head: Duration,
+    /// The shortest response-head wait on a peer.
+    pub peer_head_floor: Duration,
     /// Bounds a whole peer exchange, body included.
     pub peer_request: Duration,
     /// A peer body that stops moving is cut off after the estimated p99 block fetch time plus
@@ -54,6 +58,7 @@ impl Default for Bounds {
         Bounds {
             peer_dial: Duration::from_secs(1),
             peer_head: Duration::from_secs(10),
+            peer_head_floor: Duration::from_secs(1),
             peer_request: Duration::from_secs(30),
             peer_progress_margin: Duration::from_secs(1),
             origin_dial: Duration::from_secs(10),
@@ -95,6 +100,7 @@ impl Bounds {
         let durations = [
             ("peer_dial", self.peer_dial),
             ("peer_head", self.peer_head),
+            ("peer_head_floor", self.peer_head_floor),
             ("peer_request", self.peer_request),
             ("peer_progress_margin", self.peer_progress_margin),
             ("origin_dial", self.origin_dial),

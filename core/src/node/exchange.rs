@@ -5,12 +5,19 @@ use super::body::BodyBuf;
 use super::io::{Endpoint, Headers, IoEvent, IoId, IoRequest, Output, Purpose, RequestId};
 use super::Node;
 use crate::breaker::Permit;
+use crate::codec::wire::HEADER_BUDGET;
 use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::BodyPlan;
 use crate::engine::ObjectMeta;
 use crate::time::Instant;
 use bytes::BytesMut;
 use std::time::Duration;
+
+/// What a relay keeps of its requester's head budget for itself: it waits on its own upstream
+/// for the budget less this margin, and answers its requester when half the margin is left.
+pub(super) fn budget_margin(budget: Duration) -> Duration {
+    (budget / 16).max(Duration::from_millis(20))
+}
 
 /// Who an origin exchange answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +247,15 @@ impl Node {
         let id = self.next_io_id();
         let (dial, head_bound, request) = self.config.bounds.exchange(endpoint == Endpoint::Peer);
         let mut headers = headers;
+        let head_bound = match &job {
+            Job::Peer(p) => {
+                let bound = self.peer_head_bound(p.owner);
+                // The peer learns how long we wait for its head (a relay answers within it).
+                headers.push(HEADER_BUDGET, bound.as_millis().to_string());
+                bound
+            }
+            _ => head_bound,
+        };
         if endpoint == Endpoint::Peer {
             self.sign_peer_request(&url, &mut headers, now);
         }
@@ -283,6 +299,27 @@ impl Node {
         self.counters.exchanges += 1;
         self.emit(Output::Send(IoRequest { id, endpoint, purpose, request, url, headers }));
         id
+    }
+
+    /// How long a peer fetch for `owner` waits for its response head: four times the p99 of
+    /// recent peer fetches that held their block, within [`Bounds::peer_head_floor`] and
+    /// [`Bounds::peer_head`] (the cap alone without an estimate); for a relay, also less than
+    /// its requester's budget by [`budget_margin`], so that it can answer its requester in time.
+    pub(super) fn peer_head_bound(&self, owner: PeerOwner) -> Duration {
+        let b = &self.config.bounds;
+        let adaptive = match self.engine.peer_latency(0.99) {
+            Some(p99) => p99.saturating_mul(4).clamp(b.peer_head_floor, b.peer_head),
+            None => b.peer_head,
+        };
+        let budget = match owner {
+            PeerOwner::Request(rid) => self.requests.get(&rid).and_then(|r| r.budget),
+            PeerOwner::Ticket(_) => None,
+        };
+        match budget {
+            Some(budget) => adaptive.min(budget.saturating_sub(budget_margin(budget))),
+            None => adaptive,
+        }
+        .max(Duration::from_millis(1))
     }
 
     /// Forgets exchange `io` and its timer (the caller emits `Cancel` when the driver must stop).

@@ -94,6 +94,9 @@ pub struct NodeCounters {
     pub panics: u64,
     /// Requests given up because their requester stopped reading ([`Bounds::write_stall`]).
     pub write_stalls: u64,
+    /// Relays that answered `504` + upstream `504` because their requester's budget ran out
+    /// while their own upstream had not answered.
+    pub relay_early_answers: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -145,6 +148,8 @@ pub struct Node {
     /// Hedge deadlines of requests racing a primary peer fetch (stale entries are dropped when
     /// they come due).
     hedge_timers: BTreeSet<(Instant, RequestId)>,
+    /// Relays' answer-by deadlines (stale entries are dropped when they come due).
+    answer_timers: BTreeSet<(Instant, RequestId)>,
     flights: FlightTable<FlightKey>,
     flight_state: BTreeMap<FlightId, Flight>,
     store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey)>,
@@ -176,6 +181,7 @@ impl Node {
             timers: BTreeSet::new(),
             stall_timers: BTreeSet::new(),
             hedge_timers: BTreeSet::new(),
+            answer_timers: BTreeSet::new(),
             flights,
             flight_state: BTreeMap::new(),
             store_ops: BTreeMap::new(),
@@ -281,8 +287,9 @@ impl Node {
         let exchange = self.timers.first().map(|&(t, _)| t);
         let stall = self.stall_timers.first().map(|&(t, _)| t);
         let hedge = self.hedge_timers.first().map(|&(t, _)| t);
+        let answer = self.answer_timers.first().map(|&(t, _)| t);
         let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
-        [exchange, stall, hedge, breaker].into_iter().flatten().min()
+        [exchange, stall, hedge, answer, breaker].into_iter().flatten().min()
     }
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
@@ -316,6 +323,14 @@ impl Node {
             }
             self.hedge_timers.remove(&(at, rid));
             self.on_hedge_due(rid, at, now);
+            self.working.clear();
+        }
+        while let Some(&(at, rid)) = self.answer_timers.first() {
+            if at > now {
+                break;
+            }
+            self.answer_timers.remove(&(at, rid));
+            self.on_answer_due(rid, at, now);
             self.working.clear();
         }
         if let Some(p2p) = self.engine.p2p_mut() {
@@ -507,6 +522,9 @@ impl Node {
                     }
                 }
                 Wait::Ready => {}
+            }
+            if let Some(at) = req.answer_by {
+                assert!(self.answer_timers.contains(&(at, *rid)), "{rid}: answer-by not armed");
             }
             if let Some(at) = req.hedge_at {
                 assert!(self.hedge_timers.contains(&(at, *rid)), "{rid}: hedge timer not armed");

@@ -74,6 +74,19 @@ impl Node {
                 return self.reply(id, Plane::Peer, 400, &msg, Headers::new());
             }
         };
+        // The requester's head budget, capped at our own longest head wait; absent: no budget.
+        let budget = match request.headers.get(crate::codec::wire::HEADER_BUDGET) {
+            None => None,
+            Some(v) => match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) {
+                Some(ms) if ms > 0 => {
+                    Some(std::time::Duration::from_millis(ms).min(self.config.bounds.peer_head))
+                }
+                _ => {
+                    let msg = "dart: bad budget (a positive number of milliseconds)";
+                    return self.reply(id, Plane::Peer, 400, msg, Headers::new());
+                }
+            },
+        };
         // An empty value means cache-only, as an absent header does (peer.md §3.1).
         let origin = match request.headers.get(HEADER_ORIGIN) {
             None | Some(b"") => None,
@@ -102,7 +115,7 @@ impl Node {
             }
         };
         let read = self.engine.begin_relay(key, url, next_hop);
-        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), now);
+        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), budget, now);
     }
 
     /// Asks `addr` for a block on behalf of request `rid`.

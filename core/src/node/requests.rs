@@ -69,6 +69,10 @@ pub(super) struct Request {
     pub filled: Option<crate::hash::BlockKey>,
     /// When its primary peer fetch may be hedged ([`Action::FetchPeer::hedge_after`]).
     pub hedge_at: Option<Instant>,
+    /// A relay's requester's head budget (`X-DART-Budget-Ms`).
+    pub budget: Option<std::time::Duration>,
+    /// When a relay that has not committed its head answers `504` + upstream `504` instead.
+    pub answer_by: Option<Instant>,
 }
 
 impl Wait {
@@ -151,7 +155,8 @@ impl Node {
         self.gate(id, ReadRequest { url, method, range, conditions }, method, forward, now);
     }
 
-    /// Registers a request with its read and drives it.
+    /// Registers a request with its read and drives it; a relay with its requester's `budget`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn admit(
         &mut self,
         id: RequestId,
@@ -159,8 +164,14 @@ impl Node {
         method: Method,
         read: Read,
         forward: Headers,
+        budget: Option<std::time::Duration>,
         now: Instant,
     ) {
+        let answer_by = budget.map(|b| {
+            let at = now.saturating_add(b.saturating_sub(super::exchange::budget_margin(b) / 2));
+            self.answer_timers.insert((at, id));
+            at
+        });
         let request = Request {
             plane,
             method,
@@ -173,6 +184,8 @@ impl Node {
             stalled_at: None,
             filled: None,
             hedge_at: None,
+            budget,
+            answer_by,
         };
         self.requests.insert(id, request);
         self.working.push(id);
@@ -386,6 +399,26 @@ impl Node {
         self.emit(Output::Abort { id: rid });
     }
 
+    /// Relay `rid`'s requester's budget is nearly spent and its head is not committed: it
+    /// answers `504` + `X-DART-Upstream-Status: 504` (its upstream is slow, not this relay) and
+    /// goes on without a requester, filling its cache and charging its own upstream.
+    pub(super) fn on_answer_due(&mut self, rid: RequestId, at: Instant, now: Instant) {
+        let Some(req) = self.requests.get_mut(&rid) else { return };
+        if req.answer_by != Some(at) {
+            return;
+        }
+        req.answer_by = None;
+        if req.head_sent || req.cancelled {
+            return;
+        }
+        self.working.push(rid);
+        self.counters.relay_early_answers += 1;
+        let extra = Headers::new().with(crate::codec::wire::HEADER_UPSTREAM_STATUS, "504");
+        let message = "dart: the upstream did not answer within the requester's budget";
+        self.reply(rid, Plane::Peer, 504, message, extra);
+        self.release(rid, now);
+    }
+
     pub(super) fn on_cancel(&mut self, rid: RequestId, now: Instant) {
         if self.cancel_gated(rid) {
             self.counters.cancelled += 1;
@@ -396,6 +429,13 @@ impl Node {
             return;
         }
         self.counters.cancelled += 1;
+        self.release(rid, now);
+    }
+
+    /// Request `rid` has nobody to answer any more: what it waits on is released (a relay's
+    /// peer exchanges run on to fill the cache, asking nothing further).
+    fn release(&mut self, rid: RequestId, now: Instant) {
+        let req = self.requests.get(&rid).expect("a live request");
         let streaming = req.wait.peers().any(|io| self.peer_streaming(io));
         if matches!(req.wait, Wait::Peers(_)) && (req.plane == Plane::Peer || streaming) {
             // A relay keeps its upstream exchanges to their end: mid-stream the block is still

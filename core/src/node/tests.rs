@@ -1467,8 +1467,9 @@ fn with_hedging_off_a_slow_primary_is_waited_for_and_nothing_is_duplicated() {
     let mut h = Harness::new(node);
     let primary = start_block_read(&mut h, &ancestors);
     h.io(primary.id, IoEvent::Connected);
-    assert_eq!(h.node.poll_timeout(), Some(h.now + Bounds::default().peer_head));
-    h.advance(Duration::from_secs(5));
+    // The head wait is four times the estimated p99 (20 ms), but at least the 1 s floor.
+    assert_eq!(h.node.poll_timeout(), Some(h.now + Bounds::default().peer_head_floor));
+    h.advance(Duration::from_millis(900));
     assert!(peer_sends(&h).is_empty(), "no duplicate");
     answer_peer(&mut h, &primary, 0);
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
@@ -1593,6 +1594,56 @@ fn a_peer_body_that_stops_moving_is_cut_off_at_the_progress_bound_and_failed_ove
     assert_eq!(breaker_of(&h).soft, 1, "a stalled body is the peer's soft failure");
     let failover = peer_sends(&h).pop().expect("a failover");
     assert!(failover.url.starts_with(&format!("http://{}/", ancestors[1])));
+    answer_peer(&mut h, &failover, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+}
+
+#[test]
+fn a_relay_whose_upstream_is_silent_answers_within_its_requesters_budget_and_blames_only_the_upstream(
+) {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), 1);
+    let headers = Headers::new()
+        .with("x-dart-origin", URL)
+        .with("x-dart-hop", "0")
+        .with("x-dart-budget-ms", "1000");
+    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    let up = h.take_sends().remove(0);
+    assert_eq!(up.endpoint, Endpoint::Peer);
+    // It waits on its own upstream a margin (1/16) less than its requester waits on it, and
+    // says so upstream.
+    assert_eq!(up.headers.get_str("x-dart-budget-ms"), Some("937"));
+    h.io(up.id, IoEvent::Connected);
+    h.advance(Duration::from_micros(937_500));
+    assert!(h.cancelled(up.id), "the silent upstream is given up");
+    assert_eq!(breaker_of(&h).soft, 1, "and charged by this relay");
+    let origin = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Origin);
+    let origin = origin.expect("the relay fails over to the origin");
+    // Half a margin before its requester's budget runs out, it answers "my upstream is slow".
+    h.advance(Duration::from_micros(31_250));
+    let head = h.head_of(7).expect("an early answer");
+    assert_eq!(head.status, 504);
+    assert_eq!(head.headers.get_str("x-dart-upstream-status"), Some("504"));
+    assert_eq!(h.node.counters().relay_early_answers, 1);
+    // It goes on without its requester and caches the block.
+    h.answer_origin(&origin);
+    assert_eq!(h.store.len(), 1);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_requester_does_not_blame_a_relay_that_reports_its_upstream_slow() {
+    let (node, ancestors) = hedging_reader(0.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    let slow = Headers::new().with("x-dart-upstream-status", "504");
+    h.io(primary.id, IoEvent::Connected);
+    h.io(primary.id, IoEvent::Head { status: 504, headers: slow });
+    let b = breaker_of(&h);
+    assert_eq!((b.soft, b.hard), (0, 0), "the relay did its job");
+    let failover = peer_sends(&h).pop().expect("a failover");
     answer_peer(&mut h, &failover, 0);
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
 }
