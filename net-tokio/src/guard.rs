@@ -46,6 +46,10 @@ struct Shared {
     bytes_read: AtomicU64,
     /// Request heads hyper has started to wait for.
     heads: AtomicU64,
+    /// Stream offset just past the last `\r\n\r\n` read: bytes read beyond it belong to a
+    /// head that has not ended (or to a request body, which our GET/HEAD listeners do not
+    /// expect). A keep-alive wait that starts with such bytes already read is a head wait.
+    head_end: AtomicU64,
 }
 
 /// An accepted stream with a write-progress bound: a write, flush or shutdown that makes no
@@ -58,6 +62,8 @@ pub struct GuardedIo<S> {
     /// Armed while a write is blocked; reset by any progress.
     stall: Option<Pin<Box<tokio::time::Sleep>>>,
     stalled: bool,
+    /// How much of `\r\n\r\n` the bytes read so far end with (0..=3).
+    terminator: u8,
 }
 
 /// Asks idle keep-alive connections of one listener to close: the accept loop, at its
@@ -94,7 +100,8 @@ impl<S> GuardedIo<S> {
         assert!(!write_progress.is_zero() && !head.is_zero() && !idle.is_zero());
         let shared = Arc::new(Shared::default());
         let timer = HeadTimer { shared: shared.clone(), head, idle, reclaim };
-        let io = GuardedIo { inner, shared, write_progress, stall: None, stalled: false };
+        let io =
+            GuardedIo { inner, shared, write_progress, stall: None, stalled: false, terminator: 0 };
         (io, timer)
     }
 
@@ -149,8 +156,28 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedIo<S> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let read = buf.filled().len().saturating_sub(before) as u64;
-        self.shared.bytes_read.fetch_add(read, Ordering::Relaxed);
+        let fresh = &buf.filled()[before.min(buf.filled().len())..];
+        let start = self.shared.bytes_read.load(Ordering::Relaxed);
+        let mut matched = self.terminator;
+        let mut end = None;
+        for (i, &b) in fresh.iter().enumerate() {
+            // 0: nothing, 1: "\r", 2: "\r\n", 3: "\r\n\r" matched so far.
+            matched = match (matched, b) {
+                (2, b'\r') => 3,
+                (_, b'\r') => 1,
+                (1, b'\n') => 2,
+                (3, b'\n') => {
+                    end = Some(start + i as u64 + 1);
+                    0
+                }
+                _ => 0,
+            };
+        }
+        self.terminator = matched;
+        if let Some(end) = end {
+            self.shared.head_end.store(end, Ordering::Relaxed);
+        }
+        self.shared.bytes_read.fetch_add(fresh.len() as u64, Ordering::Relaxed);
         polled
     }
 }
@@ -211,10 +238,15 @@ impl HeadTimer {
     fn arm(&self, sleep: &mut HeadSleep) {
         let first = self.shared.heads.fetch_add(1, Ordering::Relaxed) == 0;
         let now = tokio::time::Instant::now();
-        sleep.read_mark = self.shared.bytes_read.load(Ordering::Relaxed);
-        sleep.waiting_for_first_byte = !first;
-        sleep.reclaimed = if first { None } else { Some(self.reclaim.waiter()) };
-        let bound = if first { self.head } else { self.idle };
+        let read = self.shared.bytes_read.load(Ordering::Relaxed);
+        // Bytes of the next head may have come with the request just answered (pipelined):
+        // its head bound runs from now, not the idle bound until a byte that already came.
+        let started = read > self.shared.head_end.load(Ordering::Relaxed);
+        let head_wait = first || started;
+        sleep.read_mark = read;
+        sleep.waiting_for_first_byte = !head_wait;
+        sleep.reclaimed = if head_wait { None } else { Some(self.reclaim.waiter()) };
+        let bound = if head_wait { self.head } else { self.idle };
         sleep.inner.as_mut().reset(now + bound);
     }
 
