@@ -161,6 +161,26 @@ impl prometheus_client::collector::Collector for Collected {
             "event",
             &versions,
         )?;
+        let hedges = [
+            ("fired", s.hedge_fired),
+            ("primary_won", s.hedge_primary_won),
+            ("backup_won", s.hedge_backup_won),
+        ];
+        counter(
+            &mut enc,
+            "dart_hedge",
+            "Hedged peer fetches: fired, and which contender won (counted only when one fired).",
+            "event",
+            &hedges,
+        )?;
+        let early = [("upstream_slow", scrape.node.relay_early_answers)];
+        counter(
+            &mut enc,
+            "dart_relay_early_answer",
+            "Relay requests answered 504 + upstream 504 within the requester's budget.",
+            "reason",
+            &early,
+        )?;
         let failover = ConstCounter::new(s.peer_failover);
         let m = enc.encode_descriptor(
             "dart_peer_failover",

@@ -186,6 +186,12 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
     assert!(text.contains("dart_block_source_total{source=\"origin\"} 4"), "{text}");
     assert!(text.contains("dart_block_source_total{source=\"cache\"} 3"), "{text}");
     assert!(text.contains("# TYPE dart_block_fetch_seconds histogram"), "{text}");
+    // Tail-control counters exist from the start (a lone node never hedges).
+    for event in ["fired", "primary_won", "backup_won"] {
+        assert!(text.contains(&format!("dart_hedge_total{{event=\"{event}\"}} 0")), "{text}");
+    }
+    assert!(text.contains("dart_relay_early_answer_total{reason=\"upstream_slow\"} 0"), "{text}");
+    assert!(text.contains("dart_peer_failover_total 0"), "{text}");
 
     d.sigterm();
     let bound = Duration::from_secs(drain_secs) + EXIT_SLACK;

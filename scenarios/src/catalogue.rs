@@ -52,6 +52,7 @@ pub fn all() -> Vec<Scenario> {
         object_changes(),
         stale_if_error(),
         credentials_in_an_outage(),
+        tail_at_scale(),
         object_changes_restart(),
         swarm(),
         reference(),
@@ -213,19 +214,26 @@ fn dead_root() -> Scenario {
             format!("slowest read {worst:?} within baseline {base_worst:?} + one header and dial bound per tree level ({depth})"),
         );
         check.gap(
-            worst <= base_worst + per_level + secs(2),
-            format!("slowest read {worst:?} within baseline {base_worst:?} + one header and dial bound"),
-            "the stall compounds down the tree: a descendant that fails over to its grandparent finds it still waiting on the dead root",
+            worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
+            format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
+            "met at full scale (a 6.4 s baseline); at test scale the baseline is about 1 s and one dial \
+             bound plus one head wait on the dead root already exceed half of it",
         );
-        let fanout = run.spec.cluster.peer.as_ref().map_or(2, |p| p.fanout) as u64;
-        let per_block = r.origin.per_window.values().copied().max().unwrap_or(0);
+        let object = run.spec.cluster.objects[0].size;
+        let origin_share = r.origin.body_bytes as f64 / object as f64;
         check.gap(
-            per_block <= 2 + fanout,
-            format!("origin requests per block {per_block} ≤ root + its {fanout} orphaned children + 1"),
-            "every hop waits the same 10 s response-header bound: descendants time out on their honest parents the \
-             moment the parents time out on the dead root, dial the root themselves (1 s) and fall through to the origin",
+            origin_share <= 1.25,
+            format!("origin bytes {:.2} × the object ≤ 1.25", origin_share),
+            "the tree is laid over usable members, but each node learns the root is dead on its own: \
+             readers whose relays have not yet opened the dead root's circuit still reach the origin",
         );
         let blamed = blamed_relays(r, root);
+        check.gap(
+            blamed == 0,
+            format!("{blamed} timeouts charged to honest relays = 0"),
+            "a relay answers 504 + X-DART-Upstream-Status before its requester's budget ends, but a relay \
+             that is itself waiting in an origin flight or on a streaming upstream is still timed out",
+        );
         check.note(format!(
             "slowest read {worst:?} vs {base_worst:?} without the fault; origin {} range requests vs {}; \
              {blamed} timeouts charged to honest relays; {} stale refetches",
@@ -301,11 +309,22 @@ fn stalled_peer() -> Scenario {
         let base_worst = latencies(&base, Phase::Safety, &[]).last().copied().unwrap_or_default();
         let timeouts = r.peer_answers.get(&(stalled, "TimedOut".to_owned())).copied().unwrap_or(0);
         let opens = circuits_to(r, &member_addr(stalled)).filter(|(_, e)| e.to == CircuitState::Open).count();
-        let header = run.spec.cluster.bounds.peer_head;
         check.gap(
-            worst <= base_worst + header + secs(2),
-            format!("a stalled peer costs a read at most one head bound (slowest {worst:?}, {base_worst:?} without)"),
-            "a stall is a soft failure: every request pays the 10 s head bound and only the fifth in a row opens the circuit",
+            worst.as_secs_f64() <= 2.0 * base_worst.as_secs_f64(),
+            format!("slowest read {worst:?} ≤ 2 × the stall-free {base_worst:?}"),
+            "each node pays the peer head wait (3 s before it has an estimate, then 4 × p99 with a 1 s \
+             floor) on the stalled node until its circuit opens; a read that meets it cold pays it once per node",
+        );
+        check.that(
+            blamed_relays(r, stalled) == 0,
+            format!("no timeout charged to the stalled node's honest descendants ({})", blamed_relays(r, stalled)),
+        );
+        let hedges = engine_total(r, |e| e.hedge_fired);
+        let fetches = engine_total(r, |e| e.block_source_peer) + engine_total(r, |e| e.peer_failover);
+        let allowed = run.spec.cluster.hedge_ratio * fetches as f64 + run.spec.cluster.nodes as f64;
+        check.that(
+            hedges as f64 <= allowed,
+            format!("{hedges} backup requests ≤ hedge_ratio × {fetches} peer fetches + one banked per node"),
         );
         check.note(format!(
             "{timeouts} requests timed out on the stalled node, {opens} circuits opened on it; slowest read {worst:?} vs {base_worst:?}; {} timeouts charged to its honest descendants",
@@ -1064,6 +1083,100 @@ fn credentials_in_an_outage() -> Scenario {
             "{} re-reads served through the outage, {} new URLs refused; {stale} reads went on stale validators",
             again.len() - bad.len(),
             fresh.len() - leaked.len(),
+        ));
+    })
+}
+
+/// The Tail-at-Scale set-up (Dean and Barroso): 100 nodes, 1 % of them stalled 5 s at a time
+/// (a different node every 5 s), 10,000 reads of random ranges of 40 objects.
+pub fn tail_at_scale_spec(seed: u64, scale: Scale) -> SimSpec {
+    let nodes = pick(scale, 20, 100) as usize;
+    let reads = pick(scale, 600, 10_000) as usize;
+    let span = secs(pick(scale, 20, 100));
+    let block = pick(scale, 128 << 10, MIB);
+    let objects: Vec<ObjectDef> =
+        (0..40).map(|i| ObjectDef::plain(8 * block, seed.wrapping_add(i))).collect();
+    let sizes: Vec<u64> = objects.iter().map(|o| o.size).collect();
+    let mut r = rng::from_seed(seed ^ 0x7a11);
+    let safety = Workload::random_reads(&mut r, nodes, &sizes, reads, span);
+    let episodes = (span.as_secs() / 5) as usize;
+    let faults = (0..episodes)
+        .map(|k| {
+            use rand::Rng as _;
+            let node = r.random_range(0..nodes);
+            fault(secs(5 * k as u64), secs(5), FaultKind::Stall { node })
+        })
+        .collect();
+    let mut cluster = ClusterConfig::new(nodes, block, objects);
+    // The origin is public here: the table measures peer routing, not credential checks.
+    cluster.public_origin = true;
+    SimSpec {
+        cluster,
+        workload: Workload { safety, liveness: Vec::new() },
+        plan: FaultPlan { faults },
+        phases: Phases { safety: span + secs(40), liveness: secs(10) },
+        check: CheckLevel::Touched,
+        record_trace: false,
+    }
+}
+
+/// What one tail-at-scale run measured: read latency quantiles and the extra peer requests.
+#[derive(Clone, Debug)]
+pub struct TailFigures {
+    /// Reads that completed, of all reads.
+    pub completed: usize,
+    /// All reads.
+    pub reads: usize,
+    /// p50, p99, p99.9 and max of the completed reads' latency.
+    pub p50: Duration,
+    /// p99.
+    pub p99: Duration,
+    /// p99.9.
+    pub p999: Duration,
+    /// The slowest read.
+    pub max: Duration,
+    /// Backup requests launched.
+    pub hedges: u64,
+    /// Blocks that came from a peer.
+    pub peer_blocks: u64,
+}
+
+/// Measures one run of [`tail_at_scale_spec`].
+pub fn tail_figures(r: &RunReport) -> TailFigures {
+    let l = latencies(r, Phase::Safety, &[]);
+    TailFigures {
+        completed: l.len(),
+        reads: r.phase(Phase::Safety).count(),
+        p50: quantile(&l, 0.5),
+        p99: quantile(&l, 0.99),
+        p999: quantile(&l, 0.999),
+        max: l.last().copied().unwrap_or_default(),
+        hedges: engine_total(r, |e| e.hedge_fired),
+        peer_blocks: engine_total(r, |e| e.block_source_peer),
+    }
+}
+
+fn tail_at_scale() -> Scenario {
+    Scenario::new(
+        "tail-at-scale",
+        "100 nodes, 1% of them stalled for 5 s at a time, 10,000 random reads: hedged peer fetches keep the tail short (dart-scenarios tail prints the table with hedging off and on)",
+        tail_at_scale_spec,
+    )
+    .expect(|run, check| {
+        let f = tail_figures(run.report);
+        let (hedges, peer) = (f.hedges, f.peer_blocks);
+        check.that(
+            f.completed == f.reads,
+            format!("every read completes ({} of {})", f.completed, f.reads),
+        );
+        let share = hedges as f64 / peer.max(1) as f64;
+        check.that(
+            share <= run.spec.cluster.hedge_ratio + 0.01,
+            format!("hedges stay within the ratio ({hedges} for {peer} peer blocks)"),
+        );
+        check.note(format!(
+            "read latency p50 {:?} p99 {:?} p99.9 {:?} max {:?}; {hedges} hedges for {peer} peer blocks",
+            f.p50, f.p99, f.p999, f.max
         ));
     })
 }

@@ -82,6 +82,15 @@ enum Command {
         #[arg(long, default_value = "dart-scenarios.html")]
         out: String,
     },
+    /// Print the tail-at-scale table: read latency with hedging off and on, per seed.
+    Tail {
+        /// Seeds 1..=N.
+        #[arg(long, default_value_t = 3)]
+        seeds: u64,
+        /// Small scale.
+        #[arg(long)]
+        small: bool,
+    },
     /// Measure simulated seconds per wall second and events per second of `reference`.
     Bench {
         /// Small scale.
@@ -137,6 +146,7 @@ fn main() -> ExitCode {
         Command::Report { scenario, seed, small, out } => {
             report(scenario.as_deref(), seed, scale(small), &out)
         }
+        Command::Tail { seeds, small } => tail(seeds, scale(small)),
         Command::Bench { small, runs, check_every } => bench(scale(small), runs, check_every),
     };
     match result {
@@ -302,6 +312,41 @@ fn report(scenario: Option<&str>, seed: u64, scale: Scale, out: &str) -> Result<
     std::fs::write(out, page).map_err(|e| format!("writing {out}: {e}"))?;
     println!("wrote {out}");
     Ok(outcomes.iter().all(Outcome::passed))
+}
+
+fn tail(seeds: u64, scale: Scale) -> Result<bool, String> {
+    let s = catalogue::find("tail-at-scale").ok_or("no tail-at-scale scenario")?;
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    println!("| seed | hedging | reads completed | p50 | p99 | p99.9 | max | backup requests / peer blocks |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut ok = true;
+    for seed in 1..=seeds {
+        for ratio in [0.0, dart_core::engine::hedge::DEFAULT_HEDGE_RATIO] {
+            let mut spec = catalogue::tail_at_scale_spec(seed, scale);
+            spec.cluster.hedge_ratio = ratio;
+            let outcome = s.run_spec(spec, seed, scale);
+            let r = outcome.report.as_ref().ok_or("the run panicked")?;
+            let f = catalogue::tail_figures(r);
+            let hedging = if ratio > 0.0 { format!("on ({ratio})") } else { "off".to_string() };
+            println!(
+                "| {seed} | {hedging} | {}/{} | {} | {} | {} | {} | {}/{} = {:.2} % |",
+                f.completed,
+                f.reads,
+                ms(f.p50),
+                ms(f.p99),
+                ms(f.p999),
+                ms(f.max),
+                f.hedges,
+                f.peer_blocks,
+                100.0 * f.hedges as f64 / f.peer_blocks.max(1) as f64
+            );
+            if !outcome.passed() {
+                ok = false;
+                println!("{}", outcome.describe());
+            }
+        }
+    }
+    Ok(ok)
 }
 
 fn bench(scale: Scale, runs: u64, check_every: Option<u64>) -> Result<bool, String> {

@@ -65,6 +65,8 @@ pub struct ClusterConfig {
     pub public_origin: bool,
     /// How long a node trusts the origin's acceptance of a credential (`--credential-ttl`).
     pub credential_ttl: Duration,
+    /// Longest share of peer fetches that may be hedged (`--hedge-ratio`; 0 disables hedging).
+    pub hedge_ratio: f64,
 }
 
 impl ClusterConfig {
@@ -85,6 +87,7 @@ impl ClusterConfig {
             revalidate_after: dart_core::engine::DEFAULT_REVALIDATE_AFTER,
             public_origin: false,
             credential_ttl: dart_core::node::DEFAULT_CHECK_TTL,
+            hedge_ratio: dart_core::engine::hedge::DEFAULT_HEDGE_RATIO,
         }
     }
 
@@ -117,6 +120,8 @@ impl ClusterConfig {
             geometry: self.geometry,
             cut_through: self.cut_through,
             revalidate_after: self.revalidate_after,
+            hedge: self.hedge_ratio > 0.0,
+            hedge_ratio: self.hedge_ratio,
             ..EngineConfig::default()
         }
     }

@@ -75,12 +75,13 @@ fn peer_path_runs_replay_from_their_seed() {
 
 #[test]
 fn breaker_probe_deadlines_fire_as_node_timers_without_busy_loops() {
-    // A probe deadline (2 s) shorter than the peer head bound (10 s): probes sent to a stalled
-    // peer are reclaimed by the breaker's timer, and their late answers are stale.
+    // A probe deadline (500 ms) shorter than any peer head wait (at least the 1 s floor): probes
+    // sent to a stalled peer are reclaimed by the breaker's timer, and their late answers are
+    // stale.
     let mut s = spec(10, 2 << 20, FaultPlan::none());
     let stalled = dart_sim::node::tree_order(&s.cluster, 0, 0)[1];
     let mut peer = dart_sim::node::PeerConfig::default();
-    peer.breaker.probe_deadline = Duration::from_secs(2);
+    peer.breaker.probe_deadline = Duration::from_millis(500);
     peer.breaker.failure_threshold = 1;
     peer.breaker.backoff =
         dart_core::breaker::BackoffPolicy::Fixed { cooldown: Duration::from_secs(1) };

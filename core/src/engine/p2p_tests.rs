@@ -18,6 +18,8 @@ enum Fault {
     Dead,
     /// Answers every block request with one byte too few.
     Short,
+    /// Accepts requests and never answers in time: every fetch ends in our own timeout.
+    Stalled,
 }
 
 struct Node {
@@ -181,6 +183,7 @@ impl Cluster {
         self.nodes[j].relay_requests += 1;
         match self.nodes[j].fault {
             Fault::Dead => return PeerAnswer::Failed(Observation::DialFailed),
+            Fault::Stalled => return PeerAnswer::Failed(Observation::TimedOut),
             Fault::Short => {
                 let short = vec![0u8; expected.saturating_sub(1) as usize];
                 return PeerAnswer::Block(Bytes::from(short));
@@ -276,6 +279,20 @@ fn a_dead_parent_opens_on_one_dial_and_later_reads_skip_it_with_zero_dials() {
     assert_eq!(c.state_of(leaf, parent), CircuitState::Open);
     assert!(c.nodes[parent].relay_requests <= 2, "{} dials", c.nodes[parent].relay_requests);
     assert_eq!(c.nodes[leaf].engine.stats().block_source_peer, 4, "still served by the tree");
+}
+
+#[test]
+fn a_parent_that_timed_out_on_one_block_is_asked_last_for_the_rest_of_the_read() {
+    let mut c = Cluster::new(7, 2, 16, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (leaf, parent, grand) = (ranked[6], ranked[4], ranked[0]);
+    c.nodes[parent].fault = Fault::Stalled;
+    // Four blocks in one read: one wait on the stalled parent, not one per block (which would
+    // also be three timeouts, enough to open its circuit here).
+    assert_eq!(c.read(leaf, None), End::Finish(c.expected(0, 15)));
+    assert_eq!(c.nodes[parent].relay_requests, 1, "asked once, for the first block");
+    assert_eq!(c.nodes[grand].relay_requests, 4, "the rest went to the grandparent first");
+    assert_eq!(c.state_of(leaf, parent), CircuitState::Closed, "one timeout is not a verdict");
 }
 
 #[test]

@@ -433,6 +433,10 @@ pub struct Read {
     stale: Option<Stale>,
     emitted: u64,
     content_length: u64,
+    /// Peers that were slow for an earlier block of this read (no answer within the hedge
+    /// delay while a backup won, or a timeout): later blocks ask them last, so a stalled parent
+    /// costs a read one wait, not one per block.
+    slow_peers: Vec<String>,
     state: State,
     out: VecDeque<Action>,
 }
@@ -486,6 +490,7 @@ impl Read {
             stale: None,
             emitted: 0,
             content_length: 0,
+            slow_peers: Vec::new(),
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
@@ -654,7 +659,10 @@ impl Read {
                         engine.stats.cache_corrupt += 1;
                     }
                     if !job.rechecked {
-                        job.upstreams = engine.upstreams(job.key, now).into();
+                        let mut upstreams = engine.upstreams(job.key, now);
+                        // Stable: the tree order holds among the fast and among the slow.
+                        upstreams.sort_by_key(|p| self.slow_peers.contains(&p.addr));
+                        job.upstreams = upstreams.into();
                     }
                     self.next_source(engine, job, now);
                 }
@@ -819,6 +827,12 @@ impl Read {
         self.state = State::AwaitPeer(job);
     }
 
+    fn mark_slow(&mut self, addr: String) {
+        if !self.slow_peers.contains(&addr) {
+            self.slow_peers.push(addr);
+        }
+    }
+
     /// Stops every contender still in flight (the race is over).
     fn cancel_race(&mut self, job: &mut Job) {
         for contender in [Contender::Primary, Contender::Backup] {
@@ -904,7 +918,7 @@ impl Read {
         let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             panic!("peer answer out of turn");
         };
-        assert!(job.race[contender.index()].take().is_some(), "an answer of a fetch in flight");
+        let asked = job.race[contender.index()].take().expect("an answer of a fetch in flight");
         if job.streaming {
             debug_assert!(!job.in_flight(), "a stream has no rival");
             return self.finish_stream(engine, permit, job, answer, now);
@@ -912,6 +926,11 @@ impl Read {
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
                 engine.complete(permit, Outcome::Answered, now);
+                if contender == Contender::Backup {
+                    if let Some(primary) = job.race[Contender::Primary.index()].clone() {
+                        self.mark_slow(primary);
+                    }
+                }
                 self.cancel_race(&mut job);
                 if job.hedged {
                     match contender {
@@ -936,6 +955,9 @@ impl Read {
                 engine.complete(permit, observation.outcome(), now);
                 if observation != Observation::Miss {
                     engine.stats.peer_failover += 1;
+                }
+                if observation == Observation::TimedOut {
+                    self.mark_slow(asked);
                 }
                 self.next_source(engine, job, now);
             }

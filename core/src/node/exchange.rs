@@ -303,13 +303,15 @@ impl Node {
 
     /// How long a peer fetch for `owner` waits for its response head: four times the p99 of
     /// recent peer fetches that held their block, within [`Bounds::peer_head_floor`] and
-    /// [`Bounds::peer_head`] (the cap alone without an estimate); for a relay, also less than
+    /// [`Bounds::peer_head`]; without an estimate yet, three times the floor (3 s by default,
+    /// within the cap): a node that just started does not give a stalled peer the whole cap;
+    /// for a relay, also less than
     /// its requester's budget by [`budget_margin`], so that it can answer its requester in time.
     pub(super) fn peer_head_bound(&self, owner: PeerOwner) -> Duration {
         let b = &self.config.bounds;
         let adaptive = match self.engine.peer_latency(0.99) {
             Some(p99) => p99.saturating_mul(4).clamp(b.peer_head_floor, b.peer_head),
-            None => b.peer_head,
+            None => b.peer_head.min(b.peer_head_floor * 3),
         };
         let budget = match owner {
             PeerOwner::Request(rid) => self.requests.get(&rid).and_then(|r| r.budget),
