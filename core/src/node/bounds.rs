@@ -17,10 +17,9 @@ pub struct Bounds {
     pub peer_dial: Duration,
     /// A peer that accepted but never answers: give up on its response head after this long
     /// (counted from the request). The longest head wait; with an estimate of recent peer fetch
-    /// times the budget is four times their p99, but at least [`Self::peer_head_floor`]; without
-    /// one, three times the floor (within this cap). The budget is sent to the peer
-    /// (`X-DART-Budget-Ms`) and the wait is the budget plus an eighth for time on the wire; a
-    /// relay gives its own upstream a budget 1/16 smaller than the one it received.
+    /// times the wait is four times their p99, but at least [`Self::peer_head_floor`]; without
+    /// one, three times the floor (within this cap). A relay waits on its own upstream a little
+    /// less than its requester waits on it.
     pub peer_head: Duration,
     /// The shortest response-head wait on a peer.
     pub peer_head_floor: Duration,

@@ -13,13 +13,6 @@ use crate::time::Instant;
 use bytes::BytesMut;
 use std::time::Duration;
 
-/// How much longer than the budget it sent a requester waits for a peer's head: the request
-/// may sit behind other bytes on the requester's uplink, and the relay's early answer behind
-/// body bytes on the relay's, so a relay that answers within its budget is not timed out.
-pub(super) fn transit_grace(budget: Duration) -> Duration {
-    (budget / 8).max(Duration::from_millis(20))
-}
-
 /// What a relay keeps of its requester's head budget for itself: it waits on its own upstream
 /// for the budget less this margin, and answers its requester when half the margin is left.
 pub(super) fn budget_margin(budget: Duration) -> Duration {
@@ -256,11 +249,10 @@ impl Node {
         let mut headers = headers;
         let head_bound = match &job {
             Job::Peer(p) => {
-                let budget = self.peer_head_bound(p.owner);
-                // The peer learns how long it has to answer (a relay answers within it); we wait
-                // a little longer, for the request's and the answer's time on the wire.
-                headers.push(HEADER_BUDGET, budget.as_millis().to_string());
-                budget.saturating_add(transit_grace(budget))
+                let bound = self.peer_head_bound(p.owner);
+                // The peer learns how long we wait for its head (a relay answers within it).
+                headers.push(HEADER_BUDGET, bound.as_millis().to_string());
+                bound
             }
             _ => head_bound,
         };
