@@ -73,7 +73,9 @@ pub struct NodeFlags {
     pub owned_fraction: Option<f64>,
     /// Keep verified blocks across a restart (each slot carries a checksummed header; torn or
     /// corrupt slots are dropped at start). Off: every start is cold. Note that kept blocks
-    /// include bytes fetched with credentials.
+    /// include bytes fetched with credentials, and carry no version: an object that changed at
+    /// the origin while the node was down can be served with old blocks under the new version's
+    /// head, so use it only for objects that never change (content-addressed, --immutable).
     #[arg(long)]
     pub warm_start: bool,
     /// Chunk size (placement unit).
