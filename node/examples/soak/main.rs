@@ -88,7 +88,7 @@ fn main() -> ExitCode {
 
 /// The objects of `seed`: sizes between 16 and 48 MiB, none a multiple of the block size.
 fn objects(seed: u64) -> Vec<Object> {
-    let mut rng = Rng(seed ^ 0x00B1_EC75);
+    let mut rng = Rng::new(seed ^ 0x00B1_EC75);
     (0..OBJECTS)
         .map(|i| Object {
             path: format!("/soak/object-{i}.bin"),
@@ -100,7 +100,7 @@ fn objects(seed: u64) -> Vec<Object> {
 
 /// The soak's fast generator must produce the origin server's bytes.
 fn check_generator() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for _ in 0..64 {
         let (seed, start, len) = (rng.next(), rng.below(1 << 30), rng.below(100) as usize);
         let mut got = vec![0; len];
@@ -246,7 +246,7 @@ fn flap(
     let (nodes, stop, events, started) =
         (run.nodes.clone(), run.stop.clone(), run.events.clone(), run.started);
     async move {
-        let mut rng = Rng(seed ^ 0xF1A9);
+        let mut rng = Rng::new(seed ^ 0xF1A9);
         let mut wait = Duration::from_secs(rng.between(FIRST_KILL.0, FIRST_KILL.1));
         for flap in 0u64.. {
             if sleep_unless(&stop, wait).await {
@@ -292,7 +292,7 @@ fn herds(run: &Run, seed: u64, readers: usize) -> impl std::future::Future<Outpu
     let (nodes, objects, stats, stop) =
         (run.nodes.clone(), run.objects.clone(), run.stats.clone(), run.stop.clone());
     async move {
-        let mut rng = Rng(seed ^ 0x4E2D);
+        let mut rng = Rng::new(seed ^ 0x4E2D);
         while !sleep_unless(&stop, HERD_EVERY).await {
             let object = objects[rng.below(objects.len() as u64) as usize].clone();
             workload::herd(nodes.clone(), object, readers, stats.clone()).await;

@@ -22,16 +22,16 @@ const ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// Error messages kept for the report, per kind.
 const SAMPLES_MAX: usize = 8;
 
-/// SplitMix64: the workload is drawn from the run's seed.
-pub struct Rng(pub u64);
+/// The workload's generator: core's seeded ChaCha RNG, so a run replays from its seed.
+pub struct Rng(dart_core::rng::Rng);
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(dart_core::rng::from_seed(seed))
+    }
+
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        rand::RngCore::next_u64(&mut self.0)
     }
 
     pub fn below(&mut self, n: u64) -> u64 {
@@ -327,7 +327,7 @@ pub async fn client(
     stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let c = http_client();
     while !stop.load(Ordering::SeqCst) {
         let node = &nodes[rng.below(nodes.len() as u64) as usize];

@@ -1,23 +1,18 @@
-//! A small seeded generator (SplitMix64): every connection's bytes are a pure function of the
-//! run's seed and the connection's index, so a failing run replays from its printed seed.
+//! A small seeded generator: every connection's bytes are a pure function of the run's seed and
+//! the connection's index, so a failing run replays from its printed seed. It draws from core's
+//! seeded ChaCha RNG (`dart_core::rng`).
 
-/// SplitMix64 (Steele, Lea, Flood 2014): one `u64` of state, good enough statistics for a fuzzer.
-pub struct Rng(u64);
+pub struct Rng(dart_core::rng::Rng);
 
 impl Rng {
     /// The generator for stream `stream` of connection `index` under `seed`.
     pub fn new(seed: u64, index: u64, stream: u64) -> Rng {
-        let mut r = Rng(seed ^ index.wrapping_mul(0xA24B_AED4_963E_E407) ^ stream.rotate_left(32));
-        r.next();
-        r
+        let mixed = seed ^ index.wrapping_mul(0xA24B_AED4_963E_E407) ^ stream.rotate_left(32);
+        Rng(dart_core::rng::from_seed(mixed))
     }
 
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        rand::RngCore::next_u64(&mut self.0)
     }
 
     /// Uniform in `0..n` (`n > 0`).
