@@ -50,6 +50,10 @@ pub trait BlockCache: Send + Sync + 'static {
     /// Releases what the store holds (files, the directory lock); later gets miss and puts are
     /// refused. Idempotent.
     fn close(&self) {}
+    /// The blocks held before this process wrote any: called once at start, so that the node
+    /// machine knows which blocks carry no version it can vouch for
+    /// (`dart_core::node::Node::recovered_blocks`).
+    fn kept_keys(&self) -> Vec<BlockKey>;
 }
 
 /// An unbounded-by-design in-memory cache for tests and simulations, write-once per key.
@@ -75,6 +79,10 @@ impl BlockCache for MemCache {
         self.blocks.lock().expect("cache lock").get(key).cloned()
     }
 
+    fn kept_keys(&self) -> Vec<BlockKey> {
+        self.blocks.lock().expect("cache lock").keys().copied().collect()
+    }
+
     fn put(&self, key: BlockKey, data: &Bytes, _class: BlockClass) {
         self.blocks.lock().expect("cache lock").entry(key).or_insert_with(|| data.clone());
     }
@@ -92,6 +100,10 @@ impl BlockCache for MemCache {
 impl BlockCache for crate::store::BlockStore {
     fn get(&self, key: &BlockKey) -> Option<Bytes> {
         crate::store::BlockStore::get(self, key)
+    }
+
+    fn kept_keys(&self) -> Vec<BlockKey> {
+        self.disk_keys()
     }
 
     fn get_window(&self, key: &BlockKey, window: Window) -> Option<Bytes> {

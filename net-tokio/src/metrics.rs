@@ -173,6 +173,14 @@ impl prometheus_client::collector::Collector for Collected {
             "event",
             &hedges,
         )?;
+        let kept = ConstCounter::new(scrape.node.unversioned_dropped);
+        let m = enc.encode_descriptor(
+            "dart_warm_blocks_dropped",
+            "Blocks a warm start kept, dropped unserved because their object may have changed.",
+            None,
+            kept.metric_type(),
+        )?;
+        kept.encode(m)?;
         let early = [("upstream_slow", scrape.node.relay_early_answers)];
         counter(
             &mut enc,

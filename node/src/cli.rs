@@ -73,9 +73,9 @@ pub struct NodeFlags {
     pub owned_fraction: Option<f64>,
     /// Keep verified blocks across a restart (each slot carries a checksummed header; torn or
     /// corrupt slots are dropped at start). Off: every start is cold. Note that kept blocks
-    /// include bytes fetched with credentials, and carry no version: an object that changed at
-    /// the origin while the node was down can be served with old blocks under the new version's
-    /// head, so use it only for objects that never change (content-addressed, --immutable).
+    /// include bytes fetched with credentials. Kept blocks carry no version, so they are served
+    /// only for objects that never change (content-addressed, --immutable); for others they are
+    /// dropped at first look-up and read afresh.
     #[arg(long)]
     pub warm_start: bool,
     /// Chunk size (placement unit).

@@ -257,7 +257,9 @@ pub async fn start_on<S: Seam>(
         advertise,
         access,
     };
-    let node = Node::new(engine, config).context("invalid bounds")?;
+    let mut node = Node::new(engine, config).context("invalid bounds")?;
+    // Blocks a warm start kept carry no version: the machine decides what to serve of them.
+    node.recovered_blocks(store.kept_keys());
     let (stop, stop_rx) = watch::channel(false);
     let wall = if seam.wall_clock() {
         WallClock::System

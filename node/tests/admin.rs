@@ -94,7 +94,7 @@ async fn members_and_ring_show_the_view_with_string_epochs_and_single_nodes_answ
 }
 
 #[tokio::test]
-async fn with_warm_start_a_restarted_node_serves_its_kept_blocks_without_the_origin() {
+async fn with_warm_start_kept_blocks_are_served_only_for_objects_that_never_change() {
     let size = 5 * (64 << 10) + 7;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let origin = l.local_addr().expect("addr");
@@ -108,20 +108,34 @@ async fn with_warm_start_a_restarted_node_serves_its_kept_blocks_without_the_ori
         ServeOptions::default(),
     ));
     let d = support::temp_dir("admin", "warm");
-    let f = NodeFlags { warm_start: true, ..flags(&d) };
+    let immutable = vec![format!("http://{origin}/")];
+    let f = NodeFlags { warm_start: true, immutable, ..flags(&d) };
     let want = generate(5, 0, size as usize);
+    let url =
+        |n: &dart_node::Running| format!("http://{}/dart/http://{origin}/w.bin", n.client_addr);
 
     let n = dart_node::start(&f).await.expect("start");
-    let (status, body) =
-        get_bytes(&format!("http://{}/dart/http://{origin}/w.bin", n.client_addr)).await;
+    let (status, body) = get_bytes(&url(&n)).await;
     assert_eq!((status, &body[..]), (200, &want[..]));
     assert_eq!(stats.requests(), 7, "one probe and six blocks");
     n.shutdown().await;
 
+    // Declared immutable: the kept blocks are served.
     let n = dart_node::start(&f).await.expect("restart on the same directory");
-    let (status, body) =
-        get_bytes(&format!("http://{}/dart/http://{origin}/w.bin", n.client_addr)).await;
+    let (status, body) = get_bytes(&url(&n)).await;
     assert_eq!((status, &body[..]), (200, &want[..]));
     assert_eq!(stats.requests(), 8, "only the size probe: every block came from the kept cache");
+    n.shutdown().await;
+
+    // Not declared immutable: the object may have changed while the node was down, and kept
+    // blocks carry no version, so each is dropped unserved and read afresh.
+    let f = NodeFlags { immutable: Vec::new(), ..f };
+    let n = dart_node::start(&f).await.expect("restart without --immutable");
+    let (status, body) = get_bytes(&url(&n)).await;
+    assert_eq!((status, &body[..]), (200, &want[..]));
+    assert_eq!(stats.requests(), 15, "a probe and six blocks again");
+    let admin = n.admin_addr.expect("admin");
+    let (_, metrics) = get(&format!("http://{admin}/metrics")).await;
+    assert!(metrics.contains("dart_warm_blocks_dropped_total 6"), "{metrics}");
     n.shutdown().await;
 }

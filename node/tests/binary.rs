@@ -192,6 +192,7 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
     }
     assert!(text.contains("dart_relay_early_answer_total{reason=\"upstream_slow\"} 0"), "{text}");
     assert!(text.contains("dart_peer_failover_total 0"), "{text}");
+    assert!(text.contains("dart_warm_blocks_dropped_total 0"), "{text}");
 
     d.sigterm();
     let bound = Duration::from_secs(drain_secs) + EXIT_SLACK;

@@ -79,6 +79,10 @@ impl BlockCache for Observed {
         self.guard(|| BlockCache::delete(&*self.store, key));
     }
 
+    fn kept_keys(&self) -> Vec<BlockKey> {
+        BlockCache::kept_keys(&*self.store)
+    }
+
     fn stats(&self) -> CacheStats {
         BlockCache::stats(&*self.store)
     }

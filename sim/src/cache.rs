@@ -174,6 +174,11 @@ impl SimCache {
         self.blocks.len()
     }
 
+    /// The keys held.
+    pub fn keys(&self) -> Vec<BlockKey> {
+        self.blocks.keys().copied().collect()
+    }
+
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()

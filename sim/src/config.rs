@@ -67,6 +67,9 @@ pub struct ClusterConfig {
     pub credential_ttl: Duration,
     /// Longest share of peer fetches that may be hedged (`--hedge-ratio`; 0 disables hedging).
     pub hedge_ratio: f64,
+    /// Every object is declared immutable (`--immutable` over the whole origin): never
+    /// revalidated, and blocks a warm start kept are served.
+    pub immutable: bool,
 }
 
 impl ClusterConfig {
@@ -88,6 +91,7 @@ impl ClusterConfig {
             public_origin: false,
             credential_ttl: dart_core::node::DEFAULT_CHECK_TTL,
             hedge_ratio: dart_core::engine::hedge::DEFAULT_HEDGE_RATIO,
+            immutable: false,
         }
     }
 
@@ -122,6 +126,8 @@ impl ClusterConfig {
             revalidate_after: self.revalidate_after,
             hedge: self.hedge_ratio > 0.0,
             hedge_ratio: self.hedge_ratio,
+            // The empty prefix: every object identity starts with it.
+            immutable_prefixes: if self.immutable { vec![String::new()] } else { Vec::new() },
             ..EngineConfig::default()
         }
     }

@@ -272,7 +272,10 @@ impl SimNode {
     /// The process starts again with a fresh machine; a warm start drops torn writes.
     pub fn restart(&mut self, now: Instant) {
         self.cache.drop_torn();
-        self.machine = Some(self.fresh_machine(now));
+        let mut machine = self.fresh_machine(now);
+        // What the cache kept carries no version the new process knows.
+        machine.recovered_blocks(self.cache.keys());
+        self.machine = Some(machine);
     }
 
     /// Asserts the node's invariants and the machine's own.

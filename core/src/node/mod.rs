@@ -97,6 +97,9 @@ pub struct NodeCounters {
     /// Relays that answered `504` + upstream `504` because their requester's budget ran out
     /// while their own upstream had not answered.
     pub relay_early_answers: u64,
+    /// Blocks kept from an earlier process that a look-up found for an object that may change:
+    /// dropped unserved ([`Node::recovered_blocks`]).
+    pub unversioned_dropped: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -152,7 +155,12 @@ pub struct Node {
     answer_timers: BTreeSet<(Instant, RequestId)>,
     flights: FlightTable<FlightKey>,
     flight_state: BTreeMap<FlightId, Flight>,
-    store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey)>,
+    /// Look-ups in flight: the request, the key, and whether the key was a kept block of an
+    /// earlier process when asked ([`Node::recovered_blocks`]).
+    store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey, bool)>,
+    /// Blocks kept from an earlier process whose version nobody knows (a warm start); a block
+    /// leaves the set when this process drops or writes it.
+    recovered: std::collections::BTreeSet<crate::hash::BlockKey>,
     learned: BTreeMap<String, String>,
     out: VecDeque<Output>,
     next_io: u64,
@@ -185,6 +193,7 @@ impl Node {
             flights,
             flight_state: BTreeMap::new(),
             store_ops: BTreeMap::new(),
+            recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),
             out: VecDeque::new(),
             next_io: 0,
@@ -348,7 +357,34 @@ impl Node {
     }
 
     fn emit(&mut self, output: Output) {
+        match &output {
+            // Written by this process: of the version this process knows.
+            Output::StorePut { key, .. } => {
+                self.recovered.remove(key);
+            }
+            Output::StoreDrop { keys } => {
+                for key in keys {
+                    self.recovered.remove(key);
+                }
+            }
+            _ => {}
+        }
         self.out.push_back(output);
+    }
+
+    /// The store kept `keys` from an earlier process (a warm start). Call before the first
+    /// input. Those blocks carry no version, so the node serves them only for objects that
+    /// never change (content-addressed, or under an immutable prefix); for any other object the
+    /// first look-up that finds one drops it and reads the block afresh, since the object may
+    /// have changed while the node was down.
+    pub fn recovered_blocks(&mut self, keys: impl IntoIterator<Item = crate::hash::BlockKey>) {
+        self.recovered.extend(keys);
+    }
+
+    /// Whether `key` is a block kept from an earlier process that this one has neither written
+    /// nor dropped (see [`Node::recovered_blocks`]).
+    pub fn is_unversioned(&self, key: &crate::hash::BlockKey) -> bool {
+        self.recovered.contains(key)
     }
 
     fn event(&mut self, event: Event) {
@@ -484,7 +520,7 @@ impl Node {
                 assert_eq!(req.wait, Wait::Flight(*fid), "waiter and flight disagree");
             }
         }
-        for (&op, (rid, _)) in &self.store_ops {
+        for (&op, (rid, _, _)) in &self.store_ops {
             let req = self.requests.get(rid).expect("a store op of no request");
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");
         }

@@ -264,7 +264,8 @@ impl Node {
             }
             Action::Lookup { key, window } => {
                 let op = self.next_store_op();
-                self.store_ops.insert(op, (rid, key));
+                let unversioned = self.recovered.contains(&key);
+                self.store_ops.insert(op, (rid, key, unversioned));
                 self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Store(op);
                 self.emit(Output::StoreGet { op, key, window });
             }
@@ -488,7 +489,17 @@ impl Node {
     }
 
     pub(super) fn on_store(&mut self, op: StoreOp, block: Option<Bytes>, now: Instant) {
-        let Some((rid, key)) = self.store_ops.remove(&op) else { return };
+        let Some((rid, key, unversioned)) = self.store_ops.remove(&op) else { return };
+        let mut block = block;
+        if unversioned && block.is_some() {
+            let object = &self.requests.get(&rid).expect("a store op's request is live").read;
+            if !self.engine.is_immutable(object.object()) {
+                // Kept from an earlier process, of a version nobody can vouch for.
+                block = None;
+                self.counters.unversioned_dropped += 1;
+                self.emit(Output::StoreDrop { keys: vec![key] });
+            }
+        }
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a store op's request is live");
         assert_eq!(req.wait, Wait::Store(op), "store answer out of turn");

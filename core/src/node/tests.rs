@@ -307,6 +307,60 @@ fn a_warm_read_is_served_from_the_store_without_any_exchange() {
     assert_eq!(h.body_of(2), content(1000, 1101).to_vec());
 }
 
+/// A node restarted on the store of `before` (a warm start): the store's blocks are handed to
+/// the new machine as kept ones.
+fn warm_restart(before: Harness, engine: Engine) -> Harness {
+    let mut h = Harness::new(node_with(engine, ""));
+    h.origin = before.origin;
+    h.store = before.store;
+    h.node.recovered_blocks(h.store.keys().copied());
+    h
+}
+
+#[test]
+fn blocks_a_warm_start_kept_are_not_served_for_an_object_that_may_have_changed() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    assert_eq!(h.store.len(), 4);
+    // Down; the object changes at the origin (same size); the node starts on its old store.
+    let mut h = warm_restart(h, engine());
+    h.publish(2);
+    h.read(2, None);
+    h.serve_origin();
+    assert_eq!(h.body_of(2), content_of(2, 0, SIZE).to_vec(), "every byte of the new version");
+    assert_eq!(h.node.counters().unversioned_dropped, 4, "each kept block dropped unserved");
+    assert_eq!(h.store.len(), 4, "and replaced by this process's own");
+    // What this process wrote is served from the store again.
+    h.outputs.clear();
+    h.read(3, None);
+    assert!(h.sends().is_empty(), "{:?}", h.sends());
+    assert_eq!(h.body_of(3), content_of(2, 0, SIZE).to_vec());
+    assert_eq!(h.node.counters().unversioned_dropped, 4);
+}
+
+#[test]
+fn blocks_a_warm_start_kept_are_served_for_an_immutable_object() {
+    let immutable = || {
+        let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+        let prefixes = vec!["http://origin/o/".into()];
+        Engine::new(EngineConfig { geometry, immutable_prefixes: prefixes, ..Default::default() })
+    };
+    let mut h = Harness::new(node_with(immutable(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    let mut h = warm_restart(h, immutable());
+    h.read(2, None);
+    let probe = h.take_sends();
+    assert_eq!(probe.len(), 1, "the size is learnt again");
+    h.answer_origin(&probe[0]);
+    assert!(h.sends().is_empty(), "no block is fetched: {:?}", h.sends());
+    assert_eq!(h.body_of(2), content_of(1, 0, SIZE).to_vec());
+    assert_eq!(h.node.counters().unversioned_dropped, 0);
+}
+
 #[test]
 fn concurrent_reads_of_one_object_share_one_probe_and_one_fetch_per_block() {
     let mut h = Harness::new(node_with(engine(), ""));

@@ -314,6 +314,15 @@ impl BlockStore {
         in_mem || on_disk
     }
 
+    /// The keys held on disk. Right after a warm open these are the blocks kept from an earlier
+    /// process, which the node must be told about (`Node::recovered_blocks`).
+    pub fn disk_keys(&self) -> Vec<BlockKey> {
+        if self.is_closed() {
+            return Vec::new();
+        }
+        self.disk.keys()
+    }
+
     /// Distinct cached keys: disk blocks plus RAM-only blocks (diagnostic; O(RAM slots)).
     pub fn len(&self) -> usize {
         if self.is_closed() {

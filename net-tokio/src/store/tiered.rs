@@ -446,6 +446,13 @@ impl Tiered {
         }
     }
 
+    /// Every key held on disk, owned then borrowed.
+    pub(crate) fn keys(&self) -> Vec<BlockKey> {
+        let mut keys = lock(&self.owned).keys();
+        keys.extend(lock(&self.borrowed).arena.keys());
+        keys
+    }
+
     /// Asserts each arena's invariants and that no key lives in both budgets.
     pub(crate) fn check_invariants(&self) {
         let owned_keys = {

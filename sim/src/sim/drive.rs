@@ -236,7 +236,11 @@ impl Sim {
                 let whole = self.nodes[n].cache.lookup(&key);
                 let want = self.block_of(Some(n), key).map(|(_, len)| len);
                 let hit = whole.as_ref().is_some_and(|b| Some(b.len() as u64) == want);
-                let ctx = Context { store_hit: hit.then_some(key), ..Context::default() };
+                // A block a warm start kept may be refused by the machine (its version is
+                // unknown): fetching it afresh is then not a refetch of a cached block.
+                let kept = self.nodes[n].machine.as_ref().is_some_and(|m| m.is_unversioned(&key));
+                let ctx =
+                    Context { store_hit: (hit && !kept).then_some(key), ..Context::default() };
                 // A windowed look-up gets just those bytes, of a block of exactly its length.
                 let block = match window {
                     Some(w) => whole.and_then(|b| w.slice(&b)),

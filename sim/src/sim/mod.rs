@@ -648,6 +648,11 @@ impl Sim {
                 if self.origin.versions(object).len() < 2 {
                     continue;
                 }
+                // A block a warm start kept is of no version the machine knows: it may be of any,
+                // and the machine never serves it for an object that may change.
+                if node.machine.as_ref().is_some_and(|m| m.is_unversioned(key)) {
+                    continue;
+                }
                 let believed = match self.believed_version(n, object) {
                     Ok(Some(k)) => k,
                     Ok(None) => continue,
