@@ -34,7 +34,7 @@ use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -76,6 +76,11 @@ struct Inner {
     ios: BTreeMap<IoId, AbortHandle>,
     pipes: BTreeMap<IoId, RequestId>,
     pending_puts: BTreeMap<BlockKey, Bytes>,
+    /// Puts handed to the blocking pool and not finished, per key.
+    puts_in_flight: BTreeMap<BlockKey, u32>,
+    /// Keys dropped while a put of them was in flight: that put may still write the dropped
+    /// bytes, so until the last one finishes (and the key is deleted again) every look-up misses.
+    dropped_in_flight: BTreeSet<BlockKey>,
     rosters: BTreeMap<u64, oneshot::Sender<RosterResult>>,
     blocks: BTreeMap<u64, oneshot::Sender<Option<PeerAnswer>>>,
     taps: Vec<mpsc::UnboundedSender<Event>>,
@@ -151,6 +156,8 @@ impl<D: Dialer> NodeDriver<D> {
                 ios: BTreeMap::new(),
                 pipes: BTreeMap::new(),
                 pending_puts: BTreeMap::new(),
+                puts_in_flight: BTreeMap::new(),
+                dropped_in_flight: BTreeSet::new(),
                 rosters: BTreeMap::new(),
                 blocks: BTreeMap::new(),
                 taps: Vec::new(),
@@ -316,6 +323,7 @@ impl<D: Dialer> NodeDriver<D> {
                 }
                 Output::StoreGet { op, key, window } => {
                     let ready = match (inner.pending_puts.get(&key), window) {
+                        _ if inner.dropped_in_flight.contains(&key) => Some(None),
                         (Some(data), Some(w)) => Some(w.slice(data)),
                         (Some(data), None) => Some(Some(data.clone())),
                         (None, _) => self.store.try_get_now(&key, window),
@@ -330,6 +338,9 @@ impl<D: Dialer> NodeDriver<D> {
                     for key in &keys {
                         inner.pending_puts.remove(key);
                         self.store.delete(key);
+                        if inner.puts_in_flight.contains_key(key) {
+                            inner.dropped_in_flight.insert(*key);
+                        }
                     }
                 }
                 Output::StorePut { key, data, class } => {
@@ -337,6 +348,7 @@ impl<D: Dialer> NodeDriver<D> {
                         if inner.pending_puts.len() < PENDING_PUTS_MAX {
                             inner.pending_puts.entry(key).or_insert_with(|| data.clone());
                         }
+                        *inner.puts_in_flight.entry(key).or_default() += 1;
                         deferred.push(Deferred::StorePut(key, data, class));
                     } else {
                         self.store.put(key, &data, class);
@@ -397,7 +409,20 @@ impl<D: Dialer> NodeDriver<D> {
                     self.rt.spawn_blocking(move || {
                         let put = || driver.store.put(key, &data, class);
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(put));
-                        driver.lock().pending_puts.remove(&key);
+                        let mut inner = driver.lock();
+                        inner.pending_puts.remove(&key);
+                        let left = inner.puts_in_flight.get_mut(&key).map(|n| {
+                            *n -= 1;
+                            *n
+                        });
+                        if left == Some(0) {
+                            inner.puts_in_flight.remove(&key);
+                            // The key was dropped while this put ran: what it wrote is of a
+                            // version the node gave up, so it goes too.
+                            if inner.dropped_in_flight.remove(&key) {
+                                driver.store.delete(&key);
+                            }
+                        }
                     });
                 }
                 Deferred::Event(e) => self.record(e),
