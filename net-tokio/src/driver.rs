@@ -76,11 +76,8 @@ struct Inner {
     ios: BTreeMap<IoId, AbortHandle>,
     pipes: BTreeMap<IoId, RequestId>,
     pending_puts: BTreeMap<BlockKey, Bytes>,
-    /// Puts handed to the blocking pool and not finished, per key.
-    puts_in_flight: BTreeMap<BlockKey, u32>,
-    /// Keys dropped while a put of them was in flight: that put may still write the dropped
-    /// bytes, so until the last one finishes (and the key is deleted again) every look-up misses.
-    dropped_in_flight: BTreeSet<BlockKey>,
+    /// Puts running on the blocking pool, and keys dropped meanwhile.
+    puts: PutLedger,
     rosters: BTreeMap<u64, oneshot::Sender<RosterResult>>,
     blocks: BTreeMap<u64, oneshot::Sender<Option<PeerAnswer>>>,
     taps: Vec<mpsc::UnboundedSender<Event>>,
@@ -89,6 +86,48 @@ struct Inner {
 }
 
 /// Work found while draining that must happen outside the lock.
+/// Puts that run on the blocking pool, against drops that happen meanwhile.
+///
+/// A drop deletes a key at once, under the driver's lock; a put already handed to the blocking
+/// pool would write it back afterwards. So a key dropped while a put of it is in flight is
+/// hidden (every look-up misses) until the last such put finishes, and then deleted again.
+#[derive(Debug, Default)]
+struct PutLedger {
+    in_flight: BTreeMap<BlockKey, u32>,
+    dropped: BTreeSet<BlockKey>,
+}
+
+impl PutLedger {
+    /// A put of `key` was handed to the blocking pool.
+    fn started(&mut self, key: BlockKey) {
+        *self.in_flight.entry(key).or_default() += 1;
+    }
+
+    /// `key` was dropped from the store.
+    fn dropped(&mut self, key: BlockKey) {
+        if self.in_flight.contains_key(&key) {
+            self.dropped.insert(key);
+        }
+    }
+
+    /// Whether a look-up of `key` must miss whatever the store holds.
+    fn hides(&self, key: &BlockKey) -> bool {
+        self.dropped.contains(key)
+    }
+
+    /// A put of `key` finished; true if the key must now be deleted again (it was dropped while
+    /// this or another put of it ran, and none is left running).
+    fn finished(&mut self, key: BlockKey) -> bool {
+        let Some(n) = self.in_flight.get_mut(&key) else { return false };
+        *n -= 1;
+        if *n > 0 {
+            return false;
+        }
+        self.in_flight.remove(&key);
+        self.dropped.remove(&key)
+    }
+}
+
 enum Deferred {
     StoreGet(dart_core::node::StoreOp, BlockKey, Option<Window>),
     StorePut(BlockKey, Bytes, dart_core::engine::BlockClass),
@@ -156,8 +195,7 @@ impl<D: Dialer> NodeDriver<D> {
                 ios: BTreeMap::new(),
                 pipes: BTreeMap::new(),
                 pending_puts: BTreeMap::new(),
-                puts_in_flight: BTreeMap::new(),
-                dropped_in_flight: BTreeSet::new(),
+                puts: PutLedger::default(),
                 rosters: BTreeMap::new(),
                 blocks: BTreeMap::new(),
                 taps: Vec::new(),
@@ -323,7 +361,7 @@ impl<D: Dialer> NodeDriver<D> {
                 }
                 Output::StoreGet { op, key, window } => {
                     let ready = match (inner.pending_puts.get(&key), window) {
-                        _ if inner.dropped_in_flight.contains(&key) => Some(None),
+                        _ if inner.puts.hides(&key) => Some(None),
                         (Some(data), Some(w)) => Some(w.slice(data)),
                         (Some(data), None) => Some(Some(data.clone())),
                         (None, _) => self.store.try_get_now(&key, window),
@@ -338,9 +376,7 @@ impl<D: Dialer> NodeDriver<D> {
                     for key in &keys {
                         inner.pending_puts.remove(key);
                         self.store.delete(key);
-                        if inner.puts_in_flight.contains_key(key) {
-                            inner.dropped_in_flight.insert(*key);
-                        }
+                        inner.puts.dropped(*key);
                     }
                 }
                 Output::StorePut { key, data, class } => {
@@ -348,7 +384,7 @@ impl<D: Dialer> NodeDriver<D> {
                         if inner.pending_puts.len() < PENDING_PUTS_MAX {
                             inner.pending_puts.entry(key).or_insert_with(|| data.clone());
                         }
-                        *inner.puts_in_flight.entry(key).or_default() += 1;
+                        inner.puts.started(key);
                         deferred.push(Deferred::StorePut(key, data, class));
                     } else {
                         self.store.put(key, &data, class);
@@ -411,17 +447,10 @@ impl<D: Dialer> NodeDriver<D> {
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(put));
                         let mut inner = driver.lock();
                         inner.pending_puts.remove(&key);
-                        let left = inner.puts_in_flight.get_mut(&key).map(|n| {
-                            *n -= 1;
-                            *n
-                        });
-                        if left == Some(0) {
-                            inner.puts_in_flight.remove(&key);
-                            // The key was dropped while this put ran: what it wrote is of a
-                            // version the node gave up, so it goes too.
-                            if inner.dropped_in_flight.remove(&key) {
-                                driver.store.delete(&key);
-                            }
+                        if inner.puts.finished(key) {
+                            // Dropped while this put ran: what it wrote is of a version the node
+                            // gave up, so it goes too.
+                            driver.store.delete(&key);
                         }
                     });
                 }
@@ -842,5 +871,49 @@ impl<D: Dialer> Drop for NodeBody<D> {
         // The node cancels a piped origin exchange with the request.
         self.driver.lock().mailboxes.remove(&self.id);
         self.driver.feed(Input::Cancel { id: self.id });
+    }
+}
+
+#[cfg(test)]
+mod put_ledger_tests {
+    use super::PutLedger;
+    use dart_core::hash::{BlockKey, ChunkKey};
+
+    fn key(block: u64) -> BlockKey {
+        BlockKey { chunk: ChunkKey(7), block }
+    }
+
+    #[test]
+    fn a_key_dropped_while_its_put_runs_is_hidden_then_deleted_when_the_put_ends() {
+        let mut l = PutLedger::default();
+        l.started(key(0));
+        assert!(!l.hides(&key(0)), "a put alone hides nothing");
+        l.dropped(key(0));
+        assert!(l.hides(&key(0)), "the put may still write the dropped bytes");
+        assert!(!l.hides(&key(1)));
+        assert!(l.finished(key(0)), "so it is deleted again once the put ends");
+        assert!(!l.hides(&key(0)));
+        assert!(!l.finished(key(0)), "nothing left to finish");
+    }
+
+    #[test]
+    fn with_several_puts_in_flight_the_key_stays_hidden_until_the_last_ends() {
+        let mut l = PutLedger::default();
+        l.started(key(0));
+        l.dropped(key(0));
+        l.started(key(0)); // a put of the new version, after the drop
+        assert!(!l.finished(key(0)));
+        assert!(l.hides(&key(0)), "the old put may have finished after the new one wrote");
+        assert!(l.finished(key(0)));
+        assert!(!l.hides(&key(0)));
+    }
+
+    #[test]
+    fn a_drop_with_no_put_in_flight_needs_nothing_more() {
+        let mut l = PutLedger::default();
+        l.dropped(key(0));
+        assert!(!l.hides(&key(0)));
+        l.started(key(0));
+        assert!(!l.finished(key(0)), "a put after the drop is of the new version");
     }
 }
