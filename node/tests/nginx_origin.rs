@@ -247,28 +247,7 @@ fn mtime(v: usize) -> SystemTime {
 /// `t` as an IMF-fixdate (RFC 9110 §5.6.7), e.g. `Tue, 14 Nov 2023 22:13:20 GMT`.
 fn http_date(t: SystemTime) -> String {
     let secs = t.duration_since(SystemTime::UNIX_EPOCH).expect("after 1970").as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm, for dates after 1970).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] =
-        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    format!(
-        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
-        WEEKDAYS[(days % 7) as usize],
-        MONTHS[(month - 1) as usize],
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    dart_core::codec::conditional::format_http_date(secs)
 }
 
 /// Which version `body` is a prefix of (a truncated response is a prefix), if exactly one.

@@ -116,6 +116,11 @@ pub fn http_date(value: &[u8]) -> Option<u64> {
     t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs())
 }
 
+/// `unix_secs` as an IMF-fixdate (RFC 9110 §5.6.7), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`.
+pub fn format_http_date(unix_secs: u64) -> String {
+    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix_secs))
+}
+
 /// Evaluates the preconditions of a GET (`get`) or HEAD with or without a `Range` (`range`).
 pub fn evaluate(get: bool, range: bool, c: &Conditions<'_>, v: &Validators<'_>) -> Verdict {
     let current = v.etag.and_then(parse_etag);
