@@ -29,17 +29,12 @@ async fn get(url: &str) -> (u16, String) {
 
 fn flags(d: &TempDir) -> NodeFlags {
     NodeFlags {
-        allow_upstream: vec!["127.0.0.0/8".into()],
-        public_upstream: vec!["127.0.0.0/8".into()],
-        listen: "127.0.0.1:0".into(),
-        admin: "127.0.0.1:0".into(),
-        cache_dir: d.0.clone(),
         cache_size: 4 << 20,
         mem_size: 0,
         block_size: 64 << 10,
         chunk_size: 256 << 10,
         drain_secs: 1,
-        ..NodeFlags::default()
+        ..support::loopback_flags(d)
     }
 }
 

@@ -27,18 +27,13 @@ const BLOCK: u64 = 64 * 1024;
 
 async fn node(dir: &TempDir) -> dart_node::Running {
     let flags = NodeFlags {
-        allow_upstream: vec!["127.0.0.0/8".into()],
-        public_upstream: vec!["127.0.0.0/8".into()],
-        listen: "127.0.0.1:0".into(),
-        admin: "127.0.0.1:0".into(),
-        cache_dir: dir.0.clone(),
         cache_size: 64 * BLOCK,
         mem_size: 8 * BLOCK,
         owned_fraction: None,
         chunk_size: 4 * BLOCK,
         block_size: BLOCK,
         drain_secs: 2,
-        ..NodeFlags::default()
+        ..support::loopback_flags(dir)
     };
     dart_node::start(&flags).await.expect("node starts")
 }

@@ -108,17 +108,12 @@ struct Harness {
 
 fn flags(dir: &TempDir) -> NodeFlags {
     NodeFlags {
-        allow_upstream: vec!["127.0.0.0/8".into()],
-        public_upstream: vec!["127.0.0.0/8".into()],
-        listen: "127.0.0.1:0".into(),
-        admin: "127.0.0.1:0".into(),
-        cache_dir: dir.0.clone(),
         cache_size: 64 * BLOCK,
         mem_size: 0,
         chunk_size: 4 * BLOCK,
         block_size: BLOCK,
         drain_secs: 1,
-        ..NodeFlags::default()
+        ..support::loopback_flags(dir)
     }
 }
 

@@ -284,17 +284,13 @@ fn assert_bytes(body: &[u8], want: &[u8], what: &str) {
 
 fn flags(dir: &TempDir, revalidate_after: Option<Duration>) -> NodeFlags {
     let mut f = NodeFlags {
-        allow_upstream: vec!["127.0.0.0/8".into()],
-        public_upstream: vec!["127.0.0.0/8".into()],
-        listen: "127.0.0.1:0".into(),
         admin: String::new(),
-        cache_dir: dir.0.clone(),
         cache_size: 64 * BLOCK,
         mem_size: 8 * BLOCK,
         chunk_size: 1 << 20,
         block_size: BLOCK,
         drain_secs: 1,
-        ..NodeFlags::default()
+        ..support::loopback_flags(dir)
     };
     if let Some(d) = revalidate_after {
         f.revalidate_after = d;

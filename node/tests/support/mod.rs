@@ -162,3 +162,17 @@ pub fn sample(metrics: &str, series: &str) -> u64 {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no sample {series} in\n{metrics}"))
 }
+
+/// Flags of a test node on loopback: ephemeral client and admin ports, its cache in `dir`, and
+/// loopback origins allowed and public (no credential check). Tests override the rest.
+#[allow(dead_code)] // not every test binary that includes this module starts a node this way
+pub fn loopback_flags(dir: &TempDir) -> dart_node::cli::NodeFlags {
+    dart_node::cli::NodeFlags {
+        allow_upstream: vec!["127.0.0.0/8".into()],
+        public_upstream: vec!["127.0.0.0/8".into()],
+        listen: "127.0.0.1:0".into(),
+        admin: "127.0.0.1:0".into(),
+        cache_dir: dir.0.clone(),
+        ..dart_node::cli::NodeFlags::default()
+    }
+}
