@@ -307,6 +307,15 @@ fn a_warm_read_is_served_from_the_store_without_any_exchange() {
     assert_eq!(h.body_of(2), content(1000, 1101).to_vec());
 }
 
+/// A node that has read version 1 of the object whole from the origin (and cached every block).
+fn warmed_on_version_1() -> Harness {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.publish(1);
+    h.read(1, None);
+    h.serve_origin();
+    h
+}
+
 /// A node restarted on the store of `before` (a warm start): the store's blocks are handed to
 /// the new machine as kept ones.
 fn warm_restart(before: Harness, engine: Engine) -> Harness {
@@ -319,10 +328,7 @@ fn warm_restart(before: Harness, engine: Engine) -> Harness {
 
 #[test]
 fn blocks_a_warm_start_kept_are_not_served_for_an_object_that_may_have_changed() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.publish(1);
-    h.read(1, None);
-    h.serve_origin();
+    let h = warmed_on_version_1();
     assert_eq!(h.store.len(), 4);
     // Down; the object changes at the origin (same size); the node starts on its old store.
     let mut h = warm_restart(h, engine());
@@ -768,10 +774,7 @@ fn the_client_head_carries_the_origin_validators_and_entity_fields() {
 
 #[test]
 fn a_fresh_object_is_served_without_asking_the_origin_and_a_stale_one_revalidates() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.publish(1);
-    h.read(1, None);
-    h.serve_origin();
+    let mut h = warmed_on_version_1();
     h.outputs.clear();
     h.advance(Duration::from_secs(59));
     h.read(2, None);
@@ -792,10 +795,7 @@ fn a_fresh_object_is_served_without_asking_the_origin_and_a_stale_one_revalidate
 
 #[test]
 fn an_object_that_changed_at_the_origin_is_refetched_and_its_old_blocks_dropped() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.publish(1);
-    h.read(1, None);
-    h.serve_origin();
+    let mut h = warmed_on_version_1();
     assert_eq!(h.store.len(), 4);
     h.publish(2);
     h.advance(Duration::from_secs(61));
@@ -848,10 +848,7 @@ fn an_object_that_changes_after_bytes_went_out_aborts_the_response_and_mixes_not
 
 #[test]
 fn conditional_requests_answer_304_412_and_honour_if_range() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.publish(1);
-    h.read(1, None);
-    h.serve_origin();
+    let mut h = warmed_on_version_1();
 
     h.outputs.clear();
     read_with(&mut h, 2, Headers::new().with("if-none-match", "\"v1\""));
@@ -880,10 +877,7 @@ fn conditional_requests_answer_304_412_and_honour_if_range() {
 
 #[test]
 fn a_stale_object_is_served_when_the_origin_is_down_and_counted() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.publish(1);
-    h.read(1, None);
-    h.serve_origin();
+    let mut h = warmed_on_version_1();
     h.advance(Duration::from_secs(120));
     h.origin.status = Some(503);
     h.outputs.clear();
@@ -896,10 +890,7 @@ fn a_stale_object_is_served_when_the_origin_is_down_and_counted() {
 
 #[test]
 fn a_not_found_origin_is_not_papered_over_with_a_stale_copy() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.publish(1);
-    h.read(1, None);
-    h.serve_origin();
+    let mut h = warmed_on_version_1();
     h.advance(Duration::from_secs(120));
     h.origin.status = Some(404);
     h.outputs.clear();
