@@ -189,6 +189,14 @@ impl prometheus_client::collector::Collector for Collected {
             "reason",
             &early,
         )?;
+        let joined = ConstCounter::new(scrape.node.peer_fetches_joined);
+        let m = enc.encode_descriptor(
+            "dart_peer_fetch_joined",
+            "Peer block fetches a read joined: another read of this node was fetching the same block from the same peer.",
+            None,
+            joined.metric_type(),
+        )?;
+        joined.encode(m)?;
         let failover = ConstCounter::new(s.peer_failover);
         let m = enc.encode_descriptor(
             "dart_peer_failover",

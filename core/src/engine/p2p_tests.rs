@@ -138,7 +138,13 @@ impl Cluster {
                         };
                         body.extend_from_slice(&data[..data.len().min(expected_len as usize)]);
                     }
-                    read.handle_peer(&mut self.nodes[at].engine, contender, permit, answer, now);
+                    read.handle_peer(
+                        &mut self.nodes[at].engine,
+                        contender,
+                        Some(permit),
+                        answer,
+                        now,
+                    );
                 }
                 Action::CancelPeer { .. } => panic!("no race without a hedge"),
                 Action::FetchOrigin { start, end, .. } => {
@@ -448,7 +454,7 @@ fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin
     // While the root fails, a sibling read of this node caches the block.
     let sibling_copy = Bytes::from(c.expected(0, 3));
     let dead = PeerAnswer::Failed(Observation::DialFailed);
-    read.handle_peer(&mut c.nodes[leaf].engine, Contender::Primary, permit, dead, now);
+    read.handle_peer(&mut c.nodes[leaf].engine, Contender::Primary, Some(permit), dead, now);
     let Some(Action::Lookup { key: again, window: window_again }) = read.poll_action() else {
         panic!("the store is consulted again before the origin");
     };

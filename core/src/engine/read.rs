@@ -906,12 +906,14 @@ impl Read {
         }));
     }
 
-    /// The answer to [`Action::FetchPeer`], with the permit it carried.
+    /// The answer to [`Action::FetchPeer`], with the permit it carried: `None` when the fetch
+    /// was shared with another read of this node (a coalesced peer fetch), whose permit records
+    /// the peer's outcome once and whose wire bytes are counted once.
     pub fn handle_peer(
         &mut self,
         engine: &mut Engine,
         contender: Contender,
-        permit: Permit<String>,
+        permit: Option<Permit<String>>,
         answer: PeerAnswer,
         now: Instant,
     ) {
@@ -919,13 +921,14 @@ impl Read {
             panic!("peer answer out of turn");
         };
         let asked = job.race[contender.index()].take().expect("an answer of a fetch in flight");
+        let shared = permit.is_none();
         if job.streaming {
             debug_assert!(!job.in_flight(), "a stream has no rival");
             return self.finish_stream(engine, permit, job, answer, now);
         }
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
-                engine.complete(permit, Outcome::Answered, now);
+                settle(engine, permit, Outcome::Answered, now);
                 if contender == Contender::Backup {
                     if let Some(primary) = job.race[Contender::Primary.index()].clone() {
                         self.mark_slow(primary);
@@ -939,20 +942,22 @@ impl Read {
                     }
                 }
                 engine.stats.block_source_peer += 1;
-                engine.stats.peer_bytes += data.len() as u64;
+                if !shared {
+                    engine.stats.peer_bytes += data.len() as u64;
+                }
                 let class = engine.class_of(&job.key);
                 self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
                 self.deliver(engine, job.seg, &data);
             }
             PeerAnswer::Block(_) => {
                 // A lying peer: never trusted again this read, and its circuit opens at once.
-                engine.complete(permit, Outcome::HardFailure(HardReason::Validation), now);
+                settle(engine, permit, Outcome::HardFailure(HardReason::Validation), now);
                 engine.stats.peer_wrong_length += 1;
                 job.upstreams.clear();
                 self.next_source(engine, job, now);
             }
             PeerAnswer::Failed(observation) => {
-                engine.complete(permit, observation.outcome(), now);
+                settle(engine, permit, observation.outcome(), now);
                 if observation != Observation::Miss {
                     engine.stats.peer_failover += 1;
                 }
@@ -969,16 +974,19 @@ impl Read {
     fn finish_stream(
         &mut self,
         engine: &mut Engine,
-        permit: Permit<String>,
+        permit: Option<Permit<String>>,
         job: Job,
         answer: PeerAnswer,
         now: Instant,
     ) {
+        let shared = permit.is_none();
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
-                engine.complete(permit, Outcome::Answered, now);
+                settle(engine, permit, Outcome::Answered, now);
                 engine.stats.block_source_peer += 1;
-                engine.stats.peer_bytes += data.len() as u64;
+                if !shared {
+                    engine.stats.peer_bytes += data.len() as u64;
+                }
                 engine.stats.relay_served += 1;
                 let class = engine.class_of(&job.key);
                 self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
@@ -986,14 +994,14 @@ impl Read {
                 self.finish();
             }
             PeerAnswer::Block(data) => {
-                engine.complete(permit, Outcome::HardFailure(HardReason::Validation), now);
+                settle(engine, permit, Outcome::HardFailure(HardReason::Validation), now);
                 engine.stats.peer_wrong_length += 1;
                 let got = data.len() as u64;
                 let want = job.expected;
                 self.fail(ReadError::BlockLength { block: job.key.block, want, got });
             }
             PeerAnswer::Failed(observation) => {
-                engine.complete(permit, observation.outcome(), now);
+                settle(engine, permit, observation.outcome(), now);
                 self.fail(ReadError::PeerFailed(observation));
             }
         }
@@ -1249,5 +1257,13 @@ impl Read {
         let failure = ReadFailure { committed: self.head_sent, status, upstream_status, error };
         self.out.push_back(Action::Fail(failure));
         self.state = State::Done;
+    }
+}
+
+/// Records a peer fetch's outcome on its permit; a shared fetch's other readers hold none (the
+/// fetch's own permit records the outcome once).
+fn settle(engine: &mut Engine, permit: Option<Permit<String>>, outcome: Outcome, now: Instant) {
+    if let Some(permit) = permit {
+        engine.complete(permit, outcome, now);
     }
 }

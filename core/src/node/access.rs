@@ -317,7 +317,7 @@ impl Node {
         now: Instant,
     ) {
         let read = self.engine.begin_read(read, now);
-        self.admit(id, super::io::Plane::Client, method, read, forward, None, now);
+        self.admit(id, super::io::Plane::Client, method, read, forward, None, None, now);
     }
 
     /// Progress of credential check `io`.

@@ -38,36 +38,42 @@ pub(super) enum OriginBody {
     Reading { plan: BodyPlan, skip: u64, buf: BodyBuf, meta: Box<ObjectMeta> },
 }
 
-/// Who a peer block fetch answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum PeerOwner {
-    /// A request's read.
-    Request(RequestId),
-    /// A driver's direct fetch ([`super::Input::FetchBlock`]).
-    Ticket(u64),
-}
-
-/// A peer block fetch.
+/// A read waiting on a peer block fetch.
 #[derive(Debug)]
-pub(super) struct PeerJob {
-    pub owner: PeerOwner,
+pub(super) struct Reader {
+    pub rid: RequestId,
     /// Which contender of its request's race this fetch is.
     pub contender: crate::engine::Contender,
+    /// A relay's read that may cut through.
+    pub stream: bool,
+    /// The relay committed its head to this stream.
+    pub streaming: bool,
+    /// Bytes already forwarded to its requester (never the last byte before the end).
+    pub forwarded: u64,
+}
+
+/// A peer block fetch. Reads of this node that need the same block from the same peer share
+/// one fetch (see `Node::joinable`): the first asked, the others joined; each reader gets the
+/// answer as if the fetch were its own, while the peer's outcome is recorded once, on the
+/// fetch's own permit.
+#[derive(Debug)]
+pub(super) struct PeerJob {
+    /// A driver's direct fetch ([`super::Input::FetchBlock`]), which answers no read.
+    pub ticket: Option<u64>,
+    /// The reads it answers, in the order they asked or joined (requests that dropped this
+    /// fetch are removed; a fetch no read waits on is cancelled).
+    pub readers: Vec<Reader>,
     /// The identity of the object the block belongs to, when a read asked (to check the
     /// answer's version).
     pub object: Option<String>,
     pub key: crate::hash::BlockKey,
     pub permit: Option<Permit<String>>,
     pub addr: String,
+    /// The member the fetch asks (never joined by a relay serving that member).
+    pub member: String,
     pub expected: u64,
     /// The body so far, at most `expected + 1` bytes.
     pub copy: BodyBuf,
-    /// A relay's fetch that may cut through.
-    pub stream: bool,
-    /// The relay committed its head to this stream.
-    pub streaming: bool,
-    /// Bytes already forwarded to the requester (never the last byte before the end).
-    pub forwarded: u64,
 }
 
 /// What an exchange is for.
@@ -121,14 +127,19 @@ impl Exchange {
     pub fn request(&self) -> Option<RequestId> {
         match &self.job {
             Job::Origin { owner: Owner::Alone(rid), .. } => Some(*rid),
-            Job::Peer(p) => match p.owner {
-                PeerOwner::Request(rid) => Some(rid),
-                PeerOwner::Ticket(_) => None,
-            },
+            Job::Peer(p) => p.readers.first().map(|r| r.rid),
             Job::Passthrough { request, .. } => Some(*request),
             Job::Origin { owner: Owner::Flight(_), .. }
             | Job::Roster { .. }
             | Job::Check { .. } => None,
+        }
+    }
+
+    /// Whether this exchange answers request `rid` (a shared peer fetch answers several).
+    pub fn serves(&self, rid: RequestId) -> bool {
+        match &self.job {
+            Job::Peer(p) => p.readers.iter().any(|r| r.rid == rid),
+            _ => self.request() == Some(rid),
         }
     }
 
@@ -249,7 +260,7 @@ impl Node {
         let mut headers = headers;
         let head_bound = match &job {
             Job::Peer(p) => {
-                let bound = self.peer_head_bound(p.owner);
+                let bound = self.peer_head_bound(p.readers.first().map(|r| r.rid));
                 // The peer learns how long we wait for its head (a relay answers within it).
                 headers.push(HEADER_BUDGET, bound.as_millis().to_string());
                 bound
@@ -301,22 +312,19 @@ impl Node {
         id
     }
 
-    /// How long a peer fetch for `owner` waits for its response head: four times the p99 of
+    /// How long a peer fetch for `reader` waits for its response head: four times the p99 of
     /// recent peer fetches that held their block, within [`Bounds::peer_head_floor`] and
     /// [`Bounds::peer_head`]; without an estimate yet, three times the floor (3 s by default,
     /// within the cap): a node that just started does not give a stalled peer the whole cap;
     /// for a relay, also less than
     /// its requester's budget by [`budget_margin`], so that it can answer its requester in time.
-    pub(super) fn peer_head_bound(&self, owner: PeerOwner) -> Duration {
+    pub(super) fn peer_head_bound(&self, reader: Option<RequestId>) -> Duration {
         let b = &self.config.bounds;
         let adaptive = match self.engine.peer_latency(0.99) {
             Some(p99) => p99.saturating_mul(4).clamp(b.peer_head_floor, b.peer_head),
             None => b.peer_head.min(b.peer_head_floor * 3),
         };
-        let budget = match owner {
-            PeerOwner::Request(rid) => self.requests.get(&rid).and_then(|r| r.budget),
-            PeerOwner::Ticket(_) => None,
-        };
+        let budget = reader.and_then(|rid| self.requests.get(&rid)).and_then(|r| r.budget);
         match budget {
             Some(budget) => adaptive.min(budget.saturating_sub(budget_margin(budget))),
             None => adaptive,
@@ -329,6 +337,12 @@ impl Node {
         let x = self.exchanges.remove(&io)?;
         if let Some(at) = x.deadline {
             self.timers.remove(&(at, io));
+        }
+        if let Job::Peer(p) = &x.job {
+            let entry = (p.key, p.addr.clone());
+            if self.shared_fetches.get(&entry) == Some(&io) {
+                self.shared_fetches.remove(&entry);
+            }
         }
         Some(x)
     }

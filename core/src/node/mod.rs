@@ -97,6 +97,9 @@ pub struct NodeCounters {
     /// Relays that answered `504` + upstream `504` because their requester's budget ran out
     /// while their own upstream had not answered.
     pub relay_early_answers: u64,
+    /// Peer block fetches a read joined instead of asking the peer again (another read of this
+    /// node was fetching the same block from the same peer).
+    pub peer_fetches_joined: u64,
     /// Blocks kept from an earlier process that a look-up found for an object that may change:
     /// dropped unserved ([`Node::recovered_blocks`]).
     pub unversioned_dropped: u64,
@@ -138,6 +141,8 @@ pub struct NodeCounters {
 ///   exchange) or is ready; every exchange belongs to a live request, a flight or a roster fetch.
 /// - Every flight in the table has one exchange and its waiters; at most [`REQUESTS_MAX`]
 ///   requests and one timer per exchange.
+/// - A peer block fetch that answers reads answers each at most once, every one of them waits
+///   on it, and the shared-fetch index names only live fetches of its block and peer.
 /// - The engine's and the breaker's own invariants.
 pub struct Node {
     engine: Engine,
@@ -155,6 +160,8 @@ pub struct Node {
     answer_timers: BTreeSet<(Instant, RequestId)>,
     flights: FlightTable<FlightKey>,
     flight_state: BTreeMap<FlightId, Flight>,
+    /// The peer block fetch other reads may join, by block and peer address.
+    shared_fetches: BTreeMap<(crate::hash::BlockKey, String), IoId>,
     /// Look-ups in flight: the request, the key, and whether the key was a kept block of an
     /// earlier process when asked ([`Node::recovered_blocks`]).
     store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey, bool)>,
@@ -192,6 +199,7 @@ impl Node {
             answer_timers: BTreeSet::new(),
             flights,
             flight_state: BTreeMap::new(),
+            shared_fetches: BTreeMap::new(),
             store_ops: BTreeMap::new(),
             recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),
@@ -430,7 +438,10 @@ impl Node {
                 return check.waiters;
             }
         }
-        let mut served: Vec<RequestId> = x.request().into_iter().collect();
+        let mut served: Vec<RequestId> = match &x.job {
+            exchange::Job::Peer(p) => p.readers.iter().map(|r| r.rid).collect(),
+            _ => x.request().into_iter().collect(),
+        };
         if let Some(fid) = x.flight() {
             if let Some(flight) = self.flight_state.remove(&fid) {
                 self.flights.finish(&flight.key, fid);
@@ -470,12 +481,7 @@ impl Node {
                     other => other.peers().collect(),
                 };
                 for io in ios {
-                    if let Some(x) = self.remove_exchange(io) {
-                        self.emit(Output::Cancel(io));
-                        if let Some(permit) = x.into_permit() {
-                            self.engine.abandon(permit, now);
-                        }
-                    }
+                    self.leave_exchange(io, rid, now);
                 }
             }
             Wait::Ready => {}
@@ -525,7 +531,21 @@ impl Node {
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");
         }
         for (&io, x) in &self.exchanges {
-            if let Some(rid) = x.request() {
+            let readers: Vec<RequestId> = match &x.job {
+                exchange::Job::Peer(p) => p.readers.iter().map(|r| r.rid).collect(),
+                _ => x.request().into_iter().collect(),
+            };
+            let mut unique = readers.clone();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(unique.len(), readers.len(), "exchange {io} answers a read twice");
+            if let exchange::Job::Peer(p) = &x.job {
+                assert!(
+                    p.ticket.is_some() == p.readers.is_empty(),
+                    "peer exchange {io} answers no read, or a ticket and reads"
+                );
+            }
+            for rid in readers {
                 let req = self.requests.get(&rid).expect("an exchange of no request");
                 let holds = match req.wait {
                     Wait::Alone(i) | Wait::Pipe(i) => i == io,
@@ -536,6 +556,13 @@ impl Node {
             if let Some(fid) = x.flight() {
                 assert!(self.flight_state.contains_key(&fid), "an exchange of no flight");
             }
+        }
+        for ((key, addr), io) in &self.shared_fetches {
+            let x = self.exchanges.get(io).expect("a shared fetch that ended");
+            assert!(
+                matches!(&x.job, exchange::Job::Peer(p) if p.key == *key && p.addr == *addr),
+                "shared fetch {io} indexed under another block or peer"
+            );
         }
         for (rid, req) in &self.requests {
             req.check(*rid);
@@ -554,7 +581,7 @@ impl Node {
                 Wait::Peers(_) => {
                     for io in req.wait.peers() {
                         let x = self.exchanges.get(&io).expect("a request's peer exchange");
-                        assert_eq!(x.request(), Some(*rid));
+                        assert!(x.serves(*rid), "{rid} waits on peer exchange {io} not its own");
                     }
                 }
                 Wait::Ready => {}

@@ -4,7 +4,7 @@
 //! directions.
 
 use super::body::BodyBuf;
-use super::exchange::{Expiry, Job, PeerJob, PeerOwner};
+use super::exchange::{Expiry, Job, PeerJob, Reader};
 use super::io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoEvent, IoId, Output, Plane,
     RequestId,
@@ -114,26 +114,57 @@ impl Node {
                 return self.reply(id, Plane::Peer, 404, &msg, Headers::new());
             }
         };
+        let requester = request.headers.get_str(HEADER_NODE).map(str::to_owned);
         let read = self.engine.begin_relay(key, url, next_hop);
-        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), budget, now);
+        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), budget, requester, now);
     }
 
-    /// Asks `addr` for a block on behalf of request `rid`.
+    /// Asks `addr` for a block on behalf of request `rid`: joins a fetch of the same block from
+    /// the same peer that another read of this node has in flight (its permit is abandoned: the
+    /// shared fetch records the peer's outcome once), or sends its own.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fetch_peer(
         &mut self,
         rid: RequestId,
         contender: Contender,
+        member: String,
         addr: String,
         fetch: PeerFetch,
         permit: Permit<String>,
         cut_through: bool,
         now: Instant,
     ) {
-        let object = self.requests.get(&rid).map(|r| r.read.object().id.clone());
-        let owner = PeerOwner::Request(rid);
-        let io =
-            self.send_peer_fetch(owner, contender, object, addr, fetch, permit, cut_through, now);
+        let reader = Reader { rid, contender, stream: cut_through, streaming: false, forwarded: 0 };
+        let io = match self.joinable(rid, &addr, &member, &fetch) {
+            Some(io) => {
+                self.engine.abandon(permit, now);
+                self.counters.peer_fetches_joined += 1;
+                let x = self.exchanges.get_mut(&io).expect("a joinable fetch is live");
+                let Job::Peer(job) = &mut x.job else { unreachable!("a joinable peer fetch") };
+                job.readers.push(reader);
+                io
+            }
+            None => {
+                let object = self.requests.get(&rid).map(|r| r.read.object().id.clone());
+                let on_behalf = !fetch.url.is_empty() && header_safe(fetch.url.as_bytes());
+                let key = fetch.key;
+                let io = self.send_peer_fetch(
+                    Some(reader),
+                    None,
+                    object,
+                    member,
+                    addr.clone(),
+                    fetch,
+                    permit,
+                    now,
+                );
+                if on_behalf {
+                    // Only a fetch that lets the peer fetch on our behalf is worth joining.
+                    self.shared_fetches.insert((key, addr), io);
+                }
+                io
+            }
+        };
         let req = self.requests.get_mut(&rid).expect("a driven request");
         let mut slots = match req.wait {
             Wait::Peers(slots) => slots,
@@ -145,8 +176,38 @@ impl Node {
         req.wait = Wait::Peers(slots);
     }
 
+    /// The fetch of `fetch.key` from `addr` that request `rid` may join instead of sending its
+    /// own: one that asks the same member at the same address for the same block of the same
+    /// version, on our behalf, that `rid` does not wait on already, and that does not ask the
+    /// member `rid` relays for (that member may be waiting on this very relay: a wait cycle
+    /// until a bound fires).
+    fn joinable(
+        &self,
+        rid: RequestId,
+        addr: &str,
+        member: &str,
+        fetch: &PeerFetch,
+    ) -> Option<IoId> {
+        let io = *self.shared_fetches.get(&(fetch.key, addr.to_owned()))?;
+        let Job::Peer(job) = &self.exchanges.get(&io)?.job else { return None };
+        let req = self.requests.get(&rid)?;
+        let first = self.requests.get(&job.readers.first()?.rid)?;
+        let same_version = self.engine.is_immutable(req.read.object())
+            || match (req.read.version(), first.read.version()) {
+                (Some(a), Some(b)) => a == b || a.same_version(b) == Some(true),
+                (a, b) => a == b,
+            };
+        let joinable = job.ticket.is_none()
+            && job.expected == fetch.expected
+            && job.member == member
+            && same_version
+            && req.requester.as_deref() != Some(member)
+            && job.readers.iter().all(|r| r.rid != rid);
+        joinable.then_some(io)
+    }
+
     /// Request `rid`'s read dropped `contender` (another won): its exchange is cancelled and its
-    /// permit abandoned — losing a race is not a failure.
+    /// permit abandoned — losing a race is not a failure — unless other reads share it.
     pub(super) fn cancel_peer(&mut self, rid: RequestId, contender: Contender, now: Instant) {
         let req = self.requests.get_mut(&rid).expect("a driven request");
         let Wait::Peers(mut slots) = req.wait else {
@@ -154,11 +215,7 @@ impl Node {
         };
         let io = slots[contender.index()].take().expect("a contender in flight");
         req.wait = if slots.iter().any(Option::is_some) { Wait::Peers(slots) } else { Wait::Ready };
-        let x = self.remove_exchange(io).expect("a contender's exchange");
-        self.emit(Output::Cancel(io));
-        if let Some(permit) = x.into_permit() {
-            self.engine.abandon(permit, now);
-        }
+        self.leave_exchange(io, rid, now);
     }
 
     /// Request `rid`'s hedge deadline (armed for `at`) came due.
@@ -189,21 +246,20 @@ impl Node {
         let Some(permit) = self.engine.admit(&addr, now) else {
             return self.event(Event::BlockFetched { ticket, answer: None });
         };
-        let owner = PeerOwner::Ticket(ticket);
-        let primary = Contender::Primary;
-        self.send_peer_fetch(owner, primary, None, addr, fetch, permit, false, now);
+        let member = String::new();
+        self.send_peer_fetch(None, Some(ticket), None, member, addr, fetch, permit, now);
     }
 
     #[allow(clippy::too_many_arguments)]
     fn send_peer_fetch(
         &mut self,
-        owner: PeerOwner,
-        contender: Contender,
+        reader: Option<Reader>,
+        ticket: Option<u64>,
         object: Option<String>,
+        member: String,
         addr: String,
         fetch: PeerFetch,
         permit: Permit<String>,
-        cut_through: bool,
         now: Instant,
     ) -> IoId {
         let mut headers = Headers::new().with(HEADER_HOP, fetch.hop.to_string());
@@ -216,49 +272,50 @@ impl Node {
         }
         let url = format!("http://{addr}{}", block_path(fetch.key));
         let job = PeerJob {
-            owner,
-            contender,
+            ticket,
+            readers: reader.into_iter().collect(),
             object,
             key: fetch.key,
             permit: Some(permit),
             addr,
+            member,
             expected: fetch.expected,
             copy: BodyBuf::default(),
-            stream: cut_through,
-            streaming: false,
-            forwarded: 0,
         };
         self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now)
     }
 
-    /// Whether a peer's block answer names another version of the object than the asking read
-    /// serves (else than this node reads), by the validators on its head. A peer that names
-    /// none is trusted by length, as before.
+    /// Whether a peer's block answer names another version of the object than the asking reads
+    /// serve (else than this node reads), by the validators on its head. A peer that names
+    /// none is trusted by length, as before. (Reads share a fetch only when they serve the same
+    /// version, so the first reader speaks for all.)
     fn peer_version_differs(&self, io: IoId, headers: &Headers) -> bool {
         let Some(Job::Peer(job)) = self.exchanges.get(&io).map(|x| &x.job) else { return false };
         let Some(identity) = &job.object else { return false };
         if self.engine.is_immutable(&crate::identity::ObjectId::from_id(identity)) {
             return false;
         }
-        let read = match job.owner {
-            PeerOwner::Request(rid) => self.requests.get(&rid).and_then(|r| r.read.version()),
-            PeerOwner::Ticket(_) => None,
-        };
+        let read = job.readers.first().and_then(|r| self.requests.get(&r.rid));
+        let read = read.and_then(|r| r.read.version());
         let Some(known) = read.or_else(|| self.engine.meta_of(identity)) else { return false };
         let answer = crate::engine::ObjectMeta::from_fields(|n| headers.get(n));
         known.same_version(&answer) == Some(false)
     }
 
-    /// Whether peer exchange `io` is a cut-through stream whose head the relay already committed.
-    pub(super) fn peer_streaming(&self, io: IoId) -> bool {
-        matches!(self.exchanges.get(&io).map(|x| &x.job), Some(Job::Peer(p)) if p.streaming)
+    /// Whether peer exchange `io` is a cut-through stream whose head relay `rid` already
+    /// committed.
+    pub(super) fn peer_streaming(&self, io: IoId, rid: RequestId) -> bool {
+        match self.exchanges.get(&io).map(|x| &x.job) {
+            Some(Job::Peer(p)) => p.readers.iter().any(|r| r.rid == rid && r.streaming),
+            _ => false,
+        }
     }
 
     pub(super) fn peer_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
         if let IoEvent::Head { status: 200, headers } = &event {
             if self.peer_version_differs(io, headers) {
                 self.engine.note_peer_version_mismatch();
-                let answer = PeerAnswer::Failed(Observation::VersionMismatch);
+                let answer = Err(Observation::VersionMismatch);
                 return self.finish_peer(io, answer, true, now);
             }
         }
@@ -272,38 +329,45 @@ impl Node {
                 let announced = headers.get_u64("content-length");
                 let expected = job.expected;
                 if let Some(o) = Observation::of_block_head(status, upstream, announced, expected) {
-                    return self.finish_peer(io, PeerAnswer::Failed(o), true, now);
+                    return self.finish_peer(io, Err(o), true, now);
                 }
                 let reserve = expected.saturating_add(1).min(BODY_RESERVE_MAX) as usize;
                 job.copy.reserve(reserve);
-                if let (true, PeerOwner::Request(rid)) = (job.stream, job.owner) {
-                    job.streaming = true;
-                    let contender = job.contender;
-                    self.start_stream(rid, contender, now);
-                }
+                self.start_streams(io, now);
             }
             IoEvent::Body(data) => self.peer_body(io, data, now),
             IoEvent::End => {
-                let answer = if job.streaming || job.copy.len() as u64 == job.expected {
-                    PeerAnswer::Block(job.copy.take())
-                } else {
-                    PeerAnswer::Failed(Observation::WrongLength)
-                };
-                self.finish_peer(io, answer, false, now);
+                let body = job.copy.take();
+                self.finish_peer(io, Ok(body), false, now);
             }
-            IoEvent::Failed(e) => {
-                self.finish_peer(io, PeerAnswer::Failed(e.observation()), false, now);
-            }
+            IoEvent::Failed(e) => self.finish_peer(io, Err(e.observation()), false, now),
         }
     }
 
-    /// A cut-through relay's upstream answered 200: the relay commits its own head now.
-    fn start_stream(&mut self, rid: RequestId, contender: Contender, now: Instant) {
-        self.working.push(rid);
-        let req = self.requests.get_mut(&rid).expect("a streaming relay is live");
-        req.read.handle_peer_started(&mut self.engine, contender);
-        self.drive(rid, now);
-        self.working.pop();
+    /// Peer exchange `io` has its head: every relay reading it that may cut through commits its
+    /// own head now (a relay that joined later starts at the next body part).
+    fn start_streams(&mut self, io: IoId, now: Instant) {
+        let Some(Job::Peer(job)) = self.exchanges.get_mut(&io).map(|x| &mut x.job) else {
+            return;
+        };
+        let starting: Vec<(RequestId, Contender)> = job
+            .readers
+            .iter_mut()
+            .filter(|r| r.stream && !r.streaming)
+            .map(|r| {
+                r.streaming = true;
+                (r.rid, r.contender)
+            })
+            .collect();
+        for (rid, contender) in starting {
+            self.isolated(now, |node| {
+                node.working.push(rid);
+                let req = node.requests.get_mut(&rid).expect("a streaming relay is live");
+                req.read.handle_peer_started(&mut node.engine, contender);
+                node.drive(rid, now);
+                node.working.pop();
+            });
+        }
     }
 
     /// Keeps at most `expected + 1` bytes; a stream forwards all but the last byte at once.
@@ -313,41 +377,44 @@ impl Node {
         let limit = job.expected.saturating_add(1);
         let room = (limit - job.copy.len() as u64) as usize;
         job.copy.push(data.slice(..data.len().min(room)));
-        let mut forward = None;
-        if job.streaming {
-            // The last byte waits until the end proves the exact length, so a stream that turns
-            // out short or long reaches the requester truncated, never as a whole block.
-            let safe = (job.copy.len() as u64).min(job.expected.saturating_sub(1));
-            if safe > job.forwarded {
-                let part = job.copy.slice(job.forwarded as usize..safe as usize);
-                job.forwarded = safe;
-                if let PeerOwner::Request(rid) = job.owner {
-                    forward = Some((rid, part));
-                }
-            }
+        if job.copy.len() as u64 > job.expected {
+            let body = job.copy.take();
+            return self.finish_peer(io, Ok(body), true, now);
         }
-        let over = job.copy.len() as u64 > job.expected;
-        let answer = over.then(|| {
-            if job.streaming {
-                PeerAnswer::Block(job.copy.take())
-            } else {
-                PeerAnswer::Failed(Observation::WrongLength)
-            }
-        });
-        if let Some((rid, data)) = forward {
+        if job.readers.iter().any(|r| r.stream && !r.streaming) {
+            self.start_streams(io, now);
+        }
+        let Some(Job::Peer(job)) = self.exchanges.get_mut(&io).map(|x| &mut x.job) else {
+            return;
+        };
+        // The last byte waits until the end proves the exact length, so a stream that turns out
+        // short or long reaches the requester truncated, never as a whole block.
+        let safe = (job.copy.len() as u64).min(job.expected.saturating_sub(1));
+        let mut parts = Vec::new();
+        for r in job.readers.iter_mut().filter(|r| r.streaming && safe > r.forwarded) {
+            parts.push((r.rid, job.copy.slice(r.forwarded as usize..safe as usize)));
+            r.forwarded = safe;
+        }
+        for (rid, data) in parts {
             self.send_requester(rid, Output::Body { id: rid, data });
-        }
-        if let Some(answer) = answer {
-            self.finish_peer(io, answer, true, now);
         }
     }
 
     pub(super) fn peer_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
-        self.finish_peer(io, PeerAnswer::Failed(expiry.observation()), true, now);
+        self.finish_peer(io, Err(expiry.observation()), true, now);
     }
 
-    /// Peer exchange `io` is over: report it, hand the answer and the permit to the read.
-    fn finish_peer(&mut self, io: IoId, answer: PeerAnswer, cancel: bool, now: Instant) {
+    /// Peer exchange `io` is over with its whole body (of any length) or a failure: report it
+    /// once, then hand each reader its answer. The fetch's own permit goes with the first
+    /// reader's answer (or, for a driver's fetch, records the outcome here); the other readers
+    /// shared it and hold none.
+    fn finish_peer(
+        &mut self,
+        io: IoId,
+        result: Result<Bytes, Observation>,
+        cancel: bool,
+        now: Instant,
+    ) {
         let x = self.remove_exchange(io).expect("a live exchange");
         if cancel {
             self.emit(Output::Cancel(io));
@@ -355,45 +422,80 @@ impl Node {
         let elapsed = now.saturating_duration_since(x.sent);
         self.event(Event::Fetched { kind: FetchKind::Peer, elapsed });
         let Job::Peer(job) = x.job else { unreachable!("a peer job") };
-        let observation = match &answer {
-            PeerAnswer::Block(b) if b.len() as u64 == job.expected => Observation::Served,
-            PeerAnswer::Block(_) => Observation::WrongLength,
-            PeerAnswer::Failed(o) => *o,
+        let observation = match &result {
+            Ok(b) if b.len() as u64 == job.expected => Observation::Served,
+            Ok(_) => Observation::WrongLength,
+            Err(o) => *o,
         };
         self.event(Event::PeerAnswer { addr: job.addr.clone(), observation });
         if observation == Observation::Served {
             // Only fetches that held the block teach the hedge delay.
             self.engine.record_peer_latency(elapsed);
         }
-        let permit = job.permit.expect("a peer job holds its permit");
-        let rid = match job.owner {
-            PeerOwner::Request(rid) => rid,
-            PeerOwner::Ticket(ticket) => {
-                let outcome = match &answer {
-                    PeerAnswer::Block(_) => observation.outcome(),
-                    PeerAnswer::Failed(o) => o.outcome(),
-                };
-                if let Some(p2p) = self.engine.p2p_mut() {
-                    p2p.breaker.complete(permit, outcome, now);
-                }
-                return self.event(Event::BlockFetched { ticket, answer: Some(answer) });
+        let mut permit = job.permit;
+        if let Some(ticket) = job.ticket {
+            let permit = permit.expect("a peer job holds its permit");
+            if let Some(p2p) = self.engine.p2p_mut() {
+                p2p.breaker.complete(permit, observation.outcome(), now);
             }
-        };
-        if let (true, PeerAnswer::Block(b)) = (job.streaming, &answer) {
-            if b.len() as u64 == job.expected && job.forwarded < job.expected {
-                let tail = b.slice(job.forwarded as usize..);
+            let answer = match result {
+                Ok(b) if observation == Observation::Served => PeerAnswer::Block(b),
+                Ok(_) => PeerAnswer::Failed(Observation::WrongLength),
+                Err(o) => PeerAnswer::Failed(o),
+            };
+            return self.event(Event::BlockFetched { ticket, answer: Some(answer) });
+        }
+        for reader in job.readers {
+            // A stream judges any length itself (its bytes went out already); a whole-block
+            // answer is exactly the block or a failure.
+            let answer = match &result {
+                Ok(b) if reader.streaming || observation == Observation::Served => {
+                    PeerAnswer::Block(b.clone())
+                }
+                Ok(_) => PeerAnswer::Failed(Observation::WrongLength),
+                Err(o) => PeerAnswer::Failed(*o),
+            };
+            let permit = permit.take();
+            let shared = permit.is_none();
+            self.isolated(now, |node| {
+                node.answer_reader(io, &reader, job.key, job.expected, permit, shared, answer, now)
+            });
+        }
+    }
+
+    /// Hands one reader of peer exchange `io` its answer and drives its request on.
+    #[allow(clippy::too_many_arguments)]
+    fn answer_reader(
+        &mut self,
+        io: IoId,
+        reader: &Reader,
+        key: crate::hash::BlockKey,
+        expected: u64,
+        permit: Option<Permit<String>>,
+        shared: bool,
+        answer: PeerAnswer,
+        now: Instant,
+    ) {
+        let rid = reader.rid;
+        if let (true, PeerAnswer::Block(b)) = (reader.streaming, &answer) {
+            if b.len() as u64 == expected && reader.forwarded < expected {
+                let tail = b.slice(reader.forwarded as usize..);
                 self.send_requester(rid, Output::Body { id: rid, data: tail });
             }
         }
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a peer fetch's request is live");
         let Wait::Peers(mut slots) = req.wait else { unreachable!("{rid}: not waiting on peers") };
-        assert_eq!(slots[job.contender.index()].take(), Some(io), "{rid}: contender mix-up");
+        assert_eq!(slots[reader.contender.index()].take(), Some(io), "{rid}: contender mix-up");
         req.wait = if slots.iter().any(Option::is_some) { Wait::Peers(slots) } else { Wait::Ready };
+        if shared && matches!(&answer, PeerAnswer::Block(b) if b.len() as u64 == expected) {
+            // The fetch's first reader offers the block to the store; this one does not repeat it.
+            req.filled = Some(key);
+        }
         let before = self.engine.stats().block_source_peer;
-        req.read.handle_peer(&mut self.engine, job.contender, permit, answer, now);
+        req.read.handle_peer(&mut self.engine, reader.contender, permit, answer, now);
         if self.engine.stats().block_source_peer > before {
-            let (plane, key) = (req.plane, job.key);
+            let plane = req.plane;
             self.event(Event::Block { request: rid, plane, key, source: BlockSource::Peer });
         }
         self.drive(rid, now);

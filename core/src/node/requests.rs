@@ -73,6 +73,9 @@ pub(super) struct Request {
     pub budget: Option<std::time::Duration>,
     /// When a relay that has not committed its head answers `504` + upstream `504` instead.
     pub answer_by: Option<Instant>,
+    /// The member a relay serves (its `X-DART-Node`): a relay never waits on a fetch that
+    /// asks that member, which would wait on this relay in turn.
+    pub requester: Option<String>,
 }
 
 impl Wait {
@@ -155,7 +158,8 @@ impl Node {
         self.gate(id, ReadRequest { url, method, range, conditions }, method, forward, now);
     }
 
-    /// Registers a request with its read and drives it; a relay with its requester's `budget`.
+    /// Registers a request with its read and drives it; a relay with its requester's `budget`
+    /// and name.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn admit(
         &mut self,
@@ -165,6 +169,7 @@ impl Node {
         read: Read,
         forward: Headers,
         budget: Option<std::time::Duration>,
+        requester: Option<String>,
         now: Instant,
     ) {
         let answer_by = budget.map(|b| {
@@ -186,6 +191,7 @@ impl Node {
             hedge_at: None,
             budget,
             answer_by,
+            requester,
         };
         self.requests.insert(id, request);
         self.working.push(id);
@@ -281,7 +287,16 @@ impl Node {
                 cut_through,
             } => {
                 let fetch = super::peer::PeerFetch { key, url, hop, expected: expected_len };
-                self.fetch_peer(rid, contender, peer.addr, fetch, permit, cut_through, now);
+                self.fetch_peer(
+                    rid,
+                    contender,
+                    peer.id,
+                    peer.addr,
+                    fetch,
+                    permit,
+                    cut_through,
+                    now,
+                );
                 if let Some(delay) = hedge_after {
                     let at = now.saturating_add(delay);
                     let req = self.requests.get_mut(&rid).expect("a driven request");
@@ -437,7 +452,7 @@ impl Node {
     /// peer exchanges run on to fill the cache, asking nothing further).
     fn release(&mut self, rid: RequestId, now: Instant) {
         let req = self.requests.get(&rid).expect("a live request");
-        let streaming = req.wait.peers().any(|io| self.peer_streaming(io));
+        let streaming = req.wait.peers().any(|io| self.peer_streaming(io, rid));
         if matches!(req.wait, Wait::Peers(_)) && (req.plane == Plane::Peer || streaming) {
             // A relay keeps its upstream exchanges to their end: mid-stream the block is still
             // worth caching, and before the head their outcome is evidence about the upstream
@@ -454,23 +469,31 @@ impl Node {
                 self.store_ops.remove(&op);
             }
             Wait::Flight(fid) => self.leave_flight(fid, rid),
-            Wait::Alone(io) | Wait::Pipe(io) => {
-                let x = self.remove_exchange(io).expect("a request's exchange");
-                self.emit(Output::Cancel(io));
-                // The requester left, which says nothing about the peer: abandoned, not charged.
-                if let Some(permit) = x.into_permit() {
-                    self.engine.abandon(permit, now);
-                }
-            }
+            // The requester left, which says nothing about the peer: abandoned, not charged.
+            Wait::Alone(io) | Wait::Pipe(io) => self.leave_exchange(io, rid, now),
             Wait::Peers(_) => {
                 for io in req.wait.peers() {
-                    let x = self.remove_exchange(io).expect("a request's exchange");
-                    self.emit(Output::Cancel(io));
-                    if let Some(permit) = x.into_permit() {
-                        self.engine.abandon(permit, now);
-                    }
+                    self.leave_exchange(io, rid, now);
                 }
             }
+        }
+    }
+
+    /// Request `rid` stops waiting on exchange `io`: a shared peer fetch goes on for its other
+    /// readers; otherwise the exchange is cancelled and its permit abandoned (a read that left
+    /// says nothing about the peer).
+    pub(super) fn leave_exchange(&mut self, io: IoId, rid: RequestId, now: Instant) {
+        let Some(x) = self.exchanges.get_mut(&io) else { return };
+        if let Job::Peer(p) = &mut x.job {
+            p.readers.retain(|r| r.rid != rid);
+            if !p.readers.is_empty() || p.ticket.is_some() {
+                return;
+            }
+        }
+        let x = self.remove_exchange(io).expect("a live exchange");
+        self.emit(Output::Cancel(io));
+        if let Some(permit) = x.into_permit() {
+            self.engine.abandon(permit, now);
         }
     }
 

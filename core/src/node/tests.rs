@@ -1692,3 +1692,135 @@ fn a_requester_does_not_blame_a_relay_that_reports_its_upstream_slow() {
     answer_peer(&mut h, &failover, 0);
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
 }
+
+// ---- Shared peer fetches: reads of one block from one peer ask it once ----
+
+fn relay_from(h: &mut Harness, id: u64, block: u64, requester: &str) {
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), block);
+    let headers = Headers::new()
+        .with("x-dart-origin", URL)
+        .with("x-dart-hop", "0")
+        .with("x-dart-node", requester);
+    h.get(id, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+}
+
+fn store_puts(h: &Harness) -> usize {
+    h.outputs.iter().filter(|o| matches!(o, Output::StorePut { .. })).count()
+}
+
+fn block_head() -> IoEvent {
+    IoEvent::Head { status: 200, headers: Headers::new().with("content-length", BLOCK.to_string()) }
+}
+
+#[test]
+fn reads_of_one_block_share_one_peer_fetch_and_each_gets_the_whole_block() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let range = format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1);
+    h.read(1, Some(&range));
+    relay_from(&mut h, 7, 1, "child-a");
+    relay_from(&mut h, 8, 1, "child-b");
+    let ups = peer_sends(&h);
+    assert_eq!(ups.len(), 1, "one fetch for three reads: {ups:?}");
+    let up = ups[0].clone();
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head());
+    for relay in [7, 8] {
+        assert_eq!(h.head_of(relay).map(|x| x.status), Some(200), "relay {relay} cuts through");
+    }
+    let block = content(BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(block.slice(..100)));
+    assert_eq!(h.body_of(7), block[..100].to_vec());
+    assert_eq!(h.body_of(8), block[..100].to_vec());
+    h.io(up.id, IoEvent::Body(block.slice(100..)));
+    h.io(up.id, IoEvent::End);
+    for id in [1, 7, 8] {
+        assert_eq!(h.body_of(id), block.to_vec(), "request {id}");
+        assert!(h.ended(id), "request {id}");
+    }
+    assert_eq!(store_puts(&h), 1, "the block is offered to the store once");
+    assert_eq!(h.node.counters().peer_fetches_joined, 2);
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!(b.counters().answered, 1, "the peer's answer is recorded once");
+    assert_eq!(b.counters().soft + b.counters().hard, 0);
+    assert_eq!(h.node.engine().stats().peer_bytes, BLOCK, "wire bytes are counted once");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_relay_that_joins_after_the_head_gets_the_bytes_already_received() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_from(&mut h, 7, 1, "child-a");
+    let up = peer_sends(&h).remove(0);
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head());
+    let block = content(BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(block.slice(..300)));
+    relay_from(&mut h, 8, 1, "child-b");
+    assert_eq!(peer_sends(&h).len(), 1, "the late relay joins");
+    assert!(h.head_of(8).is_none(), "its stream starts with the next part");
+    h.io(up.id, IoEvent::Body(block.slice(300..600)));
+    assert_eq!(h.body_of(8), block[..600].to_vec(), "the backlog, then the part");
+    h.io(up.id, IoEvent::Body(block.slice(600..)));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.body_of(7), block.to_vec());
+    assert_eq!(h.body_of(8), block.to_vec());
+    assert!(h.ended(7) && h.ended(8));
+}
+
+#[test]
+fn a_shared_fetch_that_fails_fails_over_every_reader_and_charges_the_peer_once() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    h.read(1, Some("bytes=0-9"));
+    h.read(2, Some("bytes=10-19"));
+    let ups = peer_sends(&h);
+    assert_eq!(ups.len(), 1);
+    h.io(ups[0].id, IoEvent::Connected);
+    h.io(ups[0].id, IoEvent::Head { status: 503, headers: Headers::new() });
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!(b.counters().soft + b.counters().hard, 1, "one failure for one answer");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.body_of(2), content(10, 10).to_vec());
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_reader_that_leaves_a_shared_fetch_leaves_it_running_for_the_others() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    h.read(1, Some("bytes=0-9"));
+    h.read(2, Some("bytes=10-19"));
+    let up = peer_sends(&h).remove(0);
+    h.io(up.id, IoEvent::Connected);
+    h.feed(Input::Cancel { id: RequestId(1) });
+    assert!(!h.cancelled(up.id), "the other reader still waits on it");
+    h.io(up.id, block_head());
+    h.io(up.id, IoEvent::Body(content(0, BLOCK)));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.body_of(2), content(10, 10).to_vec());
+    assert!(!h.ended(1));
+    // The last reader to leave cancels it, and nothing is charged.
+    h.read(3, Some("bytes=1024-1030"));
+    let up = peer_sends(&h).into_iter().last().expect("a fetch of block 1");
+    h.feed(Input::Cancel { id: RequestId(3) });
+    assert!(h.cancelled(up.id));
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!(b.counters().soft + b.counters().hard, 0);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_relay_never_joins_a_fetch_from_the_member_it_serves() {
+    // Views that disagree can make the parent ask us for a block we are fetching from it:
+    // joining would wait on ourselves until a bound fires. The relay asks on its own.
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    h.read(1, Some("bytes=1024-1030"));
+    relay_from(&mut h, 7, 1, "parent");
+    assert_eq!(peer_sends(&h).len(), 2);
+    assert_eq!(h.node.counters().peer_fetches_joined, 0);
+}
