@@ -156,6 +156,11 @@ pub struct NodeFlags {
     /// of recent peer fetches races a backup at the next ancestor. 0 disables hedging.
     #[arg(long, default_value_t = dart_core::engine::hedge::DEFAULT_HEDGE_RATIO)]
     pub hedge_ratio: f64,
+    /// Blocks a client read acquires ahead of the one it serves once it misses (through the
+    /// same tree and origin path, into the cache), so that hop and origin latency overlap the
+    /// transfer; 0 reads one block at a time. Each costs up to one block of memory in flight.
+    #[arg(long, default_value_t = dart_core::engine::DEFAULT_READ_AHEAD)]
+    pub read_ahead: usize,
     /// Whole-request bound of one peer request.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_timeout: std::time::Duration,

@@ -175,6 +175,12 @@ pub async fn start_on<S: Seam>(
     if !(flags.hedge_ratio.is_finite() && (0.0..=1.0).contains(&flags.hedge_ratio)) {
         anyhow::bail!("--hedge-ratio must be between 0 and 1, got {}", flags.hedge_ratio);
     }
+    if flags.read_ahead > READ_AHEAD_MAX {
+        anyhow::bail!(
+            "--read-ahead must be at most {READ_AHEAD_MAX} blocks, got {}",
+            flags.read_ahead
+        );
+    }
     let bounds = bounds(flags)?;
     let p2p = p2p_setup(flags)?;
     let store: Arc<dyn BlockCache> = match store {
@@ -201,6 +207,7 @@ pub async fn start_on<S: Seam>(
         immutable_prefixes,
         hedge: flags.hedge_ratio > 0.0,
         hedge_ratio: flags.hedge_ratio,
+        read_ahead: flags.read_ahead,
     });
     let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
     let advertise = p2p
@@ -305,6 +312,9 @@ pub async fn start_on<S: Seam>(
     );
     Ok(Running { client_addr, admin_addr, peer_addr, banner, driver, stop, servers })
 }
+
+/// Most blocks `--read-ahead` may keep in flight per read (memory: one block each).
+const READ_AHEAD_MAX: usize = 32;
 
 /// The Unix time (ms) a simulated node's wall clock starts at (2026-01-01T00:00:00Z).
 const VIRTUAL_EPOCH_MS: u64 = 1_767_225_600_000;

@@ -139,6 +139,17 @@ fn baseline(run: &Run<'_>) -> RunReport {
     dart_sim::run(spec, run.report.seed)
 }
 
+/// One whole read of object 0 by `node` alone, on the same cluster under the same seed: the
+/// time a herd's reader is compared with ("as fast as if it read alone").
+fn solo(run: &Run<'_>, node: usize) -> Duration {
+    let mut spec = run.spec.clone();
+    spec.plan = FaultPlan::none();
+    let read = dart_sim::ReadSpec::whole(Duration::ZERO, node, 0);
+    spec.workload = Workload { safety: vec![read], liveness: Vec::new() };
+    let report = dart_sim::run(spec, run.report.seed);
+    latencies(&report, Phase::Safety, &[]).first().copied().unwrap_or(Duration::MAX)
+}
+
 /// Circuit transitions towards `addr`, across all nodes: (node, event).
 fn circuits_to<'a>(
     report: &'a RunReport,
@@ -185,6 +196,24 @@ fn herd() -> Scenario {
             r.origin.body_bytes, run.spec.cluster.nodes
         ));
         note_latency(check, r, &[]);
+        // Every reader about as fast as if it read alone: the herd's p99 against the slowest
+        // reader's node reading the object alone.
+        let herd = latencies(r, Phase::Safety, &[]);
+        let p99 = quantile(&herd, 0.99);
+        let slowest = r
+            .phase(Phase::Safety)
+            .filter(|x| x.outcome.is_complete())
+            .max_by_key(|x| x.latency())
+            .map_or(0, |x| x.node);
+        let alone = solo(run, slowest);
+        check.note(format!(
+            "herd p99 / one solo read = {:.2}",
+            p99.as_secs_f64() / alone.as_secs_f64()
+        ));
+        check.that(
+            p99.as_secs_f64() <= 1.5 * alone.as_secs_f64(),
+            format!("herd p99 {p99:?} ≤ 1.5 × one solo read by n{slowest} ({alone:?})"),
+        );
     })
 }
 

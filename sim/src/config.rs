@@ -70,6 +70,8 @@ pub struct ClusterConfig {
     /// Every object is declared immutable (`--immutable` over the whole origin): never
     /// revalidated, and blocks a warm start kept are served.
     pub immutable: bool,
+    /// Blocks a client read keeps in flight ahead of the one it serves (`--read-ahead`).
+    pub read_ahead: usize,
 }
 
 impl ClusterConfig {
@@ -92,6 +94,7 @@ impl ClusterConfig {
             credential_ttl: dart_core::node::DEFAULT_CHECK_TTL,
             hedge_ratio: dart_core::engine::hedge::DEFAULT_HEDGE_RATIO,
             immutable: false,
+            read_ahead: dart_core::engine::DEFAULT_READ_AHEAD,
         }
     }
 
@@ -128,6 +131,7 @@ impl ClusterConfig {
             hedge_ratio: self.hedge_ratio,
             // The empty prefix: every object identity starts with it.
             immutable_prefixes: if self.immutable { vec![String::new()] } else { Vec::new() },
+            read_ahead: self.read_ahead,
             ..EngineConfig::default()
         }
     }

@@ -78,7 +78,13 @@ pub struct EngineConfig {
     pub hedge: bool,
     /// Longest-run share of peer fetches that may be hedged (`--hedge-ratio`).
     pub hedge_ratio: f64,
+    /// Blocks a client read keeps in flight ahead of the one it is serving when it misses
+    /// (`--read-ahead`; 0 reads one block at a time): hop and origin latency are pipelined.
+    pub read_ahead: usize,
 }
+
+/// The default [`EngineConfig::read_ahead`].
+pub const DEFAULT_READ_AHEAD: usize = 0;
 
 /// Default of [`EngineConfig::revalidate_after`].
 pub const DEFAULT_REVALIDATE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
@@ -94,6 +100,7 @@ impl Default for EngineConfig {
             immutable_prefixes: Vec::new(),
             hedge: true,
             hedge_ratio: hedge::DEFAULT_HEDGE_RATIO,
+            read_ahead: DEFAULT_READ_AHEAD,
         }
     }
 }
@@ -242,6 +249,14 @@ impl Engine {
     /// `url` is `Some` for fetch-on-behalf (with the hop to send upstream), `None` for cache-only.
     pub fn begin_relay(&mut self, key: BlockKey, url: Option<String>, next_hop: u64) -> Read {
         Read::relay(self, key, url, next_hop)
+    }
+
+    /// A read-ahead read of block `key` of the object at `url`: a relay read that serves nobody
+    /// (the node suppresses its response) and counts in no block-source or relay statistic.
+    pub fn begin_read_ahead(&mut self, key: BlockKey, url: String) -> Read {
+        let mut read = Read::relay(self, key, Some(url), 0);
+        read.set_ahead();
+        read
     }
 
     /// Counts a relay request declined by [`route::relay_check`] before any work.

@@ -437,6 +437,9 @@ pub struct Read {
     /// delay while a backup won, or a timeout): later blocks ask them last, so a stalled parent
     /// costs a read one wait, not one per block.
     slow_peers: Vec<String>,
+    /// A read-ahead read ([`Engine::begin_read_ahead`]): it serves nobody, so it counts in no
+    /// block-source or relay statistic (its wire bytes still count).
+    ahead: bool,
     state: State,
     out: VecDeque<Action>,
 }
@@ -491,6 +494,7 @@ impl Read {
             emitted: 0,
             content_length: 0,
             slow_peers: Vec::new(),
+            ahead: false,
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
@@ -506,6 +510,36 @@ impl Read {
     /// it; the shell refuses peer answers and origin windows that name another.
     pub fn version(&self) -> Option<&ObjectMeta> {
         self.version.as_ref()
+    }
+
+    pub(super) fn set_ahead(&mut self) {
+        self.ahead = true;
+    }
+
+    /// Adds one to a block-source or relay statistic, unless this is a read-ahead read.
+    fn count(&self, stat: &mut u64) {
+        if !self.ahead {
+            *stat += 1;
+        }
+    }
+
+    /// The URL this read asks the origin (and peers, on its behalf) with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Up to `n` blocks of a client `GET` after the one it is acquiring now, in order (none for
+    /// a relay, a `HEAD`, or a read that is not acquiring a block).
+    pub fn blocks_ahead(&self, n: usize) -> Vec<u64> {
+        let get = matches!(self.kind, Kind::Client { method: Method::Get, .. });
+        let acquiring = matches!(
+            self.state,
+            State::AwaitLookup(_) | State::AwaitPeer(_) | State::AwaitFetch(_)
+        );
+        match (&self.segments, get && acquiring) {
+            (Some(segments), true) => segments.clone().take(n).map(|s| s.block_index).collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Whether the node no longer reads this read's version: it learnt another, or forgot the
@@ -618,7 +652,7 @@ impl Read {
 
     /// A relay answers with a block it holds.
     fn relay_serve(&mut self, engine: &mut Engine, data: Bytes) {
-        engine.stats.relay_served += 1;
+        self.count(&mut engine.stats.relay_served);
         let len = data.len() as u64;
         self.head_sent = true;
         self.content_length = len;
@@ -643,7 +677,7 @@ impl Read {
             State::AwaitLookup(_) if cached.is_some() && self.outdated(engine) => self.changed(),
             State::AwaitLookup(mut job) => match cached {
                 Some(data) if job.window.is_some_and(|w| data.len() as u64 == w.len()) => {
-                    engine.stats.block_source_cache += 1;
+                    self.count(&mut engine.stats.block_source_cache);
                     self.commit_head();
                     self.emitted += data.len() as u64;
                     engine.stats.client_bytes += data.len() as u64;
@@ -651,7 +685,7 @@ impl Read {
                     self.next_block(engine);
                 }
                 Some(data) if job.window.is_none() && data.len() as u64 == job.expected => {
-                    engine.stats.block_source_cache += 1;
+                    self.count(&mut engine.stats.block_source_cache);
                     self.deliver(engine, job.seg, &data);
                 }
                 Some(_) | None => {
@@ -941,7 +975,7 @@ impl Read {
                         Contender::Backup => engine.stats.hedge_backup_won += 1,
                     }
                 }
-                engine.stats.block_source_peer += 1;
+                self.count(&mut engine.stats.block_source_peer);
                 if !shared {
                     engine.stats.peer_bytes += data.len() as u64;
                 }
@@ -983,11 +1017,11 @@ impl Read {
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
                 settle(engine, permit, Outcome::Answered, now);
-                engine.stats.block_source_peer += 1;
+                self.count(&mut engine.stats.block_source_peer);
                 if !shared {
                     engine.stats.peer_bytes += data.len() as u64;
                 }
-                engine.stats.relay_served += 1;
+                self.count(&mut engine.stats.relay_served);
                 let class = engine.class_of(&job.key);
                 self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
                 self.emitted = data.len() as u64;
@@ -1047,14 +1081,14 @@ impl Read {
                 return self.fail(err);
             }
         }
-        engine.stats.block_source_origin += 1;
+        self.count(&mut engine.stats.block_source_origin);
         self.deliver(engine, job.seg, &block.data);
     }
 
     /// Emits a block's part of the range and moves on.
     fn deliver(&mut self, engine: &mut Engine, seg: Segment, block: &Bytes) {
         if self.is_relay() {
-            engine.stats.relay_served += 1;
+            self.count(&mut engine.stats.relay_served);
             self.head_sent = true;
             let meta = self.head_meta(engine);
             self.out.push_back(Action::Respond(ResponseHead {

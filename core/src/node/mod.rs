@@ -38,6 +38,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Most requests a node serves at once; past it a new request is answered 503 at once.
 pub const REQUESTS_MAX: usize = 65_536;
+/// Request ids at and above this are the node's own (read-ahead reads, which answer nobody); a
+/// driver never chooses one.
+pub const NODE_REQUEST_IDS: u64 = 1 << 63;
+/// Read-ahead starts only while fewer requests than this are live.
+const READ_AHEAD_LIVE_MAX: usize = REQUESTS_MAX / 2;
 /// Most roster fetches in flight at once; past it a fetch fails at once.
 pub const ROSTER_FETCHES_MAX: usize = 1024;
 /// Body parts of one response the transport may hold before the node waits for
@@ -97,6 +102,8 @@ pub struct NodeCounters {
     /// Relays that answered `504` + upstream `504` because their requester's budget ran out
     /// while their own upstream had not answered.
     pub relay_early_answers: u64,
+    /// Blocks a client read asked for ahead of the one it served ([`crate::engine::EngineConfig::read_ahead`]).
+    pub read_ahead: u64,
     /// Peer block fetches a read joined instead of asking the peer again (another read of this
     /// node was fetching the same block from the same peer).
     pub peer_fetches_joined: u64,
@@ -113,8 +120,8 @@ pub struct NodeCounters {
 /// passing its clock's `now` with every call:
 ///
 /// 1. Feed what happened with [`handle_input`](Self::handle_input): a request on a listener
-///    ([`Input::Request`], with an id the driver chose and registered to receive the response
-///    parts), the requester going away ([`Input::Cancel`]), a body part taken by the transport
+///    ([`Input::Request`], with an id the driver chose below [`NODE_REQUEST_IDS`] and registered
+///    to receive the response parts), the requester going away ([`Input::Cancel`]), a body part taken by the transport
 ///    ([`Input::Drained`]), progress of an exchange ([`Input::Io`]), a store answer
 ///    ([`Input::Store`]), or a discovery request ([`Input::FetchRoster`]).
 /// 2. Drain [`poll_output`](Self::poll_output) until `None` and carry every [`Output`] out: send or
@@ -162,6 +169,10 @@ pub struct Node {
     flight_state: BTreeMap<FlightId, Flight>,
     /// The peer block fetch other reads may join, by block and peer address.
     shared_fetches: BTreeMap<(crate::hash::BlockKey, String), IoId>,
+    /// Read-ahead reads by the block they acquire (entries whose read ended are pruned when
+    /// the next read-ahead starts).
+    ahead: BTreeMap<crate::hash::BlockKey, RequestId>,
+    next_ahead: u64,
     /// Look-ups in flight: the request, the key, and whether the key was a kept block of an
     /// earlier process when asked ([`Node::recovered_blocks`]).
     store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey, bool)>,
@@ -200,6 +211,8 @@ impl Node {
             flights,
             flight_state: BTreeMap::new(),
             shared_fetches: BTreeMap::new(),
+            ahead: BTreeMap::new(),
+            next_ahead: NODE_REQUEST_IDS,
             store_ops: BTreeMap::new(),
             recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),

@@ -60,6 +60,9 @@ pub(super) struct Request {
     /// The requester went away; the request runs on only to fill the cache (a cut-through relay
     /// mid-stream), with every response part suppressed.
     pub cancelled: bool,
+    /// A read-ahead read: nobody asked for it (it is `cancelled` from the start, so nothing
+    /// goes out), and it runs to its end to fill the cache.
+    pub background: bool,
     /// Client header fields a passthrough forwards.
     pub forward: Headers,
     /// When the body window filled and the requester has not taken a part since.
@@ -91,9 +94,10 @@ impl Wait {
 impl Request {
     pub fn check(&self, rid: RequestId) {
         assert!(self.window <= BODY_WINDOW, "{rid}: body window overrun");
-        if self.cancelled {
+        if self.cancelled && !self.background {
             assert!(matches!(self.wait, Wait::Peers(_) | Wait::Ready), "{rid}: cancelled but held");
         }
+        assert!(!self.background || self.cancelled, "{rid}: a read-ahead answers nobody");
         if let Wait::Peers(slots) = self.wait {
             assert!(slots.iter().any(Option::is_some), "{rid}: waits on no peer");
         }
@@ -109,6 +113,7 @@ impl Node {
         now: Instant,
     ) {
         assert!(!self.requests.contains_key(&id), "request id {id} reused while live");
+        assert!(id.0 < super::NODE_REQUEST_IDS, "request id {id} is reserved for the node");
         self.counters.requests += 1;
         if self.live_requests() >= REQUESTS_MAX {
             self.counters.overloaded += 1;
@@ -185,6 +190,7 @@ impl Node {
             window: 0,
             head_sent: false,
             cancelled: false,
+            background: false,
             forward,
             stalled_at: None,
             filled: None,
@@ -245,7 +251,7 @@ impl Node {
 
     fn act(&mut self, rid: RequestId, action: Action, now: Instant) {
         let req = self.requests.get_mut(&rid).expect("a driven request");
-        if req.cancelled && asks(&action) {
+        if req.cancelled && !req.background && asks(&action) {
             // Nobody waits for this request any more: it ends instead of asking anything else.
             self.requests.remove(&rid);
             if let Action::FetchPeer { permit, .. } = action {
@@ -303,12 +309,16 @@ impl Node {
                     req.hedge_at = Some(at);
                     self.hedge_timers.insert((at, rid));
                 }
+                if contender == crate::engine::Contender::Primary {
+                    self.read_ahead(rid, now);
+                }
             }
             Action::CancelPeer { contender } => self.cancel_peer(rid, contender, now),
             Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
                 let id = req.read.object().id.clone();
                 let fill = Fill::Block { key, expected: expected_len, size: object_size, class };
                 self.ask_origin(rid, FlightKey::Block(id, start, end), url, fill, now);
+                self.read_ahead(rid, now);
             }
             Action::Store { key, data, class } => {
                 if req.filled.take() == Some(key) {
@@ -367,6 +377,68 @@ impl Node {
                     self.reply(rid, req.plane, status, &format!("dart: {error}"), extra);
                 }
             }
+        }
+    }
+
+    /// Client read `rid` missed a block: the next [`EngineConfig::read_ahead`] blocks of its
+    /// range are acquired now by read-ahead reads (relay reads of this node that answer nobody),
+    /// so that hop and origin latency overlap the transfer of the block being served. Each
+    /// takes the path a miss takes (its tree ancestors, then the origin, with the read's own
+    /// credential) and fills the cache; the read then finds each block in the store, or joins
+    /// the peer fetch or origin flight still under way. Nothing starts for a block a read-ahead
+    /// already acquires, nor while half of [`super::REQUESTS_MAX`] requests are live.
+    ///
+    /// [`EngineConfig::read_ahead`]: crate::engine::EngineConfig::read_ahead
+    fn read_ahead(&mut self, rid: RequestId, now: Instant) {
+        let n = self.engine.config().read_ahead;
+        let Some(req) = self.requests.get(&rid) else { return };
+        if n == 0 || req.plane != Plane::Client || req.background {
+            return;
+        }
+        let blocks = req.read.blocks_ahead(n);
+        if blocks.is_empty() {
+            return;
+        }
+        let (object, url, forward) =
+            (req.read.object().clone(), req.read.url().to_owned(), req.forward.clone());
+        let requests = &self.requests;
+        self.ahead.retain(|_, id| requests.contains_key(id));
+        for block in blocks {
+            if self.live_requests() >= super::READ_AHEAD_LIVE_MAX {
+                return;
+            }
+            let key = self.engine.block_key(&object, block);
+            if self.ahead.contains_key(&key) {
+                continue;
+            }
+            let id = RequestId(self.next_ahead);
+            self.next_ahead += 1;
+            self.ahead.insert(key, id);
+            self.counters.read_ahead += 1;
+            let read = self.engine.begin_read_ahead(key, url.clone());
+            let request = Request {
+                plane: Plane::Peer,
+                method: Method::Get,
+                read,
+                wait: Wait::Ready,
+                window: 0,
+                head_sent: false,
+                cancelled: true,
+                background: true,
+                forward: forward.clone(),
+                stalled_at: None,
+                filled: None,
+                hedge_at: None,
+                budget: None,
+                answer_by: None,
+                requester: None,
+            };
+            self.requests.insert(id, request);
+            self.isolated(now, |node| {
+                node.working.push(id);
+                node.drive(id, now);
+                node.working.pop();
+            });
         }
     }
 

@@ -28,7 +28,8 @@ fn content_of(v: u8, start: u64, len: u64) -> Bytes {
 
 fn engine() -> Engine {
     let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
-    Engine::new(EngineConfig { geometry, ..EngineConfig::default() })
+    // One block at a time: these tests script every exchange (read-ahead has its own tests).
+    Engine::new(EngineConfig { geometry, read_ahead: 0, ..EngineConfig::default() })
 }
 
 /// A node whose origin is declared public (no credential checks: the access tests below use
@@ -351,7 +352,12 @@ fn blocks_a_warm_start_kept_are_served_for_an_immutable_object() {
     let immutable = || {
         let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
         let prefixes = vec!["http://origin/o/".into()];
-        Engine::new(EngineConfig { geometry, immutable_prefixes: prefixes, ..Default::default() })
+        Engine::new(EngineConfig {
+            geometry,
+            immutable_prefixes: prefixes,
+            read_ahead: 0,
+            ..Default::default()
+        })
     };
     let mut h = Harness::new(node_with(immutable(), ""));
     h.publish(1);
@@ -906,6 +912,7 @@ fn an_immutable_prefix_is_never_revalidated() {
     let config = EngineConfig {
         geometry,
         immutable_prefixes: vec!["http://origin/o/".into()],
+        read_ahead: 0,
         ..EngineConfig::default()
     };
     let mut h = Harness::new(node_with(Engine::new(config), ""));
@@ -1432,6 +1439,7 @@ fn hedging_reader(hedge_ratio: f64) -> (Node, Vec<String>) {
         geometry,
         hedge: hedge_ratio > 0.0,
         hedge_ratio,
+        read_ahead: 0,
         ..EngineConfig::default()
     });
     let key = e.block_key(&e.identify(URL), 0);
@@ -1823,4 +1831,112 @@ fn a_relay_never_joins_a_fetch_from_the_member_it_serves() {
     relay_from(&mut h, 7, 1, "parent");
     assert_eq!(peer_sends(&h).len(), 2);
     assert_eq!(h.node.counters().peer_fetches_joined, 0);
+}
+
+// ---- Read-ahead: a client read that misses keeps the next blocks in flight ----
+
+/// A reader whose misses go to `p:9000`, reading `ahead` blocks ahead.
+fn reader_ahead(ahead: usize) -> Node {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    let mut e =
+        Engine::new(EngineConfig { geometry, read_ahead: ahead, ..EngineConfig::default() });
+    let view = View::new(vec![Member::ready("parent", "p:9000")]);
+    let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
+    e.enable_p2p(P2p { placement: Placement::new(view, "reader", 2, 1), breaker });
+    node_with(e, "reader")
+}
+
+/// The block a peer exchange asks for.
+fn block_asked(req: &IoRequest) -> u64 {
+    let path = req.url.split_once("9000").expect("a peer URL").1;
+    crate::codec::wire::parse_block_path(path).expect("a block path").block
+}
+
+/// No output of any kind is addressed to a read-ahead read.
+fn nothing_to_node_requests(h: &Harness) {
+    for o in &h.outputs {
+        let id = match o {
+            Output::Respond { id, .. }
+            | Output::Body { id, .. }
+            | Output::End { id }
+            | Output::Abort { id } => *id,
+            _ => continue,
+        };
+        assert!(id.0 < NODE_REQUEST_IDS, "an output to read-ahead read {id}: {o:?}");
+    }
+}
+
+#[test]
+fn a_read_that_misses_keeps_the_next_blocks_in_flight_and_serves_them_from_the_cache() {
+    let mut h = Harness::new(reader_ahead(2));
+    size_known(&mut h);
+    h.read(1, None);
+    let asked: Vec<u64> = peer_sends(&h).iter().map(block_asked).collect();
+    assert_eq!(asked, vec![0, 1, 2], "the block it serves and the two after it");
+    assert_eq!(h.node.counters().read_ahead, 2);
+    // The read-ahead blocks arrive first; the read then finds them in the store.
+    for req in h.take_sends().into_iter().rev() {
+        let block = block_asked(&req);
+        answer_peer(&mut h, &req, block);
+    }
+    let last: Vec<u64> = peer_sends(&h).iter().map(block_asked).collect();
+    assert_eq!(last, vec![3], "only the last block is left to fetch");
+    let req = h.take_sends().remove(0);
+    answer_peer(&mut h, &req, 3);
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert!(h.ended(1));
+    assert_eq!(h.node.counters().read_ahead, 2, "nothing is fetched twice");
+    assert_eq!(h.node.live_requests(), 0, "read-ahead reads end with their fetch");
+    nothing_to_node_requests(&h);
+}
+
+#[test]
+fn a_read_that_reaches_a_block_still_in_flight_joins_its_fetch() {
+    let mut h = Harness::new(reader_ahead(1));
+    size_known(&mut h);
+    h.read(1, Some(&format!("bytes=0-{}", 2 * BLOCK - 1)));
+    let sends = h.take_sends();
+    assert_eq!(sends.iter().map(block_asked).collect::<Vec<_>>(), vec![0, 1]);
+    answer_peer(&mut h, &sends[0], 0);
+    assert!(peer_sends(&h).is_empty(), "block 1 is being fetched: the read joins it");
+    assert_eq!(h.node.counters().peer_fetches_joined, 1);
+    answer_peer(&mut h, &sends[1], 1);
+    assert_eq!(h.body_of(1), content(0, 2 * BLOCK).to_vec());
+    assert!(h.ended(1));
+    assert_eq!(h.node.counters().read_ahead, 1, "read-ahead stops at the range's end");
+    assert_eq!(h.node.live_requests(), 0);
+    nothing_to_node_requests(&h);
+}
+
+#[test]
+fn a_read_ahead_that_fails_costs_the_read_nothing() {
+    let mut h = Harness::new(reader_ahead(1));
+    size_known(&mut h);
+    h.read(1, Some(&format!("bytes=0-{}", 2 * BLOCK - 1)));
+    let sends = h.take_sends();
+    // The read-ahead's peer fails; it goes to the origin, which fails too.
+    h.io(sends[1].id, IoEvent::Connected);
+    h.io(sends[1].id, IoEvent::Head { status: 503, headers: Headers::new() });
+    h.origin.status = Some(503);
+    h.serve_origin();
+    h.origin.status = None;
+    answer_peer(&mut h, &sends[0], 0);
+    // The read asks for block 1 itself and gets it.
+    let again = h.take_sends();
+    let peer: Vec<&IoRequest> = again.iter().filter(|r| r.endpoint == Endpoint::Peer).collect();
+    assert_eq!(peer.iter().map(|r| block_asked(r)).collect::<Vec<_>>(), vec![1]);
+    answer_peer(&mut h, peer[0], 1);
+    assert_eq!(h.body_of(1), content(0, 2 * BLOCK).to_vec());
+    assert!(h.ended(1) && !h.aborted(1));
+    assert_eq!(h.node.live_requests(), 0);
+    nothing_to_node_requests(&h);
+}
+
+#[test]
+fn a_driver_that_uses_the_node_s_own_request_ids_is_refused_as_a_driver_bug() {
+    let mut h = Harness::new(reader_ahead(1));
+    let id = NODE_REQUEST_IDS + 5;
+    h.get(id, Plane::Client, &format!("/dart/{URL}"), Headers::new());
+    assert_eq!(h.node.counters().panics, 1, "a driver bug, isolated");
+    assert_eq!(h.node.live_requests(), 0);
 }
