@@ -96,7 +96,9 @@ fn breaker_probe_deadlines_fire_as_node_timers_without_busy_loops() {
     s.plan = one(FaultKind::Stall { node: stalled });
     s.plan.faults[0].at = Duration::ZERO;
     s.plan.faults[0].lasts = Duration::from_secs(60);
-    let r = run(s, 5);
+    // Whether a probe reaches the stalled peer while its circuit is half-open depends on the
+    // interleaving: seed 1 has one (re-chosen when relays began to stream origin windows).
+    let r = run(s, 1);
     assert!(r.passed(), "{}", r.summary());
     let expired: u64 =
         r.nodes.iter().filter_map(|n| n.breaker.as_ref()).map(|b| b.probe_expired).sum();

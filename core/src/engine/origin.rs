@@ -171,6 +171,14 @@ enum BodyKind {
     RangeIgnored { content_length: Option<u64> },
 }
 
+impl BodyPlan {
+    /// The origin honoured the range (a 206 of exactly the window asked for): the body's bytes
+    /// are the window's from the first.
+    pub fn honours_range(&self) -> bool {
+        self.skip == 0 && matches!(self.kind, BodyKind::Partial { .. })
+    }
+}
+
 /// Bytes of a range fetch, judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RangeBody {

@@ -908,6 +908,34 @@ impl Read {
         self.state = State::AwaitFetch(job);
     }
 
+    /// Whether this relay read may commit its head on its origin window's head and stream the
+    /// window's bytes as they arrive (a relay, cutting through, acquiring its block from the
+    /// origin, not started yet).
+    pub fn may_stream_origin(&self, engine: &Engine) -> bool {
+        self.is_relay()
+            && !self.ahead
+            && engine.config.cut_through
+            && matches!(&self.state, State::AwaitFetch(job) if !job.streaming)
+    }
+
+    /// A cut-through relay's origin window answered with the range honoured: commit the head
+    /// now ([`Action::Respond`]); the shell forwards the window's bytes itself, all but the last
+    /// until [`Read::handle_fetch`] proves the length. After this a failure only truncates the
+    /// response.
+    pub fn handle_origin_started(&mut self, engine: &mut Engine) {
+        assert!(self.may_stream_origin(engine), "an origin stream out of turn");
+        let State::AwaitFetch(job) = &mut self.state else { unreachable!("checked") };
+        job.streaming = true;
+        self.head_sent = true;
+        let meta = self.head_meta(engine);
+        self.out.push_back(Action::Respond(ResponseHead {
+            status: 200,
+            content_length: self.content_length,
+            content_range: None,
+            meta,
+        }));
+    }
+
     /// A cut-through relay's upstream peer answered 200: commit the head now. The read emits
     /// [`Action::Respond`]; the shell forwards body bytes itself as they arrive, then answers
     /// [`Read::handle_peer`]. After this, a failure can only truncate the response.
@@ -1052,13 +1080,31 @@ impl Read {
         };
         let block = match fetched {
             Ok(block) => block,
-            Err(OriginError::Changed) if self.can_restart() => return self.restart(),
+            Err(OriginError::Changed) if self.can_restart() && !job.streaming => {
+                return self.restart()
+            }
             Err(e) => return self.fail(e.into()),
         };
         if !block.coalesced {
             engine.stats.origin_bytes += block.data.len() as u64;
         }
         match block_verdict(self.size, job.expected, &block) {
+            Verdict::Cache if job.streaming => {
+                // The bytes went out as they arrived; the block is whole and of its length.
+                let class = engine.class_of(&job.key);
+                self.out.push_back(Action::Store { key: job.key, data: block.data.clone(), class });
+                self.count(&mut engine.stats.block_source_origin);
+                self.count(&mut engine.stats.relay_served);
+                self.emitted = block.data.len() as u64;
+                return self.finish();
+            }
+            Verdict::ServeOnly if job.streaming => {
+                // Never: a stream starts only on a window that honours Range.
+                let got = block.data.len() as u64;
+                let err =
+                    ReadError::BlockLength { block: job.seg.block_index, want: job.expected, got };
+                return self.fail(err);
+            }
             Verdict::Cache => {
                 let class = engine.class_of(&job.key);
                 self.out.push_back(Action::Store { key: job.key, data: block.data.clone(), class });

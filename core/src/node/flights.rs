@@ -40,6 +40,9 @@ pub(super) struct Waiter {
     pub url: String,
     /// The request's `Authorization`, sent with any origin exchange made for it.
     pub auth: Option<Vec<u8>>,
+    /// A cut-through relay that committed its head to this flight's window: the bytes
+    /// forwarded to its requester so far (never the window's last byte before the end).
+    pub streamed: Option<u64>,
 }
 
 /// A flight in progress.
@@ -77,13 +80,13 @@ impl Node {
             Role::Lead(fid) => {
                 let owner = Owner::Flight(fid);
                 let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
-                let waiters = vec![Waiter { request: rid, url, auth }];
+                let waiters = vec![Waiter { request: rid, url, auth, streamed: None }];
                 self.flight_state.insert(fid, Flight { key, io, waiters, fill });
                 Wait::Flight(fid)
             }
             Role::Join(fid) => {
                 let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
-                flight.waiters.push(Waiter { request: rid, url, auth });
+                flight.waiters.push(Waiter { request: rid, url, auth, streamed: None });
                 Wait::Flight(fid)
             }
             Role::Alone => {
@@ -158,6 +161,7 @@ impl Node {
                                 let meta = ObjectMeta::from_fields(|n| headers.get(n));
                                 let meta = Box::new(meta);
                                 *body = OriginBody::Reading { plan, skip: plan.skip, buf, meta };
+                                self.start_origin_streams(io, now);
                             }
                             Err(e) => {
                                 let e = e.with_challenge(headers.get("www-authenticate"));
@@ -183,6 +187,9 @@ impl Node {
                     // Whatever is left of the body is aborted.
                     let result = self.judge_block(io);
                     self.origin_done(io, result, true, now);
+                } else {
+                    self.start_origin_streams(io, now);
+                    self.forward_origin_streams(io);
                 }
             }
             IoEvent::End => {
@@ -198,6 +205,75 @@ impl Node {
                 let msg = format!("{what} {}: {e}", redact_url(&x.url));
                 self.origin_done(io, Err(OriginError::Transport(msg)), false, now);
             }
+        }
+    }
+
+    /// Origin window `io` honours its range: every cut-through relay waiting on its flight
+    /// that has not yet committed its head commits it now (a relay that joined after the head
+    /// starts at the next body part, with the bytes already received).
+    fn start_origin_streams(&mut self, io: IoId, now: Instant) {
+        let Some(x) = self.exchanges.get(&io) else { return };
+        let Job::Origin {
+            owner: Owner::Flight(fid), body: OriginBody::Reading { plan, .. }, ..
+        } = &x.job
+        else {
+            return;
+        };
+        if !plan.honours_range() {
+            return;
+        }
+        let fid = *fid;
+        let Some(flight) = self.flight_state.get(&fid) else { return };
+        let starting: Vec<RequestId> = flight
+            .waiters
+            .iter()
+            .filter(|w| w.streamed.is_none())
+            .map(|w| w.request)
+            .filter(|rid| {
+                self.requests
+                    .get(rid)
+                    .is_some_and(|r| !r.cancelled && r.read.may_stream_origin(&self.engine))
+            })
+            .collect();
+        for rid in starting {
+            let flight = self.flight_state.get_mut(&fid).expect("a live flight");
+            if let Some(w) = flight.waiters.iter_mut().find(|w| w.request == rid) {
+                w.streamed = Some(0);
+            }
+            self.isolated(now, |node| {
+                node.working.push(rid);
+                let req = node.requests.get_mut(&rid).expect("a flight waiter is live");
+                req.read.handle_origin_started(&mut node.engine);
+                node.drive(rid, now);
+                node.working.pop();
+            });
+        }
+    }
+
+    /// Forwards what origin window `io` holds to its flight's streaming relays, all but the
+    /// window's last byte (the end proves the length first).
+    fn forward_origin_streams(&mut self, io: IoId) {
+        let Some(x) = self.exchanges.get(&io) else { return };
+        let Job::Origin {
+            owner: Owner::Flight(fid),
+            body: OriginBody::Reading { plan, buf, .. },
+            ..
+        } = &x.job
+        else {
+            return;
+        };
+        let Some(flight) = self.flight_state.get_mut(fid) else { return };
+        let Fill::Block { expected, .. } = flight.fill else { return };
+        let safe = (buf.len() as u64).min(plan.read_max).min(expected.saturating_sub(1));
+        let mut parts = Vec::new();
+        for w in &mut flight.waiters {
+            if let Some(done) = w.streamed.filter(|&done| safe > done) {
+                parts.push((w.request, buf.slice(done as usize..safe as usize)));
+                w.streamed = Some(safe);
+            }
+        }
+        for (rid, data) in parts {
+            self.send_requester(rid, Output::Body { id: rid, data });
         }
     }
 
@@ -273,6 +349,15 @@ impl Node {
             };
             let key = flight.key.clone();
             let result = result.clone();
+            if let (Some(done), Ok(Judged::Block(b, _)), Fill::Block { expected, .. }) =
+                (w.streamed, &result, &flight.fill)
+            {
+                // A whole window of the block's length: the stream's last bytes go out now.
+                if b.data.len() as u64 == *expected && done < *expected {
+                    let tail = b.data.slice(done as usize..);
+                    self.send_requester(w.request, Output::Body { id: w.request, data: tail });
+                }
+            }
             self.isolated(now, |node| {
                 if retry {
                     let owner = Owner::Alone(w.request);

@@ -1940,3 +1940,77 @@ fn a_driver_that_uses_the_node_s_own_request_ids_is_refused_as_a_driver_bug() {
     assert_eq!(h.node.counters().panics, 1, "a driver bug, isolated");
     assert_eq!(h.node.live_requests(), 0);
 }
+
+// ---- A root relay streams its origin window ----
+
+/// The only member of its view: the root of every tree, so a relay's miss goes to the origin.
+fn root_node() -> Node {
+    let mut e = engine();
+    let view = View::new(vec![Member::ready("root", "root:9000")]);
+    let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
+    e.enable_p2p(P2p { placement: Placement::new(view, "root", 2, 1), breaker });
+    node_with(e, "root")
+}
+
+#[test]
+fn a_root_relay_streams_its_origin_window_holding_back_the_last_byte() {
+    let mut h = Harness::new(root_node());
+    size_known(&mut h);
+    relay_from(&mut h, 7, 1, "child");
+    let up = h.take_sends().remove(0);
+    assert_eq!(up.endpoint, Endpoint::Origin);
+    let head = Headers::new()
+        .with("content-range", format!("bytes {}-{}/{SIZE}", BLOCK, 2 * BLOCK - 1))
+        .with("content-length", BLOCK.to_string());
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, IoEvent::Head { status: 206, headers: head });
+    assert_eq!(h.head_of(7).map(|x| x.status), Some(200), "the head goes out on the origin's");
+    let block = content(BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(block.slice(..300)));
+    assert_eq!(h.body_of(7), block[..300].to_vec(), "bytes go out as they arrive");
+    h.io(up.id, IoEvent::Body(block.slice(300..)));
+    assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "the last byte waits for the end");
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.body_of(7), block.to_vec());
+    assert!(h.ended(7), "{:?}", h.outputs);
+    assert_eq!(store_puts(&h), 1);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_root_relay_whose_origin_window_ends_short_truncates_and_caches_nothing() {
+    let mut h = Harness::new(root_node());
+    size_known(&mut h);
+    relay_from(&mut h, 7, 1, "child");
+    let up = h.take_sends().remove(0);
+    let head = Headers::new()
+        .with("content-range", format!("bytes {}-{}/{SIZE}", BLOCK, 2 * BLOCK - 1))
+        .with("content-length", BLOCK.to_string());
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, IoEvent::Head { status: 206, headers: head });
+    let block = content(BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(block.slice(..BLOCK as usize - 1)));
+    assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "all but the last byte");
+    h.io(up.id, IoEvent::End);
+    assert!(h.aborted(7), "a short window truncates the stream");
+    assert!(!h.ended(7));
+    assert_eq!(store_puts(&h), 0);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_root_relay_does_not_stream_a_range_blind_answer() {
+    let mut h = Harness::new(root_node());
+    size_known(&mut h);
+    relay_from(&mut h, 7, 1, "child");
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Connected);
+    let head = Headers::new().with("content-length", SIZE.to_string());
+    h.io(up.id, IoEvent::Head { status: 200, headers: head });
+    assert!(h.head_of(7).is_none(), "a Range-blind 200 is never streamed");
+    h.io(up.id, IoEvent::Body(content(0, SIZE)));
+    h.io(up.id, IoEvent::End);
+    // Served whole once it is cut from the whole object, never cached.
+    assert_eq!(h.body_of(7), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(store_puts(&h), 0);
+}
