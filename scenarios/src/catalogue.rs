@@ -224,7 +224,7 @@ fn dead_root() -> Scenario {
         let block = pick(scale, 128 << 10, 4 * MIB);
         let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
         let root = tree_order(&spec.cluster, 0, 0)[0];
-        let at = ms(pick(scale, 150, 1500) + seed % 100);
+        let at = ms(pick(scale, 150, 400) + seed % 100);
         spec.plan = FaultPlan { faults: vec![fault(at, secs(60), FaultKind::BlackHole { node: root })] };
         spec
     })
@@ -245,8 +245,9 @@ fn dead_root() -> Scenario {
         check.gap(
             worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
-            "met at full scale (a 6.4 s baseline); at test scale the baseline is about 1 s and one dial \
-             bound plus one head wait on the dead root already exceed half of it",
+            "the fault-free read takes about 1.3 s at full scale (root relays stream their origin windows) \
+             and about 1 s at test scale; one dial bound plus one head wait on the dead root (about 4 s) \
+             exceed half of either",
         );
         let object = run.spec.cluster.objects[0].size;
         let origin_share = r.origin.body_bytes as f64 / object as f64;
@@ -678,7 +679,7 @@ fn crash_restart() -> Scenario {
         let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], pick(scale, 128 << 10, 4 * MIB), ms(5));
         spec.cluster.immutable = true;
         let order = tree_order(&spec.cluster, 0, 0);
-        let at = ms(pick(scale, 200, 2000));
+        let at = ms(pick(scale, 200, 300));
         spec.plan = FaultPlan {
             faults: vec![
                 fault(at, secs(3), FaultKind::Crash { node: order[1], keep_cache: true }),
@@ -734,7 +735,7 @@ fn network_blip() -> Scenario {
         let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], pick(scale, 128 << 10, 4 * MIB), ms(5));
         let node = tree_order(&spec.cluster, 0, 0)[1];
         let lasts = secs(2 + (seed % 4) * 4);
-        spec.plan = FaultPlan { faults: vec![fault(ms(pick(scale, 150, 1500)), lasts, FaultKind::Isolate { node })] };
+        spec.plan = FaultPlan { faults: vec![fault(ms(pick(scale, 150, 400)), lasts, FaultKind::Isolate { node })] };
         spec
     })
     .expect(|run, check| {
@@ -936,7 +937,7 @@ fn object_changes() -> Scenario {
             let ranged = pick(scale, 32, 120) as usize;
             spec.workload.safety.extend(Workload::random_reads(&mut r, nodes, &[size], ranged, secs(5)));
             spec.cluster.revalidate_after = secs(1);
-            let at = ms(pick(scale, 150, 1500) + seed % 7 * 20);
+            let at = ms(pick(scale, 150, 400) + seed % 7 * 20);
             let mut faults = vec![fault(at, secs(1), FaultKind::ReplaceObject { object: 0, size: None })];
             if seed % 2 == 0 {
                 // A second version of another size, not a whole number of blocks.
