@@ -140,8 +140,10 @@ pub struct NodeFlags {
     /// Fixed membership `id@host:port,...` including this node; empty runs a single node.
     #[arg(long, default_value = "")]
     pub peers: String,
-    /// Distribution-tree branching factor.
-    #[arg(long, default_value_t = 2)]
+    /// Distribution-tree branching factor; 0 (the default) picks it from the cluster size: a
+    /// chain up to 16 members (every node uploads each block once, so a herd runs at line rate),
+    /// a binary tree beyond.
+    #[arg(long, default_value_t = dart_core::engine::route::AUTO_FANOUT)]
     pub fanout: usize,
     /// HRW owners per chunk (their copies are charged to the owned budget).
     #[arg(long, default_value_t = 1)]

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// The peer path's settings (`None` in [`ClusterConfig`]: every node reads the origin).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerConfig {
-    /// Distribution-tree fanout.
+    /// Distribution-tree fanout (0: automatic, as the node's default; see `auto_fanout`).
     pub fanout: usize,
     /// HRW owners per chunk.
     pub replicas: usize,
@@ -31,7 +31,11 @@ pub struct PeerConfig {
 
 impl Default for PeerConfig {
     fn default() -> Self {
-        PeerConfig { fanout: 2, replicas: 1, breaker: BreakerConfig::default() }
+        PeerConfig {
+            fanout: dart_core::engine::route::AUTO_FANOUT,
+            replicas: 1,
+            breaker: BreakerConfig::default(),
+        }
     }
 }
 
