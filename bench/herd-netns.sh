@@ -17,7 +17,7 @@ set -euo pipefail
 NODES=${1:-8}
 SIZE_MIB=${2:-128}
 RATE=${3:-100mbit}
-DART=${DART:-target/release/dart}
+DART=${DART:-${CARGO_TARGET_DIR:-target}/release/dart}
 TAG=dh$$
 WORK=$(mktemp -d /tmp/dart-herd.XXXXXX)
 NET=10.77.$((RANDOM % 200 + 20))

@@ -34,6 +34,7 @@ pub fn all() -> Vec<Scenario> {
     vec![
         herd(),
         dead_root(),
+        dead_root_midread(),
         black_hole(),
         stalled_peer(),
         flapping(),
@@ -217,14 +218,16 @@ fn herd() -> Scenario {
     })
 }
 
-fn dead_root() -> Scenario {
-    Scenario::new("dead-root", "the tree root's machine vanishes mid-read", |seed, scale| {
+/// The tree root's machine vanishes `full_ms` (+ up to 99 ms) into the full-scale run (150 ms at
+/// test scale).
+fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scenario {
+    Scenario::new(name, summary, move |seed, scale| {
         let nodes = pick(scale, 12, 60) as usize;
         let size = pick(scale, 4, 128) * MIB;
         let block = pick(scale, 128 << 10, 4 * MIB);
         let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
         let root = tree_order(&spec.cluster, 0, 0)[0];
-        let at = ms(pick(scale, 150, 400) + seed % 100);
+        let at = ms(pick(scale, 150, full_ms) + seed % 100);
         spec.plan = FaultPlan { faults: vec![fault(at, secs(60), FaultKind::BlackHole { node: root })] };
         spec
     })
@@ -245,9 +248,9 @@ fn dead_root() -> Scenario {
         check.gap(
             worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
-            "the fault-free read takes about 1.3 s at full scale (root relays stream their origin windows) \
-             and about 1 s at test scale; one dial bound plus one head wait on the dead root (about 4 s) \
-             exceed half of either",
+            "one dial bound plus one head wait on the dead root (about 4 s) exceed half of a fault-free \
+             read (about 1.3 s at full scale, 1 s at test scale); met only where the root dies after \
+             the reads (`dead-root` at full scale)",
         );
         let object = run.spec.cluster.objects[0].size;
         let origin_share = r.origin.body_bytes as f64 / object as f64;
@@ -270,6 +273,26 @@ fn dead_root() -> Scenario {
             r.origin.range_requests, base.origin.range_requests, r.stale_refetches
         ));
     })
+}
+
+/// Kept as issue 10 defined it, so that before and after compare: the root dies 1.5 s in at
+/// full scale. Since reads of 128 MiB finish in about 1.3 s (root relays stream their origin
+/// windows), at full scale it now dies after the reads: `dead-root-midread` is the same fault
+/// 0.4 s in.
+fn dead_root() -> Scenario {
+    dead_root_at(
+        "dead-root",
+        "the tree root's machine vanishes mid-read (1.5 s in at full scale)",
+        1500,
+    )
+}
+
+fn dead_root_midread() -> Scenario {
+    dead_root_at(
+        "dead-root-midread",
+        "the tree root's machine vanishes mid-read (0.4 s in at full scale, while reads are under way)",
+        400,
+    )
 }
 
 fn black_hole() -> Scenario {
