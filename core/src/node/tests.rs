@@ -2014,3 +2014,256 @@ fn a_root_relay_does_not_stream_a_range_blind_answer() {
     assert_eq!(h.body_of(7), content(BLOCK, BLOCK).to_vec());
     assert_eq!(store_puts(&h), 0);
 }
+
+// ---- Interleavings of shared peer fetches, streams and read-ahead (model-based fuzz) ----
+//
+// proptest drives one reader node through arbitrary interleavings of client reads (ranges over
+// the object's blocks), relay requests from two children and from its own parent, requesters
+// leaving, the parent's answers to every peer exchange in any order and any pieces (head, body
+// parts, end, a 503, a broken connection), origin answers and time passing (every exchange
+// bound). The parent and the origin are honest, so: the machine's invariants hold after every
+// step (the harness checks them); nothing is ever sent to a read-ahead request id; when the
+// world is drained every request that stayed has ended with exactly its bytes, been aborted
+// with a prefix of them, or been answered with an error status; nothing is left live. Cases
+// follow `PROPTEST_CASES` (256 when unset) for longer runs:
+// `PROPTEST_CASES=20000 cargo test -p dart-core --lib node::tests::shared_fetch_interleavings --release`.
+
+#[derive(Clone, Copy, Debug)]
+enum PeerStep {
+    Head,
+    Unavailable,
+    Part(usize),
+    Finish,
+    Break,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum FuzzOp {
+    Read { first: u64, last: u64 },
+    Relay { block: u64, requester: u8 },
+    Leave(usize),
+    Peer { pick: usize, step: PeerStep },
+    Origin,
+    Advance(u64),
+}
+
+fn fuzz_op() -> impl proptest::strategy::Strategy<Value = FuzzOp> {
+    use proptest::prelude::*;
+    let blocks = SIZE.div_ceil(BLOCK);
+    let step = prop_oneof![
+        3 => Just(PeerStep::Head),
+        1 => Just(PeerStep::Unavailable),
+        3 => (1usize..700).prop_map(PeerStep::Part),
+        3 => Just(PeerStep::Finish),
+        1 => Just(PeerStep::Break),
+    ];
+    prop_oneof![
+        3 => (0..blocks, 0..blocks).prop_map(|(a, b)| FuzzOp::Read { first: a.min(b), last: a.max(b) }),
+        3 => (0..blocks, 0u8..3).prop_map(|(block, requester)| FuzzOp::Relay { block, requester }),
+        1 => (0usize..16).prop_map(FuzzOp::Leave),
+        8 => (0usize..16, step).prop_map(|(pick, step)| FuzzOp::Peer { pick, step }),
+        2 => Just(FuzzOp::Origin),
+        1 => prop_oneof![Just(50u64), Just(1_000), Just(4_000)].prop_map(FuzzOp::Advance),
+    ]
+}
+
+/// What one started request must answer: its first byte and its length.
+struct Asked {
+    id: u64,
+    start: u64,
+    len: u64,
+    left: bool,
+}
+
+struct Fuzz {
+    h: Harness,
+    /// Live peer exchanges the fuzzer knows: block, head sent, body bytes sent.
+    peers: std::collections::BTreeMap<IoId, (u64, bool, u64)>,
+    origin: Vec<IoRequest>,
+    asked: Vec<Asked>,
+    next_id: u64,
+}
+
+impl Fuzz {
+    fn collect(&mut self) {
+        for req in self.h.take_sends() {
+            match req.endpoint {
+                Endpoint::Peer => {
+                    self.peers.insert(req.id, (block_asked(&req), false, 0));
+                }
+                Endpoint::Origin => self.origin.push(req),
+            }
+        }
+        let live: Vec<IoId> = self.h.node.exchanges().iter().map(|(id, _, _)| *id).collect();
+        self.peers.retain(|io, _| live.contains(io));
+        self.origin.retain(|r| live.contains(&r.id));
+    }
+
+    fn peer(&mut self, io: IoId, step: PeerStep) {
+        let Some(&(block, head, sent)) = self.peers.get(&io) else { return };
+        let len = BLOCK.min(SIZE - block * BLOCK);
+        let data = content(block * BLOCK, len);
+        let live = |f: &Fuzz| f.h.node.exchanges().iter().any(|(id, _, _)| *id == io);
+        let send_head = |f: &mut Fuzz| {
+            f.h.io(io, IoEvent::Connected);
+            if live(f) {
+                let headers = Headers::new().with("content-length", len.to_string());
+                f.h.io(io, IoEvent::Head { status: 200, headers });
+            }
+        };
+        match step {
+            PeerStep::Head if !head => send_head(self),
+            PeerStep::Unavailable if !head => {
+                self.h.io(io, IoEvent::Connected);
+                if live(self) {
+                    self.h.io(io, IoEvent::Head { status: 503, headers: Headers::new() });
+                }
+            }
+            PeerStep::Part(n) if head => {
+                let end = (sent + n as u64).min(len);
+                if end > sent {
+                    self.h.io(io, IoEvent::Body(data.slice(sent as usize..end as usize)));
+                    if let Some(p) = self.peers.get_mut(&io) {
+                        p.2 = end;
+                    }
+                }
+            }
+            PeerStep::Finish => {
+                if !head {
+                    send_head(self);
+                }
+                if live(self) && sent < len {
+                    self.h.io(io, IoEvent::Body(data.slice(sent as usize..)));
+                }
+                if live(self) {
+                    self.h.io(io, IoEvent::End);
+                }
+            }
+            PeerStep::Break => self.h.io(io, IoEvent::Failed(IoError::Broken("reset".into()))),
+            _ => return,
+        }
+        if let Some(p) = self.peers.get_mut(&io) {
+            p.1 = true;
+        }
+    }
+
+    fn apply(&mut self, op: FuzzOp) {
+        self.collect();
+        match op {
+            FuzzOp::Read { first, last } => {
+                let start = first * BLOCK;
+                let end = ((last + 1) * BLOCK).min(SIZE) - 1;
+                let id = self.next_id;
+                self.next_id += 1;
+                self.asked.push(Asked { id, start, len: end - start + 1, left: false });
+                self.h.read(id, Some(&format!("bytes={start}-{end}")));
+            }
+            FuzzOp::Relay { block, requester } => {
+                let id = self.next_id;
+                self.next_id += 1;
+                let len = BLOCK.min(SIZE - block * BLOCK);
+                self.asked.push(Asked { id, start: block * BLOCK, len, left: false });
+                let who = ["child-a", "child-b", "parent"][requester as usize];
+                relay_from(&mut self.h, id, block, who);
+            }
+            FuzzOp::Leave(i) => {
+                if let Some(a) = self.asked.get_mut(i) {
+                    if !a.left {
+                        a.left = true;
+                        let id = RequestId(a.id);
+                        self.h.feed(Input::Cancel { id });
+                    }
+                }
+            }
+            FuzzOp::Peer { pick, step } => {
+                let ios: Vec<IoId> = self.peers.keys().copied().collect();
+                if let Some(&io) = ios.get(pick % ios.len().max(1)) {
+                    self.peer(io, step);
+                }
+            }
+            FuzzOp::Origin => {
+                for req in std::mem::take(&mut self.origin) {
+                    if self.h.node.exchanges().iter().any(|(id, _, _)| *id == req.id) {
+                        self.h.answer_origin(&req);
+                    }
+                }
+            }
+            FuzzOp::Advance(ms) => self.h.advance(Duration::from_millis(ms)),
+        }
+        self.collect();
+        nothing_to_node_requests(&self.h);
+    }
+
+    /// Answers everything honestly and lets time pass until nothing is live.
+    fn drain(&mut self) {
+        for _ in 0..200 {
+            self.collect();
+            let ios: Vec<IoId> = self.peers.keys().copied().collect();
+            for io in ios {
+                self.peer(io, PeerStep::Finish);
+            }
+            self.apply(FuzzOp::Origin);
+            if self.h.node.exchanges().is_empty() && self.h.node.live_requests() == 0 {
+                return;
+            }
+            self.h.advance(Duration::from_secs(1));
+        }
+        panic!(
+            "not drained: {} requests, exchanges {:?}",
+            self.h.node.live_requests(),
+            self.h.node.exchanges()
+        );
+    }
+
+    fn check(&self) {
+        nothing_to_node_requests(&self.h);
+        for a in &self.asked {
+            let status = self.h.head_of(a.id).map(|x| x.status);
+            let body = self.h.body_of(a.id);
+            let want = content(a.start, a.len);
+            if matches!(status, Some(200 | 206)) {
+                assert!(
+                    want.starts_with(&body),
+                    "request {}: bytes differ from the object's",
+                    a.id
+                );
+            }
+            if a.left {
+                continue;
+            }
+            let ended = self.h.ended(a.id);
+            if ended && matches!(status, Some(200 | 206)) {
+                assert_eq!(body.len() as u64, a.len, "request {} ended short", a.id);
+            }
+            assert!(
+                ended || self.h.aborted(a.id),
+                "request {} neither ended nor aborted (head {status:?})",
+                a.id
+            );
+        }
+        assert_eq!(self.h.node.live_requests(), 0);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::default())]
+    #[test]
+    fn shared_fetch_interleavings(
+        ahead in 0usize..3,
+        ops in proptest::collection::vec(fuzz_op(), 1..60),
+    ) {
+        let mut f = Fuzz {
+            h: Harness::new(reader_ahead(ahead)),
+            peers: Default::default(),
+            origin: Vec::new(),
+            asked: Vec::new(),
+            next_id: 1,
+        };
+        size_known(&mut f.h);
+        for op in ops {
+            f.apply(op);
+        }
+        f.drain();
+        f.check();
+    }
+}
