@@ -183,7 +183,15 @@ pub struct Engine {
     /// Latencies of recent peer fetches that held their block (the hedge delay).
     latency: hedge::LatencyEstimator,
     hedges: hedge::HedgeLimiter,
+    /// Peers a read of this node found slow lately (timed out, or beaten by a backup), until
+    /// when: every read asks them after its other ancestors ([`SLOW_MEMORY`]).
+    slow: BTreeMap<String, Instant>,
 }
+
+/// How long a peer found slow is asked after the other ancestors by every read of the node.
+pub const SLOW_MEMORY: std::time::Duration = std::time::Duration::from_secs(10);
+/// Most peers remembered as slow (the oldest is forgotten first past it).
+const SLOW_PEERS_MAX: usize = 1024;
 
 impl Engine {
     /// A fresh engine.
@@ -198,7 +206,26 @@ impl Engine {
             p2p: None,
             latency: hedge::LatencyEstimator::default(),
             hedges: hedge::HedgeLimiter::new(config_ratio),
+            slow: BTreeMap::new(),
         }
+    }
+
+    /// A read found `addr` slow at `now`: every read of this node asks it after its other
+    /// ancestors for [`SLOW_MEMORY`] (it is still asked; the breaker alone excludes peers).
+    pub(crate) fn note_slow(&mut self, addr: &str, now: Instant) {
+        self.slow.retain(|_, until| *until > now);
+        if self.slow.len() >= SLOW_PEERS_MAX && !self.slow.contains_key(addr) {
+            let oldest = self.slow.iter().min_by_key(|(_, u)| **u).map(|(a, _)| a.clone());
+            if let Some(a) = oldest {
+                self.slow.remove(&a);
+            }
+        }
+        self.slow.insert(addr.to_owned(), now.saturating_add(SLOW_MEMORY));
+    }
+
+    /// Whether a read of this node found `addr` slow within [`SLOW_MEMORY`] of `now`.
+    pub fn is_slow(&self, addr: &str, now: Instant) -> bool {
+        self.slow.get(addr).is_some_and(|until| *until > now)
     }
 
     /// Records a peer fetch that held its block and took `d` (a miss or a failure never does:
@@ -293,6 +320,11 @@ impl Engine {
                 .upstreams(key.chunk, |addr| p2p.breaker.healthy(&addr.to_owned(), now)),
             None => Vec::new(),
         }
+    }
+
+    /// The usable ancestor of `key`'s tree at `addr`, if it still is one.
+    fn upstream_ref(&self, key: BlockKey, addr: &str, now: Instant) -> Option<PeerRef> {
+        self.upstreams(key, now).into_iter().find(|p| p.addr == addr)
     }
 
     /// The configuration.

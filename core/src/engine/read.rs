@@ -362,6 +362,8 @@ struct Job {
     race: [Option<String>; 2],
     /// A hedge fired for this block (win counters are kept only then).
     hedged: bool,
+    /// A relay that answered "my upstream is slow" was asked once more for this block.
+    asked_again: bool,
 }
 
 impl Job {
@@ -693,10 +695,7 @@ impl Read {
                         engine.stats.cache_corrupt += 1;
                     }
                     if !job.rechecked {
-                        let mut upstreams = engine.upstreams(job.key, now);
-                        // Stable: the tree order holds among the fast and among the slow.
-                        upstreams.sort_by_key(|p| self.slow_peers.contains(&p.addr));
-                        job.upstreams = upstreams.into();
+                        job.upstreams = self.ordered_upstreams(engine, job.key, now);
                     }
                     self.next_source(engine, job, now);
                 }
@@ -764,7 +763,7 @@ impl Read {
         self.content_length = expected;
         self.version = engine.meta_of(&self.object.id).cloned();
         // The store was already consulted: go straight to the upstreams.
-        let upstreams = engine.upstreams(key, now).into();
+        let upstreams = self.ordered_upstreams(engine, key, now);
         self.next_source(
             engine,
             Job {
@@ -778,6 +777,7 @@ impl Read {
                 rechecked: false,
                 race: [None, None],
                 hedged: false,
+                asked_again: false,
             },
             now,
         );
@@ -861,7 +861,20 @@ impl Read {
         self.state = State::AwaitPeer(job);
     }
 
-    fn mark_slow(&mut self, addr: String) {
+    /// The usable ancestors to ask for `key`, nearest first, those found slow (by this read, or
+    /// lately by any read of the node) after the others. Stable: the tree order holds among the
+    /// fast and among the slow.
+    fn ordered_upstreams(&self, engine: &Engine, key: BlockKey, now: Instant) -> VecDeque<PeerRef> {
+        let mut upstreams = engine.upstreams(key, now);
+        upstreams
+            .sort_by_key(|p| self.slow_peers.contains(&p.addr) || engine.is_slow(&p.addr, now));
+        upstreams.into()
+    }
+
+    /// `addr` was slow for this read: later blocks ask it last, and so do the node's other
+    /// reads for a while ([`Engine::note_slow`]).
+    fn mark_slow(&mut self, engine: &mut Engine, addr: String, now: Instant) {
+        engine.note_slow(&addr, now);
         if !self.slow_peers.contains(&addr) {
             self.slow_peers.push(addr);
         }
@@ -993,7 +1006,7 @@ impl Read {
                 settle(engine, permit, Outcome::Answered, now);
                 if contender == Contender::Backup {
                     if let Some(primary) = job.race[Contender::Primary.index()].clone() {
-                        self.mark_slow(primary);
+                        self.mark_slow(engine, primary, now);
                     }
                 }
                 self.cancel_race(&mut job);
@@ -1024,7 +1037,16 @@ impl Read {
                     engine.stats.peer_failover += 1;
                 }
                 if observation == Observation::TimedOut {
-                    self.mark_slow(asked);
+                    self.mark_slow(engine, asked.clone(), now);
+                }
+                if observation == Observation::UpstreamSlow && !job.asked_again {
+                    // The relay gave up on its own upstream in time to say so, and goes on
+                    // fetching (past that upstream, once it times out): ask it once more before
+                    // climbing to that same upstream ourselves.
+                    job.asked_again = true;
+                    if let Some(relay) = engine.upstream_ref(job.key, &asked, now) {
+                        job.upstreams.push_front(relay);
+                    }
                 }
                 self.next_source(engine, job, now);
             }
@@ -1266,6 +1288,7 @@ impl Read {
                     rechecked: false,
                     race: [None, None],
                     hedged: false,
+                    asked_again: false,
                 });
             }
             None => self.finish(),

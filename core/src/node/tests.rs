@@ -2032,6 +2032,7 @@ fn a_root_relay_does_not_stream_a_range_blind_answer() {
 enum PeerStep {
     Head,
     Unavailable,
+    UpstreamSlow,
     Part(usize),
     Finish,
     Break,
@@ -2053,6 +2054,7 @@ fn fuzz_op() -> impl proptest::strategy::Strategy<Value = FuzzOp> {
     let step = prop_oneof![
         3 => Just(PeerStep::Head),
         1 => Just(PeerStep::Unavailable),
+        1 => Just(PeerStep::UpstreamSlow),
         3 => (1usize..700).prop_map(PeerStep::Part),
         3 => Just(PeerStep::Finish),
         1 => Just(PeerStep::Break),
@@ -2117,6 +2119,12 @@ impl Fuzz {
                 self.h.io(io, IoEvent::Connected);
                 if live(self) {
                     self.h.io(io, IoEvent::Head { status: 503, headers: Headers::new() });
+                }
+            }
+            PeerStep::UpstreamSlow if !head => {
+                self.h.io(io, IoEvent::Connected);
+                if live(self) {
+                    self.h.io(io, upstream_slow());
                 }
             }
             PeerStep::Part(n) if head => {
@@ -2266,4 +2274,55 @@ proptest::proptest! {
         f.drain();
         f.check();
     }
+}
+
+// ---- A relay that reports its upstream slow, and slow peers remembered across reads ----
+
+fn upstream_slow() -> IoEvent {
+    let headers = Headers::new().with("x-dart-upstream-status", "504");
+    IoEvent::Head { status: 504, headers }
+}
+
+#[test]
+fn a_relay_that_reports_its_upstream_slow_is_asked_once_more_before_that_upstream() {
+    let (node, ancestors) = hedging_reader(0.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    h.io(primary.id, upstream_slow());
+    // The relay goes on fetching past its slow upstream: it is asked again, not the grandparent.
+    let again = peer_sends(&h).into_iter().last().expect("a second ask");
+    assert!(again.url.starts_with(&format!("http://{}/", ancestors[0])), "{}", again.url);
+    h.io(again.id, IoEvent::Connected);
+    h.io(again.id, upstream_slow());
+    // Only once per block: then the next ancestor.
+    let next = peer_sends(&h).into_iter().last().expect("a third ask");
+    assert!(next.url.starts_with(&format!("http://{}/", ancestors[1])), "{}", next.url);
+    answer_peer(&mut h, &next, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    let b = breaker_of(&h);
+    assert_eq!(b.soft + b.hard, 0, "a relay that reports its upstream slow is not blamed");
+}
+
+#[test]
+fn a_peer_one_read_found_slow_is_asked_after_the_others_by_the_next_reads() {
+    let (node, ancestors) = hedging_reader(0.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    // The parent never answers: the read times out on it and goes to the grandparent.
+    h.advance(Duration::from_secs(10));
+    let backup = peer_sends(&h).into_iter().last().expect("a failover");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])));
+    answer_peer(&mut h, &backup, 0);
+    assert!(h.ended(1));
+    assert!(h.node.engine().is_slow(&ancestors[0], h.now));
+    // Another read of the node (block 1, same tree) asks the grandparent first.
+    h.outputs.clear();
+    h.read(2, Some(&format!("bytes={BLOCK}-{}", BLOCK + 9)));
+    let first = peer_sends(&h).remove(0);
+    assert!(first.url.starts_with(&format!("http://{}/", ancestors[1])), "{}", first.url);
+    // The memory fades: after it, the tree order again.
+    h.advance(crate::engine::SLOW_MEMORY);
+    assert!(!h.node.engine().is_slow(&ancestors[0], h.now));
 }
