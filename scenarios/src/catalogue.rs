@@ -248,7 +248,7 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
         check.gap(
             worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
-            "one dial bound plus one head wait on the dead root (about 4 s) exceed half of a fault-free \
+            "one dial bound plus one head wait on the dead root (about 2.5 s) exceed half of a fault-free \
              read (about 1.3 s at full scale, 1 s at test scale); met only where the root dies after \
              the reads (`dead-root` at full scale)",
         );
@@ -365,7 +365,7 @@ fn stalled_peer() -> Scenario {
         check.gap(
             worst.as_secs_f64() <= 2.0 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 2 × the stall-free {base_worst:?}"),
-            "each node pays the peer head wait (3 s before it has an estimate, then 4 × p99 with a 1 s \
+            "each node pays the peer head wait (1.5 s before it has an estimate, then 4 × p99 with a 1 s \
              floor) on the stalled node until its circuit opens; a read that meets it cold pays it once per node",
         );
         check.that(

@@ -18,7 +18,7 @@ pub struct Bounds {
     /// A peer that accepted but never answers: give up on its response head after this long
     /// (counted from the request). The longest head wait; with an estimate of recent peer fetch
     /// times the wait is four times their p99, but at least [`Self::peer_head_floor`]; without
-    /// one, three times the floor (within this cap). A relay waits on its own upstream a little
+    /// one, one and a half times the floor (within this cap). A relay waits on its own upstream a little
     /// less than its requester waits on it.
     pub peer_head: Duration,
     /// The shortest response-head wait on a peer.
@@ -96,6 +96,13 @@ pub enum BoundsError {
 }
 
 impl Bounds {
+    /// How long a node without an estimate of peer fetch times waits for a peer's response head:
+    /// one and a half times [`Self::peer_head_floor`], within [`Self::peer_head`] (1.5 s by
+    /// default).
+    pub fn cold_peer_head(&self) -> Duration {
+        self.peer_head.min(self.peer_head_floor * 3 / 2)
+    }
+
     /// Checks every bound is usable.
     pub fn validate(&self) -> Result<(), BoundsError> {
         let durations = [

@@ -314,15 +314,17 @@ impl Node {
 
     /// How long a peer fetch for `reader` waits for its response head: four times the p99 of
     /// recent peer fetches that held their block, within [`Bounds::peer_head_floor`] and
-    /// [`Bounds::peer_head`]; without an estimate yet, three times the floor (3 s by default,
-    /// within the cap): a node that just started does not give a stalled peer the whole cap;
+    /// [`Bounds::peer_head`]; without an estimate yet, one and a half times the floor (1.5 s by
+    /// default, within the cap): a node that just started does not give a stalled peer the
+    /// whole cap (3 s until shared peer fetches ended the herd's cold-start queues; 1.5 s keeps
+    /// every scenario green and halves what a cold node pays a stalled peer);
     /// for a relay, also less than
     /// its requester's budget by [`budget_margin`], so that it can answer its requester in time.
     pub(super) fn peer_head_bound(&self, reader: Option<RequestId>) -> Duration {
         let b = &self.config.bounds;
         let adaptive = match self.engine.peer_latency(0.99) {
             Some(p99) => p99.saturating_mul(4).clamp(b.peer_head_floor, b.peer_head),
-            None => b.peer_head.min(b.peer_head_floor * 3),
+            None => b.cold_peer_head(),
         };
         let budget = reader.and_then(|rid| self.requests.get(&rid)).and_then(|r| r.budget);
         match budget {

@@ -149,9 +149,9 @@ where
 }
 
 #[tokio::test(start_paused = true)]
-async fn with_default_bounds_a_fresh_node_gives_a_silent_peer_three_times_the_head_floor() {
-    // A fresh node has no estimate of peer fetch times: it waits 3 × the 1 s floor, not the
-    // 10 s cap, so a stalled peer met cold costs a read 3 s.
+async fn with_default_bounds_a_fresh_node_gives_a_silent_peer_one_and_a_half_head_floors() {
+    // A fresh node has no estimate of peer fetch times: it waits 1.5 × the 1 s floor, not the
+    // 10 s cap, so a stalled peer met cold costs a read 1.5 s.
     let client = in_memory(|mut s| async move {
         let _ = read_head(&mut s).await;
         wait_for_close(&mut s).await;
@@ -161,8 +161,8 @@ async fn with_default_bounds_a_fresh_node_gives_a_silent_peer_three_times_the_he
     assert_eq!(answer, PeerAnswer::Failed(Observation::TimedOut));
     let took = started.elapsed();
     let b = Bounds::default();
-    let bound = b.peer_head.min(3 * b.peer_head_floor);
-    assert_eq!(bound, Duration::from_secs(3));
+    let bound = b.cold_peer_head();
+    assert_eq!(bound, Duration::from_millis(1500));
     assert!(took >= bound && took < bound + Duration::from_millis(10), "after {took:?}");
 }
 
