@@ -70,6 +70,12 @@ fn counter(
     Ok(())
 }
 
+/// A counter without labels.
+fn plain_counter(enc: &mut DescriptorEncoder, name: &str, help: &str, n: u64) -> fmt::Result {
+    let c = ConstCounter::new(n);
+    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
 fn gauges(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -173,14 +179,12 @@ impl prometheus_client::collector::Collector for Collected {
             "event",
             &hedges,
         )?;
-        let kept = ConstCounter::new(scrape.node.unversioned_dropped);
-        let m = enc.encode_descriptor(
+        plain_counter(
+            &mut enc,
             "dart_warm_blocks_dropped",
             "Blocks a warm start kept, dropped unserved because their object may have changed.",
-            None,
-            kept.metric_type(),
+            scrape.node.unversioned_dropped,
         )?;
-        kept.encode(m)?;
         let early = [("upstream_slow", scrape.node.relay_early_answers)];
         counter(
             &mut enc,
@@ -189,22 +193,15 @@ impl prometheus_client::collector::Collector for Collected {
             "reason",
             &early,
         )?;
-        let joined = ConstCounter::new(scrape.node.peer_fetches_joined);
-        let m = enc.encode_descriptor(
-            "dart_peer_fetch_joined",
-            "Peer block fetches a read joined: another read of this node was fetching the same block from the same peer.",
-            None,
-            joined.metric_type(),
-        )?;
-        joined.encode(m)?;
-        let failover = ConstCounter::new(s.peer_failover);
-        let m = enc.encode_descriptor(
+        let joined = "Peer block fetches a read joined: another read of this node was fetching \
+                      the same block from the same peer.";
+        plain_counter(&mut enc, "dart_peer_fetch_joined", joined, scrape.node.peer_fetches_joined)?;
+        plain_counter(
+            &mut enc,
             "dart_peer_failover",
             "Escalations past a failed peer.",
-            None,
-            failover.metric_type(),
+            s.peer_failover,
         )?;
-        failover.encode(m)?;
         if let Some(open) = open {
             let g = ConstGauge::new(i64::try_from(open).unwrap_or(i64::MAX));
             let m = enc.encode_descriptor(
@@ -222,14 +219,12 @@ impl prometheus_client::collector::Collector for Collected {
         let slots =
             [("owned", c.owned_slots), ("borrowed", c.borrowed_slots), ("mem", c.mem_slots)];
         gauges(&mut enc, "dart_store_slots", "Block slots, by budget.", &slots)?;
-        let rejected = ConstCounter::new(c.admit_rejected);
-        let m = enc.encode_descriptor(
+        plain_counter(
+            &mut enc,
             "dart_store_admit_rejected",
             "Borrowed insertions refused by admission.",
-            None,
-            rejected.metric_type(),
+            c.admit_rejected,
         )?;
-        rejected.encode(m)?;
         let health = self.cache.health();
         let degraded = ConstGauge::new(i64::from(health.is_degraded()));
         let m = enc.encode_descriptor(

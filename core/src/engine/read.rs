@@ -939,6 +939,11 @@ impl Read {
         assert!(self.may_stream_origin(engine), "an origin stream out of turn");
         let State::AwaitFetch(job) = &mut self.state else { unreachable!("checked") };
         job.streaming = true;
+        self.commit_relay_head(engine);
+    }
+
+    /// A relay's head: 200, the block's length, the object's validators as the node knows them.
+    fn commit_relay_head(&mut self, engine: &Engine) {
         self.head_sent = true;
         let meta = self.head_meta(engine);
         self.out.push_back(Action::Respond(ResponseHead {
@@ -947,6 +952,16 @@ impl Read {
             content_range: None,
             meta,
         }));
+    }
+
+    /// A relay stream ended with the whole block of its length: it is stored, and the response
+    /// ends (its bytes went out as they arrived).
+    fn end_stream(&mut self, engine: &mut Engine, key: BlockKey, data: Bytes) {
+        self.count(&mut engine.stats.relay_served);
+        let class = engine.class_of(&key);
+        self.emitted = data.len() as u64;
+        self.out.push_back(Action::Store { key, data, class });
+        self.finish();
     }
 
     /// A cut-through relay's upstream peer answered 200: commit the head now. The read emits
@@ -971,14 +986,7 @@ impl Read {
         }
         job.streaming = true;
         self.state = State::AwaitPeer(job);
-        self.head_sent = true;
-        let meta = self.head_meta(engine);
-        self.out.push_back(Action::Respond(ResponseHead {
-            status: 200,
-            content_length: self.content_length,
-            content_range: None,
-            meta,
-        }));
+        self.commit_relay_head(engine);
     }
 
     /// The answer to [`Action::FetchPeer`], with the permit it carried: `None` when the fetch
@@ -1071,11 +1079,7 @@ impl Read {
                 if !shared {
                     engine.stats.peer_bytes += data.len() as u64;
                 }
-                self.count(&mut engine.stats.relay_served);
-                let class = engine.class_of(&job.key);
-                self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
-                self.emitted = data.len() as u64;
-                self.finish();
+                self.end_stream(engine, job.key, data);
             }
             PeerAnswer::Block(data) => {
                 settle(engine, permit, Outcome::HardFailure(HardReason::Validation), now);
@@ -1112,13 +1116,8 @@ impl Read {
         }
         match block_verdict(self.size, job.expected, &block) {
             Verdict::Cache if job.streaming => {
-                // The bytes went out as they arrived; the block is whole and of its length.
-                let class = engine.class_of(&job.key);
-                self.out.push_back(Action::Store { key: job.key, data: block.data.clone(), class });
                 self.count(&mut engine.stats.block_source_origin);
-                self.count(&mut engine.stats.relay_served);
-                self.emitted = block.data.len() as u64;
-                return self.finish();
+                return self.end_stream(engine, job.key, block.data);
             }
             Verdict::ServeOnly if job.streaming => {
                 // Never: a stream starts only on a window that honours Range.
@@ -1157,14 +1156,7 @@ impl Read {
     fn deliver(&mut self, engine: &mut Engine, seg: Segment, block: &Bytes) {
         if self.is_relay() {
             self.count(&mut engine.stats.relay_served);
-            self.head_sent = true;
-            let meta = self.head_meta(engine);
-            self.out.push_back(Action::Respond(ResponseHead {
-                status: 200,
-                content_length: self.content_length,
-                content_range: None,
-                meta,
-            }));
+            self.commit_relay_head(engine);
             self.emitted = block.len() as u64;
             self.out.push_back(Action::Emit(block.clone()));
             return self.finish();

@@ -240,13 +240,7 @@ impl Node {
             if let Some(w) = flight.waiters.iter_mut().find(|w| w.request == rid) {
                 w.streamed = Some(0);
             }
-            self.isolated(now, |node| {
-                node.working.push(rid);
-                let req = node.requests.get_mut(&rid).expect("a flight waiter is live");
-                req.read.handle_origin_started(&mut node.engine);
-                node.drive(rid, now);
-                node.working.pop();
-            });
+            self.start_relay_stream(rid, now, |read, engine| read.handle_origin_started(engine));
         }
     }
 
@@ -272,9 +266,7 @@ impl Node {
                 w.streamed = Some(safe);
             }
         }
-        for (rid, data) in parts {
-            self.send_requester(rid, Output::Body { id: rid, data });
-        }
+        self.send_parts(parts);
     }
 
     /// Judges the bytes an origin block exchange read so far.

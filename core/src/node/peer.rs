@@ -360,13 +360,33 @@ impl Node {
             })
             .collect();
         for (rid, contender) in starting {
-            self.isolated(now, |node| {
-                node.working.push(rid);
-                let req = node.requests.get_mut(&rid).expect("a streaming relay is live");
-                req.read.handle_peer_started(&mut node.engine, contender);
-                node.drive(rid, now);
-                node.working.pop();
+            self.start_relay_stream(rid, now, |read, engine| {
+                read.handle_peer_started(engine, contender)
             });
+        }
+    }
+
+    /// Relay `rid` commits its head to a stream its upstream started (`start` tells its read),
+    /// and is driven on; a panic fails only this relay.
+    pub(super) fn start_relay_stream(
+        &mut self,
+        rid: RequestId,
+        now: Instant,
+        start: impl FnOnce(&mut crate::engine::Read, &mut crate::engine::Engine),
+    ) {
+        self.isolated(now, |node| {
+            node.working.push(rid);
+            let req = node.requests.get_mut(&rid).expect("a streaming relay is live");
+            start(&mut req.read, &mut node.engine);
+            node.drive(rid, now);
+            node.working.pop();
+        });
+    }
+
+    /// Sends stream parts to their requesters (none to one that went away).
+    pub(super) fn send_parts(&mut self, parts: Vec<(RequestId, Bytes)>) {
+        for (rid, data) in parts {
+            self.send_requester(rid, Output::Body { id: rid, data });
         }
     }
 
@@ -395,9 +415,7 @@ impl Node {
             parts.push((r.rid, job.copy.slice(r.forwarded as usize..safe as usize)));
             r.forwarded = safe;
         }
-        for (rid, data) in parts {
-            self.send_requester(rid, Output::Body { id: rid, data });
-        }
+        self.send_parts(parts);
     }
 
     pub(super) fn peer_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
@@ -456,9 +474,8 @@ impl Node {
                 Err(o) => PeerAnswer::Failed(*o),
             };
             let permit = permit.take();
-            let shared = permit.is_none();
             self.isolated(now, |node| {
-                node.answer_reader(io, &reader, job.key, job.expected, permit, shared, answer, now)
+                node.answer_reader(io, &reader, job.key, job.expected, permit, answer, now)
             });
         }
     }
@@ -472,11 +489,12 @@ impl Node {
         key: crate::hash::BlockKey,
         expected: u64,
         permit: Option<Permit<String>>,
-        shared: bool,
         answer: PeerAnswer,
         now: Instant,
     ) {
         let rid = reader.rid;
+        // Only the fetch's first reader holds its permit; the others shared it.
+        let shared = permit.is_none();
         if let (true, PeerAnswer::Block(b)) = (reader.streaming, &answer) {
             if b.len() as u64 == expected && reader.forwarded < expected {
                 let tail = b.slice(reader.forwarded as usize..);

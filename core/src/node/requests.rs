@@ -92,6 +92,27 @@ impl Wait {
 }
 
 impl Request {
+    /// A request about to be driven, waiting for nothing yet.
+    pub fn new(plane: Plane, method: Method, read: Read, forward: Headers) -> Self {
+        Request {
+            plane,
+            method,
+            read,
+            wait: Wait::Ready,
+            window: 0,
+            head_sent: false,
+            cancelled: false,
+            background: false,
+            forward,
+            stalled_at: None,
+            filled: None,
+            hedge_at: None,
+            budget: None,
+            answer_by: None,
+            requester: None,
+        }
+    }
+
     pub fn check(&self, rid: RequestId) {
         assert!(self.window <= BODY_WINDOW, "{rid}: body window overrun");
         if self.cancelled && !self.background {
@@ -182,23 +203,8 @@ impl Node {
             self.answer_timers.insert((at, id));
             at
         });
-        let request = Request {
-            plane,
-            method,
-            read,
-            wait: Wait::Ready,
-            window: 0,
-            head_sent: false,
-            cancelled: false,
-            background: false,
-            forward,
-            stalled_at: None,
-            filled: None,
-            hedge_at: None,
-            budget,
-            answer_by,
-            requester,
-        };
+        let request =
+            Request { budget, answer_by, requester, ..Request::new(plane, method, read, forward) };
         self.requests.insert(id, request);
         self.working.push(id);
         self.drive(id, now);
@@ -417,21 +423,9 @@ impl Node {
             self.counters.read_ahead += 1;
             let read = self.engine.begin_read_ahead(key, url.clone());
             let request = Request {
-                plane: Plane::Peer,
-                method: Method::Get,
-                read,
-                wait: Wait::Ready,
-                window: 0,
-                head_sent: false,
                 cancelled: true,
                 background: true,
-                forward: forward.clone(),
-                stalled_at: None,
-                filled: None,
-                hedge_at: None,
-                budget: None,
-                answer_by: None,
-                requester: None,
+                ..Request::new(Plane::Peer, Method::Get, read, forward.clone())
             };
             self.requests.insert(id, request);
             self.isolated(now, |node| {

@@ -1952,18 +1952,24 @@ fn root_node() -> Node {
     node_with(e, "root")
 }
 
-#[test]
-fn a_root_relay_streams_its_origin_window_holding_back_the_last_byte() {
-    let mut h = Harness::new(root_node());
-    size_known(&mut h);
-    relay_from(&mut h, 7, 1, "child");
+/// Relay request 7 for block 1 at the root, whose origin window has answered its 206 head.
+fn relay_with_origin_head(h: &mut Harness) -> IoRequest {
+    relay_from(h, 7, 1, "child");
     let up = h.take_sends().remove(0);
-    assert_eq!(up.endpoint, Endpoint::Origin);
     let head = Headers::new()
         .with("content-range", format!("bytes {}-{}/{SIZE}", BLOCK, 2 * BLOCK - 1))
         .with("content-length", BLOCK.to_string());
     h.io(up.id, IoEvent::Connected);
     h.io(up.id, IoEvent::Head { status: 206, headers: head });
+    up
+}
+
+#[test]
+fn a_root_relay_streams_its_origin_window_holding_back_the_last_byte() {
+    let mut h = Harness::new(root_node());
+    size_known(&mut h);
+    let up = relay_with_origin_head(&mut h);
+    assert_eq!(up.endpoint, Endpoint::Origin);
     assert_eq!(h.head_of(7).map(|x| x.status), Some(200), "the head goes out on the origin's");
     let block = content(BLOCK, BLOCK);
     h.io(up.id, IoEvent::Body(block.slice(..300)));
@@ -1981,13 +1987,7 @@ fn a_root_relay_streams_its_origin_window_holding_back_the_last_byte() {
 fn a_root_relay_whose_origin_window_ends_short_truncates_and_caches_nothing() {
     let mut h = Harness::new(root_node());
     size_known(&mut h);
-    relay_from(&mut h, 7, 1, "child");
-    let up = h.take_sends().remove(0);
-    let head = Headers::new()
-        .with("content-range", format!("bytes {}-{}/{SIZE}", BLOCK, 2 * BLOCK - 1))
-        .with("content-length", BLOCK.to_string());
-    h.io(up.id, IoEvent::Connected);
-    h.io(up.id, IoEvent::Head { status: 206, headers: head });
+    let up = relay_with_origin_head(&mut h);
     let block = content(BLOCK, BLOCK);
     h.io(up.id, IoEvent::Body(block.slice(..BLOCK as usize - 1)));
     assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "all but the last byte");
