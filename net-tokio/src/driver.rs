@@ -110,6 +110,11 @@ impl PutLedger {
         }
     }
 
+    /// No put is running.
+    fn is_idle(&self) -> bool {
+        self.in_flight.is_empty()
+    }
+
     /// Whether a look-up of `key` must miss whatever the store holds.
     fn hides(&self, key: &BlockKey) -> bool {
         self.dropped.contains(key)
@@ -159,7 +164,12 @@ pub struct NodeDriver<D: Dialer> {
     metrics: Arc<Metrics>,
     next_request: AtomicU64,
     timer: Notify,
+    /// Woken when the last put running on the blocking pool ends.
+    puts_idle: Notify,
 }
+
+/// How long [`NodeDriver::close`] waits for puts still running before it closes the store.
+pub const CLOSE_PUTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl<D: Dialer> NodeDriver<D> {
     /// A driver for `node` over `store` and `client`, with its timer task running until `stop`
@@ -212,6 +222,7 @@ impl<D: Dialer> NodeDriver<D> {
                 metrics,
                 next_request: AtomicU64::new(0),
                 timer: Notify::new(),
+                puts_idle: Notify::new(),
             }
         });
         driver.feed(Input::WallClock { unix_ms: driver.unix_ms() });
@@ -266,10 +277,22 @@ impl<D: Dialer> NodeDriver<D> {
         &self.store
     }
 
-    /// Stops serving: closes the store (releasing its directory lock). The caller stops the
-    /// listeners and the timer task first; exchanges still in flight then end as store misses
-    /// and refused puts.
-    pub fn close(&self) {
+    /// Stops serving: waits for the puts still running on the blocking pool (at most
+    /// [`CLOSE_PUTS_WAIT`]), so that a block already served is kept for a warm start, then
+    /// closes the store (releasing its directory lock). The caller stops the listeners and the
+    /// timer task first; exchanges still in flight then end as store misses and refused puts.
+    pub async fn close(&self) {
+        let _ = tokio::time::timeout(CLOSE_PUTS_WAIT, async {
+            loop {
+                // Registered before the check: a put that ends in between still wakes it.
+                let idle = self.puts_idle.notified();
+                if self.lock().puts.is_idle() {
+                    return;
+                }
+                idle.await;
+            }
+        })
+        .await;
         self.store.close();
     }
 
@@ -451,6 +474,9 @@ impl<D: Dialer> NodeDriver<D> {
                             // Dropped while this put ran: what it wrote is of a version the node
                             // gave up, so it goes too.
                             driver.store.delete(&key);
+                        }
+                        if inner.puts.is_idle() {
+                            driver.puts_idle.notify_waiters();
                         }
                     });
                 }

@@ -131,8 +131,9 @@ impl<D: Dialer> Running<D> {
                 result = Drained::TimedOut;
             }
         }
-        // The store goes last, so that a restart on the same directory finds its lock free.
-        self.driver.close();
+        // The store goes last (after the puts still running), so that a restart on the same
+        // directory finds its lock free and the blocks already served.
+        self.driver.close().await;
         result
     }
 }
