@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod breaker;
 pub mod codec;
+pub mod discovery;
 pub mod engine;
 pub mod geometry;
 pub mod hash;

@@ -1,0 +1,538 @@
+//! Live membership: the refresh loop's decisions as a pure state machine (spec/cluster.md §5,
+//! seeds/peer.md §3.7). Time comes in as an argument; the node carries out what it decides.
+//!
+//! # Driving contract
+//!
+//! The owner (the node machine) runs:
+//!
+//! 1. At [`Directory::poll_timeout`], call [`Directory::start_round`]. It answers
+//!    [`Start::Resolve`] (resolve the DNS seed name, then call [`Directory::seeds_resolved`]) or
+//!    [`Start::Ask`] (the addresses whose rosters to fetch now).
+//! 2. For every address asked, report the outcome with [`Directory::answered`]; it may name more
+//!    addresses to ask in the same round (ones a roster mentioned that nobody asked yet).
+//! 3. An inbound roster request that names its caller and the caller's advertised address is
+//!    reported with [`Directory::caller`].
+//! 4. After any call, [`Directory::take_view`] yields the new view when the published one
+//!    changed; placement must use it from then on.
+//!
+//! # Decisions (and where they differ from the earlier implementation)
+//!
+//! - **Only direct contact makes a member.** A member is published when it answered a roster
+//!   fetch naming itself (`X-DART-Node`) or called us naming itself and its advertised address.
+//!   What a roster says about *other* members is hearsay: it teaches an address to ask, in this
+//!   round, and never a member or a clock. The earlier implementation published hearsay members
+//!   with a full grace, so a dead member could be taught back to a node that had just forgotten
+//!   it, and a node that joined late kept it for a whole grace; here every node drops a dead
+//!   member at most `forget_after` plus one `interval` after its last direct contact, whatever
+//!   the others still say.
+//! - **Credit goes to the responder's self-reported id,** never to the dialed address (pod IPs
+//!   are reused). An anonymous responder credits nobody.
+//! - **An address belongs to one live member.** When a member is credited at an address another
+//!   member was recorded at, the other record is stale (its process is gone or moved) and is
+//!   dropped at once; if that member is alive elsewhere its next direct contact brings it back.
+//! - **Self is always present**, Ready, at its advertised address, weight 1.
+//! - **A failed resolution keeps the known seeds** (a DNS outage never empties membership).
+//! - The published view changes only at the start and the end of a round (a round starts every
+//!   `interval`): both drop the members silent for longer than `forget_after`, and the end adds
+//!   the members credited during the round. So a member that stopped talking at `t` is out of
+//!   every view by `t + forget_after + interval` (plus the round's length when a round runs
+//!   longer than `interval`: roster fetches are bounded by the node's exchange bounds).
+
+use crate::codec::roster::Roster;
+use crate::membership::{validate_member_id, Member, MemberIdError, MemberState, View};
+use crate::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// Default time between refresh rounds.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+/// Default time without direct contact after which a member is forgotten.
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60);
+/// Most members remembered (self excluded); a new one past it is refused.
+pub const MEMBERS_MAX: usize = 4096;
+/// Most hearsay addresses remembered; a new one past it is refused.
+pub const HEARD_MAX: usize = 4096;
+/// Most addresses asked in one round.
+pub const ROUND_ASKS_MAX: usize = 4096;
+/// At most one discovery error is reported per this period; the rest are counted.
+pub const ERROR_REPORT_PERIOD: Duration = Duration::from_secs(60);
+
+/// Where the seed addresses come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seeds {
+    /// A fixed list of `host:port` addresses (`--discover static:a:p,b:p`).
+    Static(Vec<String>),
+    /// A name resolved every round, each address joined with `port` (`--discover dns:name:port`).
+    Dns {
+        /// The name (e.g. a headless Service).
+        name: String,
+        /// The peer port.
+        port: u16,
+    },
+}
+
+/// Why a `--discover` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SeedsError {
+    /// Nothing after the scheme.
+    #[error("--discover names no seed")]
+    Empty,
+    /// A static entry is not `host:port` with a port 1..=65535.
+    #[error("--discover seed {0:?} is not host:port (port 1-65535)")]
+    Entry(String),
+    /// A DNS spec is not `dns:<name>:<port>`.
+    #[error("--discover {0:?} is not dns:<name>:<port> (port 1-65535)")]
+    Dns(String),
+    /// A scheme this build does not know.
+    #[error("--discover scheme {0:?} is not supported (use static: or dns:)")]
+    Scheme(String),
+}
+
+impl Seeds {
+    /// Parses `--discover`: `static:<host:port>,...`, `dns:<name>:<port>`, or a bare static list.
+    /// `k8s:` (EndpointSlice discovery) is refused by name: this build does not have it.
+    pub fn parse(spec: &str) -> Result<Seeds, SeedsError> {
+        let spec = spec.trim();
+        if let Some(rest) = spec.strip_prefix("dns:") {
+            let (name, port) = rest.rsplit_once(':').ok_or_else(|| SeedsError::Dns(spec.into()))?;
+            let port = parse_port(port).ok_or_else(|| SeedsError::Dns(spec.into()))?;
+            if name.is_empty() || name.contains(['/', ' ', ',']) {
+                return Err(SeedsError::Dns(spec.into()));
+            }
+            return Ok(Seeds::Dns { name: name.to_owned(), port });
+        }
+        let list = match spec.strip_prefix("static:") {
+            Some(rest) => rest,
+            None => {
+                if let Some((scheme, _)) = spec.split_once(':') {
+                    if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                        && scheme.chars().all(|c| c.is_ascii_alphanumeric())
+                    {
+                        // `k8s:`, `consul:`, ...: a bare host:port has a numeric port after ':'.
+                        if !spec.contains(',') && parse_port(&spec[scheme.len() + 1..]).is_none() {
+                            return Err(SeedsError::Scheme(scheme.into()));
+                        }
+                    }
+                }
+                spec
+            }
+        };
+        let mut seeds = Vec::new();
+        for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            if !is_host_port(entry) {
+                return Err(SeedsError::Entry(entry.into()));
+            }
+            seeds.push(entry.to_owned());
+        }
+        if seeds.is_empty() {
+            return Err(SeedsError::Empty);
+        }
+        Ok(Seeds::Static(seeds))
+    }
+}
+
+fn parse_port(s: &str) -> Option<u16> {
+    s.parse::<u16>().ok().filter(|&p| p > 0 && s.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `host:port` with a non-empty host (an IPv6 host in brackets) and a port 1..=65535.
+pub fn is_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else { return false };
+    if parse_port(port).is_none() || host.is_empty() || host.contains(['/', ' ', ',', '@']) {
+        return false;
+    }
+    if host.contains(':') {
+        return host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    }
+    true
+}
+
+/// The refresh loop's timings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// Time between refresh rounds.
+    pub interval: Duration,
+    /// Time without direct contact after which a member is forgotten.
+    pub forget_after: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing { interval: DEFAULT_INTERVAL, forget_after: DEFAULT_FORGET_AFTER }
+    }
+}
+
+/// What the owner must do to start a round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Resolve `name` and report the addresses (joined with `port`) with
+    /// [`Directory::seeds_resolved`].
+    Resolve {
+        /// The name.
+        name: String,
+        /// The port to join each address with.
+        port: u16,
+    },
+    /// Fetch these addresses' rosters.
+    Ask(Vec<String>),
+}
+
+/// What one roster answer taught.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answered {
+    /// Addresses to ask in this round as well.
+    pub ask: Vec<String>,
+    /// Invalid ids the roster carried (the owner reports them, one diagnostic per roster).
+    pub invalid: Vec<MemberIdError>,
+}
+
+/// Counters of the refresh loop.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirectoryStats {
+    /// Rounds started.
+    pub rounds: u64,
+    /// Roster fetches that answered.
+    pub answers: u64,
+    /// Roster fetches that failed.
+    pub failures: u64,
+    /// Seed resolutions that failed (the known seeds were kept).
+    pub resolve_failures: u64,
+    /// Members forgotten for silence.
+    pub forgotten: u64,
+    /// Member records dropped because another member answered at their address.
+    pub displaced: u64,
+    /// Members, addresses or callers refused because a table was full.
+    pub refused: u64,
+    /// Answers or callers that named this node's own id from elsewhere (a duplicate id).
+    pub self_conflicts: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Known {
+    addr: String,
+    weight: f64,
+    last_contact: Instant,
+}
+
+#[derive(Debug)]
+struct Round {
+    started: Instant,
+    asked: BTreeSet<String>,
+    pending: BTreeSet<String>,
+}
+
+/// The membership a node has learned, and its refresh loop; see the module doc.
+#[derive(Debug)]
+pub struct Directory {
+    me: Member,
+    seeds: Seeds,
+    timing: Timing,
+    /// Seed addresses last resolved (static seeds: the list).
+    resolved: Vec<String>,
+    /// Members met directly, self excluded.
+    members: BTreeMap<String, Known>,
+    /// Addresses heard of (not yet met), with when they were last heard.
+    heard: BTreeMap<String, Instant>,
+    round: Option<Round>,
+    resolving: bool,
+    next_round: Instant,
+    view: View,
+    changed: bool,
+    stats: DirectoryStats,
+    /// Error reports: when the last was let through, and how many were held back since.
+    last_report: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Directory {
+    /// A directory for `me` (its id validated by the caller, its address the advertised one);
+    /// the first round is due at `now`.
+    pub fn new(me: Member, seeds: Seeds, timing: Timing, now: Instant) -> Self {
+        let me = Member { state: MemberState::Ready, weight: 1.0, ..me };
+        let resolved = match &seeds {
+            Seeds::Static(list) => list.clone(),
+            Seeds::Dns { .. } => Vec::new(),
+        };
+        let timing = Timing {
+            interval: if timing.interval.is_zero() { DEFAULT_INTERVAL } else { timing.interval },
+            forget_after: if timing.forget_after.is_zero() {
+                DEFAULT_FORGET_AFTER
+            } else {
+                timing.forget_after
+            },
+        };
+        let view = View::new(vec![me.clone()]);
+        Directory {
+            me,
+            seeds,
+            timing,
+            resolved,
+            members: BTreeMap::new(),
+            heard: BTreeMap::new(),
+            round: None,
+            resolving: false,
+            next_round: now,
+            view,
+            changed: true,
+            stats: DirectoryStats::default(),
+            last_report: None,
+            suppressed: 0,
+        }
+    }
+
+    /// The published view (self always in it).
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// The new view, once, when the published one changed since the last call.
+    pub fn take_view(&mut self) -> Option<View> {
+        std::mem::take(&mut self.changed).then(|| self.view.clone())
+    }
+
+    /// The timings in force (zero durations replaced by the defaults).
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DirectoryStats {
+        self.stats
+    }
+
+    /// When the next round is due; `None` while one is in flight.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        (self.round.is_none() && !self.resolving).then_some(self.next_round)
+    }
+
+    /// How long ago (at `now`) each member was last met directly, by id (self excluded).
+    pub fn contacts(&self, now: Instant) -> Vec<(String, Duration)> {
+        self.members
+            .iter()
+            .map(|(id, k)| (id.clone(), now.saturating_duration_since(k.last_contact)))
+            .collect()
+    }
+
+    /// Starts a round at `now` (call it at [`poll_timeout`](Self::poll_timeout)). Forgets the
+    /// members silent for longer than `forget_after` first.
+    pub fn start_round(&mut self, now: Instant) -> Start {
+        assert!(self.round.is_none() && !self.resolving, "one round at a time");
+        self.stats.rounds += 1;
+        self.forget(now);
+        self.publish();
+        match &self.seeds {
+            Seeds::Dns { name, port } => {
+                self.resolving = true;
+                Start::Resolve { name: name.clone(), port: *port }
+            }
+            Seeds::Static(_) => Start::Ask(self.begin(now)),
+        }
+    }
+
+    /// The seed name resolved (addresses as `host:port`), or failed: the known seeds are kept.
+    /// Answers the addresses to ask in this round.
+    pub fn seeds_resolved(
+        &mut self,
+        result: Result<Vec<String>, String>,
+        now: Instant,
+    ) -> Vec<String> {
+        assert!(self.resolving, "a resolution was asked for");
+        self.resolving = false;
+        match result {
+            Ok(mut addrs) => {
+                addrs.retain(|a| is_host_port(a));
+                addrs.sort();
+                addrs.dedup();
+                self.resolved = addrs;
+            }
+            Err(_) => self.stats.resolve_failures += 1,
+        }
+        self.begin(now)
+    }
+
+    fn begin(&mut self, now: Instant) -> Vec<String> {
+        let mut targets: BTreeSet<String> = self.resolved.iter().cloned().collect();
+        targets.extend(self.members.values().map(|k| k.addr.clone()));
+        targets.extend(self.heard.keys().cloned());
+        targets.remove(&self.me.addr);
+        let asked: BTreeSet<String> = targets.into_iter().take(ROUND_ASKS_MAX).collect();
+        let ask: Vec<String> = asked.iter().cloned().collect();
+        self.round = Some(Round { started: now, pending: asked.clone(), asked });
+        if ask.is_empty() {
+            self.end_round(now);
+        }
+        ask
+    }
+
+    /// Whether a round is in flight and waits for `addr`.
+    pub fn is_pending(&self, addr: &str) -> bool {
+        self.round.as_ref().is_some_and(|r| r.pending.contains(addr))
+    }
+
+    /// A roster fetch from `addr` asked in this round ended: the roster and the responder's
+    /// self-reported id, or why not.
+    pub fn answered(
+        &mut self,
+        addr: &str,
+        result: Result<(Roster, Option<String>), String>,
+        now: Instant,
+    ) -> Answered {
+        let round = self.round.as_mut().expect("answers come during a round");
+        assert!(round.pending.remove(addr), "{addr} was asked in this round");
+        let mut out = Answered::default();
+        match result {
+            Err(_) => self.stats.failures += 1,
+            Ok((roster, responder)) => {
+                self.stats.answers += 1;
+                out.invalid = roster.invalid;
+                if let Some(id) = responder.as_deref().filter(|id| validate_member_id(id).is_ok()) {
+                    // The responder's own entry carries its advertised address (the decoder
+                    // added it at the dialed address when the body left it out).
+                    let own = roster.members.iter().find(|m| m.id == id);
+                    let (own_addr, weight) =
+                        own.map_or((addr.to_owned(), 1.0), |m| (m.addr.clone(), m.weight));
+                    self.credit(id, &own_addr, weight, now);
+                }
+                for m in &roster.members {
+                    if m.id == self.me.id || responder.as_deref() == Some(m.id.as_str()) {
+                        continue;
+                    }
+                    let met_there = self.members.get(&m.id).is_some_and(|k| k.addr == m.addr);
+                    if !met_there && m.addr != self.me.addr && is_host_port(&m.addr) {
+                        self.hear(&m.addr, now);
+                    }
+                }
+                let round = self.round.as_mut().expect("still in the round");
+                for a in self.heard.keys() {
+                    if round.asked.len() >= ROUND_ASKS_MAX {
+                        break;
+                    }
+                    if round.asked.insert(a.clone()) {
+                        round.pending.insert(a.clone());
+                        out.ask.push(a.clone());
+                    }
+                }
+            }
+        }
+        if self.round.as_ref().is_some_and(|r| r.pending.is_empty()) {
+            self.end_round(now);
+        }
+        out
+    }
+
+    /// An inbound roster request named its caller `id` and the caller's advertised `addr`:
+    /// direct contact. Returns whether it was taken (a valid id other than ours, a `host:port`).
+    pub fn caller(&mut self, id: &str, addr: &str, now: Instant) -> bool {
+        if validate_member_id(id).is_err() || !is_host_port(addr) {
+            return false;
+        }
+        if id == self.me.id {
+            if addr != self.me.addr {
+                self.stats.self_conflicts += 1;
+            }
+            return false;
+        }
+        self.credit(id, addr, 1.0, now)
+    }
+
+    /// Reports a discovery error at `now`: `Some(suppressed)` when it should be told (with how
+    /// many were held back since the last one told), `None` when it is held back.
+    pub fn report_error(&mut self, now: Instant) -> Option<u64> {
+        let due = self
+            .last_report
+            .is_none_or(|t| now.saturating_duration_since(t) >= ERROR_REPORT_PERIOD);
+        if due {
+            self.last_report = Some(now);
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
+
+    fn credit(&mut self, id: &str, addr: &str, weight: f64, now: Instant) -> bool {
+        if id == self.me.id {
+            self.stats.self_conflicts += 1;
+            return false;
+        }
+        if !self.members.contains_key(id) && self.members.len() >= MEMBERS_MAX {
+            self.stats.refused += 1;
+            return false;
+        }
+        // Whoever was recorded at this address is not there any more.
+        let stale: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(other, k)| other.as_str() != id && k.addr == addr)
+            .map(|(other, _)| other.clone())
+            .collect();
+        for other in stale {
+            self.members.remove(&other);
+            self.stats.displaced += 1;
+        }
+        self.heard.remove(addr);
+        let weight = if weight > 0.0 { weight } else { 1.0 };
+        self.members
+            .insert(id.to_owned(), Known { addr: addr.to_owned(), weight, last_contact: now });
+        true
+    }
+
+    fn hear(&mut self, addr: &str, now: Instant) {
+        if self.heard.contains_key(addr) || self.heard.len() < HEARD_MAX {
+            self.heard.insert(addr.to_owned(), now);
+        } else {
+            self.stats.refused += 1;
+        }
+    }
+
+    fn forget(&mut self, now: Instant) {
+        let forget_after = self.timing.forget_after;
+        let before = self.members.len();
+        self.members.retain(|_, k| now.saturating_duration_since(k.last_contact) <= forget_after);
+        self.stats.forgotten += (before - self.members.len()) as u64;
+        self.heard.retain(|_, heard| now.saturating_duration_since(*heard) <= forget_after);
+    }
+
+    fn end_round(&mut self, now: Instant) {
+        let round = self.round.take().expect("a round to end");
+        self.next_round = round.started + self.timing.interval;
+        self.forget(now);
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        let mut members: Vec<Member> = self
+            .members
+            .iter()
+            .map(|(id, k)| Member {
+                id: id.clone(),
+                addr: k.addr.clone(),
+                weight: k.weight,
+                state: MemberState::Ready,
+            })
+            .collect();
+        members.push(self.me.clone());
+        let view = View::new(members);
+        if view != self.view {
+            self.view = view;
+            self.changed = true;
+        }
+    }
+
+    /// Asserts the directory's invariants.
+    pub fn check_invariants(&self) {
+        assert!(self.view.get(&self.me.id).is_some(), "self is always in the view");
+        assert!(!self.members.contains_key(&self.me.id), "self is not a learned member");
+        assert!(self.members.len() <= MEMBERS_MAX && self.heard.len() <= HEARD_MAX);
+        let mut addrs = BTreeSet::new();
+        for k in self.members.values() {
+            assert!(addrs.insert(&k.addr), "one member per address");
+        }
+        if let Some(r) = &self.round {
+            assert!(r.pending.is_subset(&r.asked) && !self.resolving);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
