@@ -54,6 +54,8 @@ pub const MEMBERS_MAX: usize = 4096;
 pub const HEARD_MAX: usize = 4096;
 /// Most addresses asked in one round.
 pub const ROUND_ASKS_MAX: usize = 4096;
+/// How long a seed resolution may take before the round goes on with the known seeds.
+pub const RESOLVE_BOUND: Duration = Duration::from_secs(5);
 /// At most one discovery error is reported per this period; the rest are counted.
 pub const ERROR_REPORT_PERIOD: Duration = Duration::from_secs(60);
 
@@ -234,7 +236,8 @@ pub struct Directory {
     /// Addresses heard of (not yet met), with when they were last heard.
     heard: BTreeMap<String, Instant>,
     round: Option<Round>,
-    resolving: bool,
+    /// Since when a seed resolution is in flight.
+    resolving: Option<Instant>,
     next_round: Instant,
     view: View,
     changed: bool,
@@ -270,7 +273,7 @@ impl Directory {
             members: BTreeMap::new(),
             heard: BTreeMap::new(),
             round: None,
-            resolving: false,
+            resolving: None,
             next_round: now,
             view,
             changed: true,
@@ -300,9 +303,20 @@ impl Directory {
         self.stats
     }
 
-    /// When the next round is due; `None` while one is in flight.
+    /// When the next round is due, or when the seed resolution in flight times out
+    /// ([`RESOLVE_BOUND`]: then call [`seeds_resolved`](Self::seeds_resolved) with an error);
+    /// `None` while roster fetches are in flight.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        (self.round.is_none() && !self.resolving).then_some(self.next_round)
+        match (self.resolving, &self.round) {
+            (Some(since), _) => Some(since + RESOLVE_BOUND),
+            (None, None) => Some(self.next_round),
+            (None, Some(_)) => None,
+        }
+    }
+
+    /// Whether a seed resolution is in flight.
+    pub fn is_resolving(&self) -> bool {
+        self.resolving.is_some()
     }
 
     /// How long ago (at `now`) each member was last met directly, by id (self excluded).
@@ -316,13 +330,14 @@ impl Directory {
     /// Starts a round at `now` (call it at [`poll_timeout`](Self::poll_timeout)). Forgets the
     /// members silent for longer than `forget_after` first.
     pub fn start_round(&mut self, now: Instant) -> Start {
-        assert!(self.round.is_none() && !self.resolving, "one round at a time");
+        assert!(self.round.is_none() && self.resolving.is_none(), "one round at a time");
         self.stats.rounds += 1;
         self.forget(now);
         self.publish();
         match &self.seeds {
             Seeds::Dns { name, port } => {
-                self.resolving = true;
+                self.resolving = Some(now);
+                self.round = None;
                 Start::Resolve { name: name.clone(), port: *port }
             }
             Seeds::Static(_) => Start::Ask(self.begin(now)),
@@ -336,8 +351,7 @@ impl Directory {
         result: Result<Vec<String>, String>,
         now: Instant,
     ) -> Vec<String> {
-        assert!(self.resolving, "a resolution was asked for");
-        self.resolving = false;
+        assert!(self.resolving.take().is_some(), "a resolution was asked for");
         match result {
             Ok(mut addrs) => {
                 addrs.retain(|a| is_host_port(a));
@@ -495,7 +509,7 @@ impl Directory {
 
     fn end_round(&mut self, now: Instant) {
         let round = self.round.take().expect("a round to end");
-        self.next_round = round.started + self.timing.interval;
+        self.next_round = (round.started + self.timing.interval).max(now);
         self.forget(now);
         self.publish();
     }
@@ -529,7 +543,7 @@ impl Directory {
             assert!(addrs.insert(&k.addr), "one member per address");
         }
         if let Some(r) = &self.round {
-            assert!(r.pending.is_subset(&r.asked) && !self.resolving);
+            assert!(r.pending.is_subset(&r.asked) && self.resolving.is_none());
         }
     }
 }

@@ -109,6 +109,11 @@ impl<D: Dialer> HttpClient<D> {
         }
     }
 
+    /// The dialer (and its resolver).
+    pub fn dialer(&self) -> &D {
+        &self.dialer
+    }
+
     /// Dials origin connections ([`PoolKey::origin`]) under `policy`.
     pub fn with_policy(mut self, policy: UpstreamPolicy) -> Self {
         self.policy = Some(Arc::new(policy));

@@ -366,6 +366,17 @@ impl<D: Dialer> NodeDriver<D> {
         let mut deferred = Vec::new();
         while let Some(output) = inner.node.poll_output() {
             match output {
+                Output::Resolve { ticket, name, port } => {
+                    // The node bounds the resolution; a late answer is ignored.
+                    let driver = self.clone();
+                    self.rt.spawn(async move {
+                        let result = match driver.client.dialer().resolve(&name, port).await {
+                            Ok(addrs) => Ok(addrs.iter().map(ToString::to_string).collect()),
+                            Err(e) => Err(format!("{name}: {e}")),
+                        };
+                        driver.feed(Input::Resolved { ticket, result });
+                    });
+                }
                 Output::Send(req) => {
                     let id = req.id;
                     tracing::debug!(io = %id, endpoint = ?req.endpoint, url = %req.url, range = ?req.headers.get_str("range"), "send");
@@ -510,6 +521,12 @@ impl<D: Dialer> NodeDriver<D> {
             }
             Event::Block { request, plane, key, source } => {
                 tracing::debug!(%request, ?plane, %key, ?source, "block");
+            }
+            Event::View { epoch, members, joined, left } => {
+                tracing::info!(epoch, members, ?joined, ?left, "membership view changed");
+            }
+            Event::Discovery { message, suppressed } => {
+                tracing::warn!(suppressed, "discovery: {message}");
             }
             Event::Roster { .. } | Event::BlockFetched { .. } => {}
         }

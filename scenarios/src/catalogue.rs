@@ -6,7 +6,9 @@
 
 use crate::{Check, Run, Scale, Scenario};
 use dart_core::breaker::{CircuitState, HardReason, TransitionReason};
+use dart_core::discovery::Timing;
 use dart_core::rng;
+use dart_sim::config::{SimDiscovery, SimSeeds};
 use dart_sim::node::{member_addr, tree_order, PeerConfig};
 use dart_sim::origin::ObjectDef;
 use dart_sim::{
@@ -58,6 +60,9 @@ pub fn all() -> Vec<Scenario> {
         object_changes_restart(),
         swarm(),
         reference(),
+        discovery_boot(),
+        member_dies(),
+        pod_ip_reuse(),
     ]
 }
 
@@ -1367,5 +1372,221 @@ fn reference() -> Scenario {
         safety_reads_finish(run, check, &[order[0]]);
         note_latency(check, run.report, &[order[0]]);
         check.note(format!("origin served {} bytes for a {} byte object", run.report.origin.body_bytes, run.spec.cluster.objects[0].size));
+    })
+}
+
+// ---- membership (live discovery) ---------------------------------------------------------------
+
+/// `spec`'s cluster with live membership: every node starts knowing only itself.
+fn with_discovery(spec: &mut SimSpec, seeds: SimSeeds, new_id_on_restart: bool) {
+    let peer = spec.cluster.peer.get_or_insert_with(PeerConfig::default);
+    peer.discovery = Some(SimDiscovery { seeds, timing: Timing::default(), new_id_on_restart });
+}
+
+/// When `id` left node `n`'s view after `since` and stayed out until `until`: `Ok(None)` if it
+/// was not in the view at `since`, `Err` if it is in it at `until`.
+fn left_view(
+    r: &RunReport,
+    n: usize,
+    id: &str,
+    since: Duration,
+    until: Duration,
+) -> Result<Option<Duration>, String> {
+    let node = &r.nodes[n];
+    let at = |c: &(dart_core::time::Instant, Vec<String>)| Duration::from_nanos(c.0.as_nanos());
+    let holds = |ids: &Vec<String>| ids.iter().any(|m| m == id);
+    let view_at = |t: Duration| node.view_changes.iter().rev().find(|c| at(c) <= t).map(|c| &c.1);
+    if view_at(until).is_some_and(holds) {
+        return Err(format!("n{n} still lists {id} at {until:?}"));
+    }
+    if !view_at(since).is_some_and(holds) {
+        return Ok(None);
+    }
+    let left = node
+        .view_changes
+        .iter()
+        .filter(|c| at(c) > since && at(c) <= until && !holds(&c.1))
+        .map(at)
+        .next();
+    Ok(left)
+}
+
+/// Every running node's final view holds exactly the running nodes' ids.
+fn views_agree(r: &RunReport, check: &mut Check) {
+    let mut want: Vec<String> =
+        r.nodes.iter().filter(|n| !n.view.is_empty()).map(|n| n.member_id.clone()).collect();
+    want.sort();
+    let odd: Vec<String> = r
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !n.view.is_empty() && n.view != want)
+        .map(|(i, n)| format!("n{i}: {:?}", n.view))
+        .collect();
+    check.that(
+        odd.is_empty(),
+        format!(
+            "every running node's view is the {} running nodes ({} differ: {:?})",
+            want.len(),
+            odd.len(),
+            odd.iter().take(3).collect::<Vec<_>>()
+        ),
+    );
+}
+
+/// The first time every node's view held all `nodes` ids.
+fn converged_at(r: &RunReport, nodes: usize) -> Option<Duration> {
+    r.nodes
+        .iter()
+        .map(|n| {
+            n.view_changes
+                .iter()
+                .find(|(_, ids)| ids.len() == nodes)
+                .map(|c| Duration::from_nanos(c.0.as_nanos()))
+        })
+        .try_fold(Duration::ZERO, |acc, t| t.map(|t| acc.max(t)))
+}
+
+fn discovery_boot() -> Scenario {
+    Scenario::new(
+        "discovery-boot",
+        "a boot storm: every node knows only the next one (a cyclic seed list) and reads at once while views converge",
+        |seed, scale| {
+            let nodes = pick(scale, 8, 32) as usize;
+            let size = pick(scale, 2, 64) * MIB;
+            let block = pick(scale, 128 << 10, 4 * MIB);
+            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(20));
+            with_discovery(&mut spec, SimSeeds::Ring, false);
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let nodes = run.spec.cluster.nodes;
+        safety_reads_finish(run, check, &[]);
+        views_agree(r, check);
+        let interval = Timing::default().interval;
+        let at = converged_at(r, nodes);
+        check.that(
+            at.is_some_and(|t| t <= interval * 3),
+            format!("every view held all {nodes} members within 3 refresh intervals (at {at:?})"),
+        );
+        let object = run.spec.cluster.objects[0].size;
+        check.note(format!(
+            "views converged at {at:?}; origin {:.2} x the object while they converged",
+            r.origin.body_bytes as f64 / object as f64
+        ));
+    })
+}
+
+/// The member that roots block 0's tree crashes for good after the reads begin (discovery by
+/// DNS, the `dead-root` fault as a death): it must leave every view, and reads go on.
+fn member_dies() -> Scenario {
+    Scenario::new(
+        "member-dies",
+        "with discovery on, the tree root dies for good mid-read: it leaves every view within forget-after + one interval",
+        |seed, scale| {
+            let nodes = pick(scale, 12, 60) as usize;
+            let size = pick(scale, 4, 128) * MIB;
+            let block = pick(scale, 128 << 10, 4 * MIB);
+            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+            with_discovery(&mut spec, SimSeeds::Dns, false);
+            // The first round (t = 0) converges every view; reads start one second in.
+            for r in &mut spec.workload.safety {
+                r.at += secs(1);
+            }
+            let root = tree_order(&spec.cluster, 0, 0)[0];
+            let at = secs(1) + ms(pick(scale, 150, 400) + seed % 100);
+            // Dead until the faults heal (80 s): past forget-after plus one interval.
+            spec.phases.safety = secs(80);
+            spec.plan = FaultPlan { faults: vec![fault(at, secs(79), FaultKind::Crash { node: root, keep_cache: false })] };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let root = tree_order(&run.spec.cluster, 0, 0)[0];
+        safety_reads_finish(run, check, &[root]);
+        views_agree(r, check);
+        let died = run.spec.plan.faults[0].at;
+        let timing = Timing::default();
+        let bound = died + timing.forget_after + timing.interval + secs(1);
+        let id = format!("n{root}");
+        let mut latest = Duration::ZERO;
+        let mut problems = Vec::new();
+        for n in (0..r.nodes.len()).filter(|&n| n != root) {
+            match left_view(r, n, &id, died, bound) {
+                Ok(Some(t)) => latest = latest.max(t),
+                Ok(None) => {}
+                Err(e) => problems.push(e),
+            }
+        }
+        check.that(
+            problems.is_empty(),
+            format!("the dead member left every view by {bound:?}: death {died:?} + forget-after + one interval (+1 s of roster bounds) ({problems:?})"),
+        );
+        check.that(latest > died, "it was in the views when it died");
+        let liveness_ok = r.phase(Phase::Liveness).all(|x| x.outcome.is_complete());
+        check.that(liveness_ok, "reads after it came back all complete");
+        let object = run.spec.cluster.objects[0].size;
+        let heal = dart_core::time::Instant::ZERO + run.spec.phases.safety;
+        let safety_bytes = r.origin.bytes_timeline.iter().take_while(|(t, _)| *t < heal).last().map_or(0, |s| s.1);
+        check.note(format!(
+            "the dead root left the last view {:?} after it died; origin {:.2} x the object before it came back (dead-root with discovery on)",
+            latest.saturating_sub(died),
+            safety_bytes as f64 / object as f64
+        ));
+    })
+}
+
+/// A member dies and its address comes back under another id (a pod IP reused by another pod).
+fn pod_ip_reuse() -> Scenario {
+    Scenario::new(
+        "pod-ip-reuse",
+        "a member dies and a new member takes its address: the dead id leaves every view, the new one joins",
+        |seed, scale| {
+            let nodes = pick(scale, 8, 24) as usize;
+            let size = pick(scale, 2, 32) * MIB;
+            let block = pick(scale, 128 << 10, 4 * MIB);
+            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+            with_discovery(&mut spec, SimSeeds::Dns, true);
+            for r in &mut spec.workload.safety {
+                r.at += secs(1);
+            }
+            let victim = tree_order(&spec.cluster, 0, 0)[1];
+            spec.plan = FaultPlan {
+                faults: vec![fault(secs(1) + ms(200 + seed % 100), secs(3), FaultKind::Crash { node: victim, keep_cache: false })],
+            };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let victim = tree_order(&run.spec.cluster, 0, 0)[1];
+        safety_reads_finish(run, check, &[victim]);
+        views_agree(r, check);
+        let new_id = r.nodes[victim].member_id.clone();
+        check.that(new_id != format!("n{victim}"), format!("the restarted process took a new id ({new_id})"));
+        let died = run.spec.plan.faults[0].at;
+        let timing = Timing::default();
+        let old = format!("n{victim}");
+        let mut latest = Duration::ZERO;
+        let mut problems = Vec::new();
+        let bound = died + timing.forget_after + timing.interval + secs(1);
+        for n in 0..r.nodes.len() {
+            match left_view(r, n, &old, died, bound) {
+                Ok(Some(t)) => latest = latest.max(t),
+                Ok(None) => {}
+                Err(e) => problems.push(e),
+            }
+        }
+        check.that(
+            problems.is_empty(),
+            format!("the old id left every view by {bound:?}, forget-after + one interval (+1 s) after its death ({problems:?})"),
+        );
+        check.note(format!(
+            "the old id at the reused address left the last view {:?} after it died (displaced when the new owner answered there)",
+            latest.saturating_sub(died)
+        ));
     })
 }

@@ -27,6 +27,30 @@ pub struct PeerConfig {
     pub replicas: usize,
     /// Breaker settings (the seed is replaced by one drawn from the node's RNG).
     pub breaker: BreakerConfig,
+    /// Live membership (`None`: every node starts with the full static member list).
+    pub discovery: Option<SimDiscovery>,
+}
+
+/// Live membership in the simulator: each node starts knowing only itself and runs the core's
+/// discovery rounds over the simulated network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimDiscovery {
+    /// Where each node's seed addresses come from.
+    pub seeds: SimSeeds,
+    /// Refresh interval and forget-after.
+    pub timing: dart_core::discovery::Timing,
+    /// A node that restarts comes back under a new member id at its old address (a pod IP
+    /// reused by another pod).
+    pub new_id_on_restart: bool,
+}
+
+/// Seed addresses of simulated nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimSeeds {
+    /// Node `i` is seeded with node `i + 1` only (the last with node 0): a cyclic list.
+    Ring,
+    /// A DNS name that resolves to the nodes running at that moment (a headless Service).
+    Dns,
 }
 
 impl Default for PeerConfig {
@@ -35,6 +59,7 @@ impl Default for PeerConfig {
             fanout: dart_core::engine::route::AUTO_FANOUT,
             replicas: 1,
             breaker: BreakerConfig::default(),
+            discovery: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::config::ClusterConfig;
 use crate::fault::Lie;
 use crate::workload::Expected;
 use dart_core::breaker::{Breaker, BreakerEvent};
+use dart_core::discovery::Seeds;
 use dart_core::engine::resolve::UpstreamMode;
 use dart_core::engine::route::Placement;
 use dart_core::engine::{Engine, EngineConfig, EngineStats, Method, P2p};
@@ -22,6 +23,9 @@ use dart_core::time::Instant;
 use std::collections::BTreeMap;
 
 pub use crate::config::PeerConfig;
+
+/// The seed name of [`crate::config::SimSeeds::Dns`].
+pub const DNS_NAME: &str = "dart.sim";
 
 /// Most inbound requests (client and peer) a simulated node tracks at once.
 pub const INBOUND_MAX: usize = REQUESTS_MAX;
@@ -153,6 +157,8 @@ pub struct SimNode {
     pub timer_at: Option<Instant>,
     /// Breaker transitions seen so far, across incarnations.
     pub circuit_events: Vec<BreakerEvent<String>>,
+    /// Membership views the machine moved to (discovery), with when, across incarnations.
+    pub view_changes: Vec<(Instant, Vec<String>)>,
     /// Client reads in progress.
     pub clients: BTreeMap<RequestId, ClientRequest>,
     /// Peers' requests in progress.
@@ -186,6 +192,7 @@ impl SimNode {
             peer_faults: PeerFaults::default(),
             timer_at: None,
             circuit_events: Vec::new(),
+            view_changes: Vec::new(),
             clients: BTreeMap::new(),
             peers: BTreeMap::new(),
             exchanges: BTreeMap::new(),
@@ -215,16 +222,49 @@ impl SimNode {
         let config = NodeConfig {
             mode: UpstreamMode::prefix("dart"),
             bounds: self.bounds,
-            self_id: member_id(self.index),
+            self_id: self.member_id(),
             advertise: member_addr(self.index),
             access: self.access.clone(),
         };
         let mut node = Node::new(engine, config).expect("valid bounds");
+        if let Some(d) = self.peer.as_ref().and_then(|(p, _)| p.discovery.as_ref()) {
+            let seeds = match d.seeds {
+                crate::config::SimSeeds::Ring => {
+                    let nodes = self.peer.as_ref().map_or(1, |(_, v)| v.members().len());
+                    Seeds::Static(vec![member_addr((self.index + 1) % nodes)])
+                }
+                crate::config::SimSeeds::Dns => Seeds::Dns { name: DNS_NAME.into(), port: 9000 },
+            };
+            node.enable_discovery(seeds, d.timing, now).expect("a peer path, an id, an address");
+        }
         // The wall clock every node reads (peer MACs carry it): the simulated epoch plus the
         // simulated time.
         let unix_ms = crate::config::SIM_EPOCH_MS + now.as_nanos() / 1_000_000;
         node.handle_input(dart_core::node::Input::WallClock { unix_ms }, now);
         node
+    }
+
+    /// This incarnation's member id: `n<index>`, or `n<index>.<incarnation>` when restarts take
+    /// a new id.
+    pub fn member_id(&self) -> String {
+        let renamed = self
+            .peer
+            .as_ref()
+            .and_then(|(p, _)| p.discovery.as_ref())
+            .is_some_and(|d| d.new_id_on_restart);
+        if renamed && self.incarnation > 0 {
+            format!("{}.{}", member_id(self.index), self.incarnation)
+        } else {
+            member_id(self.index)
+        }
+    }
+
+    /// The member ids in the machine's view (empty while down or without a peer path).
+    pub fn view_ids(&self) -> Vec<String> {
+        let p2p = self.machine.as_ref().and_then(|m| m.engine().p2p());
+        p2p.map_or(Vec::new(), |p| {
+            p.placement.view().members().iter().map(|m| m.id.clone()).collect()
+        })
     }
 
     /// Whether the process is running.

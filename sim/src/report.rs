@@ -147,6 +147,12 @@ pub struct NodeReport {
     pub breaker: Option<BreakerCounters>,
     /// Peers whose circuit is not closed at the end, with their state.
     pub unclosed: Vec<(String, CircuitState)>,
+    /// The member ids of the final view (empty while down or without a peer path).
+    pub view: Vec<String>,
+    /// Every view the node moved to under discovery, with when, across incarnations.
+    pub view_changes: Vec<(Instant, Vec<String>)>,
+    /// This incarnation's member id.
+    pub member_id: String,
 }
 
 /// Everything a run produced.

@@ -185,7 +185,7 @@ fn dns_seeds_are_resolved_every_round_and_a_failure_keeps_the_known_ones() {
     let seeds = Seeds::Dns { name: "dart.ns.svc".into(), port: 9000 };
     let mut d = Directory::new(Member::ready("a", "10.0.0.1:9000"), seeds, Timing::default(), t(0));
     assert_eq!(d.start_round(t(0)), Start::Resolve { name: "dart.ns.svc".into(), port: 9000 });
-    assert_eq!(d.poll_timeout(), None, "resolving");
+    assert_eq!(d.poll_timeout(), Some(t(0) + RESOLVE_BOUND), "resolving, with a bound");
     let ask = d.seeds_resolved(Ok(vec!["10.0.0.1:9000".into(), "10.0.0.2:9000".into()]), t(1));
     assert_eq!(ask, ["10.0.0.2:9000"]);
     d.answered("10.0.0.2:9000", Err("refused".into()), t(2));

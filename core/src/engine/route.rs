@@ -81,6 +81,11 @@ impl Placement {
         &self.view
     }
 
+    /// The same placement over another view (a membership change); the rankings are recomputed.
+    pub fn with_view(&self, view: View) -> Placement {
+        Placement::new(view, &self.self_id, self.fanout, self.replicas)
+    }
+
     /// This node's id.
     pub fn self_id(&self) -> &str {
         &self.self_id

@@ -94,7 +94,8 @@ pub(super) enum Job {
         credential: super::access::Credential,
     },
     Roster {
-        ticket: u64,
+        /// The driver's ticket (an [`Event::Roster`] answers it), or `None`: discovery asked.
+        ticket: Option<u64>,
         addr: String,
         permit: Option<Permit<String>>,
         responder: Option<String>,

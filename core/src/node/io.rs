@@ -296,8 +296,16 @@ pub enum Input {
         /// Milliseconds since the Unix epoch.
         unix_ms: u64,
     },
-    /// Fetch the roster of the peer at `addr` (discovery); the answer is an
-    /// [`Event::Roster`] carrying `ticket`.
+    /// The answer to [`Output::Resolve`]: the seed name's addresses joined with the port
+    /// (`host:port`), or why the name did not resolve.
+    Resolved {
+        /// The resolution's ticket.
+        ticket: u64,
+        /// The addresses, or the error.
+        result: Result<Vec<String>, String>,
+    },
+    /// Fetch the roster of the peer at `addr` (diagnostics and tests; discovery fetches its
+    /// own); the answer is an [`Event::Roster`] carrying `ticket`.
     FetchRoster {
         /// Chosen by the driver, echoed in the event.
         ticket: u64,
@@ -384,6 +392,25 @@ pub enum Event {
         /// The roster and the responder's self-reported id, or why not.
         result: Result<(Roster, Option<String>), String>,
     },
+    /// The membership view changed (discovery): placement uses it from now on.
+    View {
+        /// The new epoch.
+        epoch: u64,
+        /// Members in the view, self included.
+        members: usize,
+        /// Ids that joined.
+        joined: Vec<String>,
+        /// Ids that left.
+        left: Vec<String>,
+    },
+    /// Discovery went wrong (a seed name did not resolve, a roster carried invalid ids). At
+    /// most one per minute is reported; `suppressed` counts those held back since the last.
+    Discovery {
+        /// What went wrong.
+        message: String,
+        /// Reports held back since the last one.
+        suppressed: u64,
+    },
     /// Handling an input panicked; the requests it touched were failed and forgotten.
     Panicked {
         /// The requests failed because of it.
@@ -396,6 +423,16 @@ pub enum Event {
 /// An output of the node, drained with [`super::Node::poll_output`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Output {
+    /// Resolve the seed `name` (A/AAAA) and answer with [`Input::Resolved`] carrying `ticket`,
+    /// each address joined with `port`.
+    Resolve {
+        /// Echoed in the answer.
+        ticket: u64,
+        /// The name.
+        name: String,
+        /// The peer port.
+        port: u16,
+    },
     /// Send this `GET` and report its progress with [`Input::Io`].
     Send(IoRequest),
     /// Abandon this exchange: drop its connection (or its unread body) and report nothing more.

@@ -8,6 +8,7 @@
 mod access;
 mod body;
 mod bounds;
+mod discover;
 mod exchange;
 mod flights;
 mod io;
@@ -21,6 +22,7 @@ pub use access::{
     Access, AccessCounters, Credential, DEFAULT_CHECK_TTL, DEFAULT_STALE_GRACE, VERIFIED_MAX,
 };
 pub use bounds::{Bounds, BoundsError, BOUND_MAX};
+pub use discover::DiscoveryError;
 pub use io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,
     IoRequest, Output, Plane, Purpose, RequestId, StoreOp, HEADERS_MAX,
@@ -180,6 +182,10 @@ pub struct Node {
     /// leaves the set when this process drops or writes it.
     recovered: std::collections::BTreeSet<crate::hash::BlockKey>,
     learned: BTreeMap<String, String>,
+    /// Live membership, when discovery is on.
+    directory: Option<crate::discovery::Directory>,
+    /// The seed resolution in flight.
+    resolve_ticket: u64,
     out: VecDeque<Output>,
     next_io: u64,
     next_op: u64,
@@ -216,6 +222,8 @@ impl Node {
             store_ops: BTreeMap::new(),
             recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),
+            directory: None,
+            resolve_ticket: 0,
             out: VecDeque::new(),
             next_io: 0,
             next_op: 0,
@@ -298,7 +306,8 @@ impl Node {
                 self.on_io(id, event, now);
             }
             Input::Store { op, block } => self.on_store(op, block, now),
-            Input::FetchRoster { ticket, addr } => self.fetch_roster(ticket, addr, now),
+            Input::FetchRoster { ticket, addr } => self.fetch_roster(Some(ticket), addr, now),
+            Input::Resolved { ticket, result } => self.seeds_resolved(ticket, result, now),
             Input::WallClock { unix_ms } => self.access.set_wall(now, unix_ms),
             Input::FetchBlock { ticket, addr, key, url, hop, expected } => {
                 let fetch = peer::PeerFetch { key, url, hop, expected };
@@ -319,7 +328,8 @@ impl Node {
         let hedge = self.hedge_timers.first().map(|&(t, _)| t);
         let answer = self.answer_timers.first().map(|&(t, _)| t);
         let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
-        [exchange, stall, hedge, answer, breaker].into_iter().flatten().min()
+        let discovery = self.directory.as_ref().and_then(|d| d.poll_timeout());
+        [exchange, stall, hedge, answer, breaker, discovery].into_iter().flatten().min()
     }
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
@@ -329,6 +339,7 @@ impl Node {
     }
 
     fn fire_timers(&mut self, now: Instant) {
+        self.discovery_due(now);
         // Each due exchange is removed or re-armed later than now, so this loop ends.
         while let Some(&(at, io)) = self.timers.first() {
             if at > now {

@@ -52,7 +52,7 @@ impl Node {
             return self.reply(id, Plane::Peer, 401, &message, extra);
         }
         if path == ROSTER_PATH {
-            return self.serve_roster(id, &request);
+            return self.serve_roster(id, &request, now);
         }
         if !path.starts_with(BLOCK_PATH_PREFIX) {
             return self.reply(id, Plane::Peer, 404, "dart: unknown peer path", Headers::new());
@@ -522,14 +522,16 @@ impl Node {
 
     /// `GET /peer/v1/roster`: this node's view, naming itself, learning a caller that names
     /// itself and its advertised address.
-    fn serve_roster(&mut self, id: RequestId, request: &Inbound) {
+    fn serve_roster(&mut self, id: RequestId, request: &Inbound, now: Instant) {
         if request.method != "GET" {
             let allow = Headers::new().with("allow", "GET");
             return self.reply(id, Plane::Peer, 405, "dart: method not allowed", allow);
         }
         let caller = request.headers.get_str(HEADER_NODE);
         let addr = request.headers.get_str(HEADER_PEER_ADDR);
-        if let (Some(caller), Some(addr)) = (caller, addr) {
+        if let (Some(caller), Some(addr), Some(dir)) = (caller, addr, self.directory.as_mut()) {
+            dir.caller(caller, addr, now);
+        } else if let (Some(caller), Some(addr)) = (caller, addr) {
             let known = self.learned.contains_key(caller);
             if validate_member_id(caller).is_ok()
                 && caller != self.config.self_id
@@ -557,15 +559,18 @@ impl Node {
 
     /// Fetches `addr`'s roster. Roster requests bypass the breaker's admission (discovery must
     /// reach peers whose circuit is open) but their outcome is recorded.
-    pub(super) fn fetch_roster(&mut self, ticket: u64, addr: String, now: Instant) {
-        let Some(p2p) = self.engine.p2p_mut() else {
-            let result = Err("the peer path is off".to_owned());
-            return self.event(Event::Roster { ticket, result });
+    pub(super) fn fetch_roster(&mut self, ticket: Option<u64>, addr: String, now: Instant) {
+        let refused = if self.engine.p2p().is_none() {
+            Some("the peer path is off")
+        } else if self.roster_fetches >= ROSTER_FETCHES_MAX {
+            Some("too many roster fetches in flight")
+        } else {
+            None
         };
-        if self.roster_fetches >= ROSTER_FETCHES_MAX {
-            let result = Err("too many roster fetches in flight".to_owned());
-            return self.event(Event::Roster { ticket, result });
+        if let Some(why) = refused {
+            return self.roster_answered(ticket, &addr, Err(why.to_owned()), now);
         }
+        let p2p = self.engine.p2p_mut().expect("checked above");
         let permit = p2p.breaker.begin_roster(&addr, now);
         let mut headers = Headers::new();
         if !self.config.self_id.is_empty() {
@@ -640,7 +645,7 @@ impl Node {
             self.emit(Output::Cancel(io));
         }
         self.roster_fetches -= 1;
-        let Job::Roster { ticket, permit, .. } = x.job else { unreachable!("a roster job") };
+        let Job::Roster { ticket, permit, addr, .. } = x.job else { unreachable!("a roster job") };
         let observation = match &result {
             Ok(_) => Observation::Served,
             Err((o, _)) => *o,
@@ -649,6 +654,20 @@ impl Node {
             p2p.breaker.complete(permit, observation.outcome(), now);
         }
         let result = result.map_err(|(_, m)| m);
-        self.event(Event::Roster { ticket, result });
+        self.roster_answered(ticket, &addr, result, now);
+    }
+
+    /// A roster fetch ended: the driver's ticket is answered, or discovery learns from it.
+    fn roster_answered(
+        &mut self,
+        ticket: Option<u64>,
+        addr: &str,
+        result: Result<(Roster, Option<String>), String>,
+        now: Instant,
+    ) {
+        match ticket {
+            Some(ticket) => self.event(Event::Roster { ticket, result }),
+            None => self.discovery_answered(addr, result, now),
+        }
     }
 }

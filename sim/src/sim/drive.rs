@@ -203,6 +203,16 @@ impl Sim {
     ) {
         match out {
             Output::Send(req) => self.send(n, req, ctx, pending),
+            Output::Resolve { ticket, name, port } => {
+                // The headless Service: every running node, whatever the port asked.
+                let result = if name == crate::node::DNS_NAME {
+                    let up = (0..self.nodes.len()).filter(|&j| self.nodes[j].is_up());
+                    Ok(up.map(|j| format!("n{j}:{port}")).collect())
+                } else {
+                    Err(format!("{name}: no such name"))
+                };
+                pending.push_back((Input::Resolved { ticket, result }, Context::default()));
+            }
             Output::Cancel(io) => {
                 let Some(&id) = self.nodes[n].exchanges.get(&io) else {
                     return self.violate(Some(n), format!("cancel of unknown exchange {io}"));
@@ -616,6 +626,20 @@ impl Sim {
             }
             Event::Panicked { requests, message } => {
                 self.violate(Some(n), format!("the machine panicked ({requests:?}): {message}"))
+            }
+            Event::View { epoch, members, joined, left } => {
+                self.trace.line(
+                    self.now,
+                    format_args!("view n{n} {epoch} {members} +{joined:?} -{left:?}"),
+                );
+                let ids = self.nodes[n].view_ids();
+                self.nodes[n].view_changes.push((self.now, ids));
+            }
+            Event::Discovery { message, suppressed } => {
+                self.trace.line(
+                    self.now,
+                    format_args!("discovery n{n} {message} ({suppressed} held back)"),
+                );
             }
         }
     }

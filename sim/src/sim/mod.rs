@@ -214,6 +214,10 @@ impl Sim {
 
     /// Runs to the end and reports.
     pub fn run(mut self) -> RunReport {
+        // Machines with a deadline from the start (discovery's first round) are woken for it.
+        for n in 0..self.nodes.len() {
+            self.arm_timer(n);
+        }
         while let Some((at, event)) = self.queue.pop() {
             debug_assert!(at >= self.now, "time never goes backwards in the queue");
             self.now = at;
@@ -317,9 +321,11 @@ impl Sim {
         let node = &mut self.nodes[n];
         let Some(machine) = &node.machine else { return };
         if let Some(at) = machine.poll_timeout() {
+            // A deadline already past (discovery's first round is due at start) fires now.
+            let at = at.max(self.now);
             if node.timer_at.is_none_or(|t| at < t) {
                 node.timer_at = Some(at);
-                self.queue.push(at.max(self.now), Event::NodeTimer { node: n });
+                self.queue.push(at, Event::NodeTimer { node: n });
             }
         }
     }
@@ -700,6 +706,9 @@ impl Sim {
                     breaker: p2p.map(|p| p.breaker.counters().clone()),
                     unclosed,
                     circuit_events: std::mem::take(&mut n.circuit_events),
+                    view: n.view_ids(),
+                    view_changes: std::mem::take(&mut n.view_changes),
+                    member_id: n.member_id(),
                 }
             })
             .collect();
