@@ -131,15 +131,33 @@ pub struct NodeFlags {
     /// Largest wall-clock difference a peer's request timestamp may show.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_clock_skew: std::time::Duration,
-    /// This node's member id (visible ASCII); required with --peers.
+    /// This node's member id (visible ASCII, stable across restarts: e.g. the machine's name,
+    /// never a pod IP); required with --peers and --discover.
     #[arg(long, default_value = "")]
     pub self_id: String,
     /// Peer listen address (block transport between nodes); used with --peers.
     #[arg(long, default_value = ":9000")]
     pub peer_listen: String,
     /// Fixed membership `id@host:port,...` including this node; empty runs a single node.
+    /// Excludes --discover.
     #[arg(long, default_value = "")]
     pub peers: String,
+    /// Live membership from seeds: `static:<host:port>,<host:port>` (or a bare list) or
+    /// `dns:<name>:<port>` (e.g. a headless Service, resolved every round). Nodes learn each
+    /// other by roster exchange and forget a member silent for --forget-after. Excludes --peers.
+    #[arg(long, default_value = "")]
+    pub discover: String,
+    /// Time between discovery rounds.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub discover_interval: std::time::Duration,
+    /// Time without direct contact after which a member is forgotten.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub forget_after: std::time::Duration,
+    /// The `host:port` peers dial to reach this node (with --discover). Never a wildcard; empty
+    /// takes --peer-listen, whose wildcard host is replaced by $DART_ADVERTISE_HOST, $POD_IP or
+    /// the host name, in that order.
+    #[arg(long, default_value = "")]
+    pub peer_advertise: String,
     /// Distribution-tree branching factor; 0 (the default) picks it from the cluster size: a
     /// chain up to 16 members (every node uploads each block once, so a herd runs at line rate),
     /// a binary tree beyond.

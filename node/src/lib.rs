@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use cli::{Cli, Command, NodeFlags};
 use dart_core::breaker::{BackoffPolicy, Breaker, BreakerConfig, DEFAULT_COOLDOWN_CAP};
 use dart_core::codec::redact::strip_userinfo;
+use dart_core::discovery::{check_advertise, Seeds, Timing};
 use dart_core::engine::resolve::UpstreamMode;
 use dart_core::engine::route::Placement;
 use dart_core::engine::P2p;
@@ -183,7 +184,7 @@ pub async fn start_on<S: Seam>(
         );
     }
     let bounds = bounds(flags)?;
-    let p2p = p2p_setup(flags)?;
+    let (p2p, seeds) = p2p_setup(flags)?;
     let store: Arc<dyn BlockCache> = match store {
         Some(store) => store,
         None => open_disk_cache(
@@ -211,7 +212,7 @@ pub async fn start_on<S: Seam>(
         read_ahead: flags.read_ahead,
     });
     let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
-    let advertise = p2p
+    let mut advertise = p2p
         .as_ref()
         .and_then(|p| p.placement.view().get(&flags.self_id).map(|m| m.addr.clone()))
         .unwrap_or_default();
@@ -251,6 +252,9 @@ pub async fn start_on<S: Seam>(
         None
     };
     let peer_addr = peer.as_ref().map(|l| l.local_addr()).transpose()?;
+    if let (Some(_), Some(bound)) = (&seeds, peer_addr) {
+        advertise = advertised(flags, bound)?;
+    }
     for addr in [Some(client_addr), admin_addr, peer_addr].into_iter().flatten() {
         access.policy.add_listener(addr);
     }
@@ -262,10 +266,17 @@ pub async fn start_on<S: Seam>(
         mode: mode.clone(),
         bounds,
         self_id: flags.self_id.clone(),
-        advertise,
+        advertise: advertise.clone(),
         access,
     };
     let mut node = Node::new(engine, config).context("invalid bounds")?;
+    if let Some(seeds) = seeds {
+        let timing = Timing { interval: flags.discover_interval, forget_after: flags.forget_after };
+        // The driver's clock starts at zero when it starts, just below: the first round is due
+        // at once.
+        node.enable_discovery(seeds, timing, dart_core::time::Instant::ZERO)
+            .context("turning discovery on")?;
+    }
     // Blocks a warm start kept carry no version: the machine decides what to serve of them.
     node.recovered_blocks(store.kept_keys());
     let (stop, stop_rx) = watch::channel(false);
@@ -303,8 +314,13 @@ pub async fn start_on<S: Seam>(
     let banner = format!(
         "dart client={client_addr} | mode: {mode_text} | p2p: {} | admin: {} | cache: {} ({} MiB)",
         peer_addr.map_or("off".to_string(), |a| format!(
-            "on as {} of {members} members, peer={a}, {}",
+            "on as {} {}, peer={a}, {}",
             flags.self_id,
+            if flags.discover.is_empty() {
+                format!("of {members} members")
+            } else {
+                format!("advertised at {advertise}, discovering by {}", flags.discover)
+            },
             if authenticated { "authenticated" } else { "UNAUTHENTICATED" }
         )),
         admin_addr.map_or("off".to_string(), |a| a.to_string()),
@@ -444,16 +460,80 @@ fn load_ca_file(
     Ok(certs)
 }
 
-/// Validates the peer flags and builds the engine's peer half and the peer client's bounds.
-fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<Option<P2p>> {
-    if flags.peers.is_empty() {
-        return Ok(None);
+/// The address peers reach this node at (with `--discover`): `--peer-advertise`, or the bound
+/// peer listener with a wildcard host replaced by `$DART_ADVERTISE_HOST`, `$POD_IP` or the host
+/// name.
+fn advertised(flags: &NodeFlags, bound: SocketAddr) -> anyhow::Result<String> {
+    if !flags.peer_advertise.is_empty() {
+        check_advertise(&flags.peer_advertise).context("invalid --peer-advertise")?;
+        return Ok(flags.peer_advertise.clone());
     }
-    validate_member_id(&flags.self_id).context("--self-id is required with --peers")?;
-    let members = parse_peers(&flags.peers).context("invalid --peers")?;
-    if !members.iter().any(|m| m.id == flags.self_id) {
-        anyhow::bail!("--peers must include this node's --self-id {:?}", flags.self_id);
+    let host = if bound.ip().is_unspecified() {
+        let env =
+            |k: &str| std::env::var(k).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let hostname = || {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+        };
+        env("DART_ADVERTISE_HOST").or_else(|| env("POD_IP")).or_else(hostname).context(
+            "--peer-listen has a wildcard host and no --peer-advertise, $DART_ADVERTISE_HOST, \
+             $POD_IP or host name says how peers reach this node",
+        )?
+    } else {
+        bound.ip().to_string()
+    };
+    let host =
+        if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host };
+    let addr = format!("{host}:{}", bound.port());
+    check_advertise(&addr).context("the address to advertise (set --peer-advertise)")?;
+    Ok(addr)
+}
+
+/// Validates the peer flags and builds the engine's peer half and, with `--discover`, the seeds.
+fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<(Option<P2p>, Option<Seeds>)> {
+    if !flags.peers.is_empty() && !flags.discover.is_empty() {
+        anyhow::bail!("--peers and --discover are mutually exclusive: give a fixed list or seeds");
     }
+    if flags.peers.is_empty() && flags.discover.is_empty() {
+        if !flags.peer_advertise.is_empty() {
+            anyhow::bail!("--peer-advertise needs --discover");
+        }
+        return Ok((None, None));
+    }
+    let (members, seeds) = if flags.discover.is_empty() {
+        validate_member_id(&flags.self_id).context("--self-id is required with --peers")?;
+        let members = parse_peers(&flags.peers).context("invalid --peers")?;
+        if !members.iter().any(|m| m.id == flags.self_id) {
+            anyhow::bail!("--peers must include this node's --self-id {:?}", flags.self_id);
+        }
+        (members, None)
+    } else {
+        validate_member_id(&flags.self_id).context("--self-id is required with --discover")?;
+        let seeds = Seeds::parse(&flags.discover).context("invalid --discover")?;
+        if !flags.peer_advertise.is_empty() {
+            check_advertise(&flags.peer_advertise).context("invalid --peer-advertise")?;
+        }
+        for (flag, d) in [
+            ("--discover-interval", flags.discover_interval),
+            ("--forget-after", flags.forget_after),
+        ] {
+            if d.is_zero() {
+                anyhow::bail!("{flag} must be above zero");
+            }
+        }
+        if flags.forget_after < flags.discover_interval * 2 {
+            anyhow::bail!(
+                "--forget-after ({:?}) must be at least twice --discover-interval ({:?}): a live member \
+                 is met once per interval",
+                flags.forget_after,
+                flags.discover_interval
+            );
+        }
+        // The node alone until the first round; its address is set once the listener is bound.
+        (vec![dart_core::membership::Member::ready(&flags.self_id, "")], Some(seeds))
+    };
     let view = View::new(members);
     let placement = Placement::new(view, &flags.self_id, flags.fanout, flags.replicas);
     let config = BreakerConfig {
@@ -466,7 +546,7 @@ fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<Option<P2p>> {
         ..BreakerConfig::default()
     };
     let breaker = Breaker::new(config).context("invalid breaker settings")?;
-    Ok(Some(P2p { placement, breaker }))
+    Ok((Some(P2p { placement, breaker }), seeds))
 }
 
 type AdminAnswer = (StatusCode, &'static str, String);

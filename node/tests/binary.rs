@@ -233,7 +233,7 @@ async fn a_second_node_on_the_same_cache_dir_fails_fast_naming_the_lock() {
 
 #[tokio::test]
 async fn bad_flags_exit_non_zero_with_a_clear_message_before_touching_the_disk() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--cache-size", "0"], "--cache-size (0) must be at least --block-size"),
         (
             &["--block-size", "3MiB", "--chunk-size", "256MiB"],
@@ -241,6 +241,35 @@ async fn bad_flags_exit_non_zero_with_a_clear_message_before_touching_the_disk()
         ),
         (&["--owned-fraction", "1"], "--owned-fraction must be strictly between 0 and 1, got 1"),
         (&["--namespace", "team\u{1f}a"], "invalid --namespace"),
+        (
+            &["--self-id", "a", "--peers", "a@h:1", "--discover", "h:2"],
+            "--peers and --discover are mutually exclusive",
+        ),
+        (&["--discover", "static:h:9000"], "--self-id is required with --discover"),
+        (&["--self-id", "a", "--discover", "static:h"], "invalid --discover"),
+        (
+            &["--self-id", "a", "--discover", "k8s:ns/dart"],
+            "--discover scheme \"k8s\" is not supported",
+        ),
+        (&["--self-id", "a", "--discover", "dns:name"], "invalid --discover"),
+        (
+            &["--self-id", "a", "--discover", "h:9000", "--peer-advertise", "0.0.0.0:9000"],
+            "invalid --peer-advertise",
+        ),
+        (&["--peer-advertise", "10.0.0.1:9000"], "--peer-advertise needs --discover"),
+        (
+            &[
+                "--self-id",
+                "a",
+                "--discover",
+                "h:9000",
+                "--discover-interval",
+                "5s",
+                "--forget-after",
+                "6s",
+            ],
+            "--forget-after (6s) must be at least twice --discover-interval (5s)",
+        ),
     ];
     for (flags, want) in cases {
         let dir = temp_dir("flags");

@@ -1,0 +1,146 @@
+//! Five real `dart` processes on loopback that know only the next one's address (a cyclic seed
+//! list, `--discover static:`): their views converge on one epoch within three refresh
+//! intervals; one is killed and leaves every view within forget-after plus one interval, while
+//! reads through the survivors keep succeeding with correct bytes.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{get, origin, temp_dir, TempDir};
+
+const NODES: usize = 5;
+const INTERVAL: Duration = Duration::from_millis(1000);
+const FORGET: Duration = Duration::from_millis(3000);
+const SIZE: u64 = 4 << 20;
+
+struct Proc {
+    child: Child,
+    client: SocketAddr,
+    admin: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn spawn(i: usize, peer_port: u16, seed_port: u16) -> Proc {
+    let dir = temp_dir("discovery", &format!("node-{i}"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dart"))
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
+        .args(["--self-id", &format!("node-{i}")])
+        .args(["--discover", &format!("static:127.0.0.1:{seed_port}")])
+        .args(["--discover-interval", &format!("{}ms", INTERVAL.as_millis())])
+        .args(["--forget-after", &format!("{}ms", FORGET.as_millis())])
+        .args(["--cache-size", "64MiB", "--mem-size", "0"])
+        .args(["--allow-upstream", "127.0.0.0/8", "--public-upstream", "127.0.0.0/8"])
+        .arg("--cache-dir")
+        .arg(&dir.0)
+        .env("DART_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn dart");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("banner");
+    let find = |key: &str| -> SocketAddr {
+        line.split(" | ")
+            .find_map(|part| part.trim().strip_prefix(key))
+            .and_then(|a| a.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} address in banner {line:?}"))
+    };
+    let (client, admin) = (find("dart client="), find("admin: "));
+    Proc { child, client, admin, _dir: dir }
+}
+
+/// The node's view: its epoch and member ids.
+async fn view(p: &Proc) -> (String, Vec<String>) {
+    let reply = get(&format!("http://{}/admin/members", p.admin), &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let v: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+    let ids = v["members"].as_array().expect("members").iter();
+    let ids = ids.map(|m| m["id"].as_str().expect("id").to_owned()).collect();
+    (v["epoch"].as_str().expect("epoch").to_owned(), ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
+    let origin = origin(11, dart_net_tokio::origin_server::Behaviour::Honours, SIZE).await;
+    let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+    let mut procs: Vec<Option<Proc>> =
+        (0..NODES).map(|i| Some(spawn(i, ports[i], ports[(i + 1) % NODES]))).collect();
+    let started = Instant::now();
+
+    // Convergence: every view holds all five, with one epoch.
+    let all: Vec<String> = (0..NODES).map(|i| format!("node-{i}")).collect();
+    let converged = loop {
+        let mut views = Vec::new();
+        for p in procs.iter().flatten() {
+            views.push(view(p).await);
+        }
+        if views.iter().all(|(e, ids)| *ids == all && *e == views[0].0) {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < INTERVAL * 3,
+            "views did not converge within 3 intervals: {views:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("5 processes converged on one epoch {converged:?} after the last started");
+
+    // Reads through the cluster, then kill one member and keep reading through the others.
+    let want = dart_net_tokio::origin_server::generate(11, 0, SIZE as usize);
+    let url =
+        |p: &Proc, name: &str| format!("http://{}/dart/http://{}/{name}", p.client, origin.addr);
+    let victim = 2;
+    for p in procs.iter().flatten() {
+        let r = get(&url(p, "before.bin"), &[]).await;
+        assert!(r.status == 200 && r.body[..] == want[..], "a read before the kill");
+    }
+    procs[victim] = None; // SIGKILL
+    let killed = Instant::now();
+    let gone_id = format!("node-{victim}");
+    let mut reads = 0;
+    let left = loop {
+        for (i, p) in procs.iter().enumerate() {
+            let Some(p) = p else { continue };
+            let r = get(&url(p, &format!("after-{reads}-{i}.bin")), &[]).await;
+            assert!(r.status == 200 && r.body[..] == want[..], "a read after the kill on node-{i}");
+        }
+        reads += 1;
+        let mut listed = Vec::new();
+        for (i, p) in procs.iter().enumerate() {
+            if let Some(p) = p {
+                if view(p).await.1.contains(&gone_id) {
+                    listed.push(i);
+                }
+            }
+        }
+        if listed.is_empty() {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < FORGET + INTERVAL + Duration::from_millis(1000),
+            "nodes {listed:?} still list the killed {gone_id} {:?} after the kill",
+            killed.elapsed()
+        );
+    };
+    println!(
+        "the killed member left every view {left:?} after the kill (forget-after {FORGET:?} + interval {INTERVAL:?}); {} rounds of reads all served",
+        reads
+    );
+    let (epoch, ids) = view(procs[0].as_ref().expect("alive")).await;
+    assert_eq!(ids.len(), NODES - 1, "epoch {epoch}: {ids:?}");
+}
