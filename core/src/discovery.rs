@@ -149,6 +149,38 @@ pub fn is_host_port(s: &str) -> bool {
     true
 }
 
+/// Why an advertised peer address was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdvertiseError {
+    /// Not `host:port` with a port 1..=65535.
+    #[error("advertised address {0:?} is not host:port (port 1-65535)")]
+    NotHostPort(String),
+    /// The host is a wildcard (every peer would dial itself).
+    #[error("advertised address {0:?} is a wildcard; peers must be able to dial it")]
+    Wildcard(String),
+}
+
+/// Checks an address to advertise to peers: `host:port`, and never a wildcard host (`0.0.0.0`,
+/// `::` in any spelling, with or without a zone). Loopback is fine.
+pub fn check_advertise(addr: &str) -> Result<(), AdvertiseError> {
+    if !is_host_port(addr) {
+        return Err(AdvertiseError::NotHostPort(addr.into()));
+    }
+    let (host, _) = addr.rsplit_once(':').expect("host:port");
+    if is_wildcard_host(host) {
+        return Err(AdvertiseError::Wildcard(addr.into()));
+    }
+    Ok(())
+}
+
+/// Whether a listen or advertise host is a wildcard: empty, or an unspecified IP address in
+/// any spelling (brackets and an IPv6 zone allowed).
+pub fn is_wildcard_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let bare = bare.split_once('%').map_or(bare, |(ip, _)| ip);
+    bare.is_empty() || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())
+}
+
 /// The refresh loop's timings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {

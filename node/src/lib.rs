@@ -562,20 +562,37 @@ fn no_cluster() -> AdminAnswer {
 }
 
 /// `GET /admin/members`: this node's view (epoch as a decimal string).
-fn members_json(node: &Node, self_id: &str) -> AdminAnswer {
+fn members_json(node: &Node, self_id: &str, now: dart_core::time::Instant) -> AdminAnswer {
     let Some(p2p) = node.engine().p2p() else { return no_cluster() };
     let view = p2p.placement.view();
+    let contacts: std::collections::BTreeMap<String, Duration> =
+        node.directory().map(|d| d.contacts(now).into_iter().collect()).unwrap_or_default();
     let members: Vec<serde_json::Value> = view
         .members()
         .iter()
         .map(|m| {
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "id": m.id, "addr": m.addr, "weight": m.weight, "state": m.state.to_string(),
-            })
+            });
+            if let Some(ago) = contacts.get(&m.id) {
+                v["last_contact_ms"] = serde_json::json!(ago.as_millis() as u64);
+            }
+            v
         })
         .collect();
+    let discovery = node.directory().map(|d| {
+        let s = d.stats();
+        serde_json::json!({
+            "interval_ms": d.timing().interval.as_millis() as u64,
+            "forget_after_ms": d.timing().forget_after.as_millis() as u64,
+            "rounds": s.rounds, "answers": s.answers, "failures": s.failures,
+            "resolve_failures": s.resolve_failures, "forgotten": s.forgotten,
+            "displaced": s.displaced, "refused": s.refused, "self_conflicts": s.self_conflicts,
+        })
+    });
     json_answer(&serde_json::json!({
         "self_id": self_id, "epoch": view.epoch().to_string(), "members": members,
+        "discovery": discovery,
     }))
 }
 
@@ -667,7 +684,8 @@ async fn admin_handle<D: Dialer>(
             }))
         }
         (&http::Method::GET, "/admin/members") => {
-            driver.with_node(|node| members_json(node, &self_id))
+            let now = driver.clock().now();
+            driver.with_node(|node| members_json(node, &self_id, now))
         }
         (&http::Method::GET, "/admin/ring") => {
             driver.with_node(|node| ring_json(node, req.uri().query()))

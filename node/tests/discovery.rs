@@ -99,6 +99,18 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     println!("5 processes converged on one epoch {converged:?} after the last started");
+    let p0 = procs[0].as_ref().expect("alive");
+    let reply = get(&format!("http://{}/admin/members", p0.admin), &[]).await;
+    let v: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+    assert!(v["discovery"]["rounds"].as_u64().is_some_and(|r| r >= 1), "{v}");
+    for m in v["members"].as_array().expect("members") {
+        let ago = m["last_contact_ms"].as_u64();
+        if m["id"] == "node-0" {
+            assert_eq!(ago, None, "self has no contact age");
+        } else {
+            assert!(ago.is_some_and(|ms| ms <= 3 * INTERVAL.as_millis() as u64), "{m}");
+        }
+    }
 
     // Reads through the cluster, then kill one member and keep reading through the others.
     let want = dart_net_tokio::origin_server::generate(11, 0, SIZE as usize);

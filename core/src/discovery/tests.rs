@@ -241,6 +241,34 @@ fn discover_values_parse_or_are_refused_with_the_reason() {
     assert_eq!(Seeds::parse("k8s:default/dart"), Err(SeedsError::Scheme("k8s".into())));
 }
 
+#[test]
+fn an_advertised_address_is_host_port_and_never_a_wildcard() {
+    for good in ["10.0.0.5:9000", "127.0.0.1:9000", "[::1]:9000", "node-a.svc:9000"] {
+        assert_eq!(check_advertise(good), Ok(()), "{good}");
+    }
+    for wildcard in [
+        ":9000",
+        "0.0.0.0:9000",
+        "[::]:9000",
+        "[0::0]:9000",
+        "[::%eth0]:9000",
+        "[0:0:0:0:0:0:0:0]:9000",
+    ] {
+        assert!(
+            matches!(
+                check_advertise(wildcard),
+                Err(AdvertiseError::Wildcard(_)) | Err(AdvertiseError::NotHostPort(_))
+            ),
+            "{wildcard}"
+        );
+        assert!(check_advertise(wildcard).is_err());
+    }
+    assert!(matches!(check_advertise("0.0.0.0:9000"), Err(AdvertiseError::Wildcard(_))));
+    assert!(matches!(check_advertise("10.0.0.5"), Err(AdvertiseError::NotHostPort(_))));
+    assert!(is_wildcard_host("") && is_wildcard_host("0.0.0.0") && is_wildcard_host("[::]"));
+    assert!(!is_wildcard_host("127.0.0.1") && !is_wildcard_host("node-a"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The model: processes with ids and addresses, each running a directory; roster requests are
 // messages the test delivers, loses, answers from a stale snapshot or repeats, in any order;
