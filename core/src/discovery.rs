@@ -369,7 +369,6 @@ impl Directory {
         match &self.seeds {
             Seeds::Dns { name, port } => {
                 self.resolving = Some(now);
-                self.round = None;
                 Start::Resolve { name: name.clone(), port: *port }
             }
             Seeds::Static(_) => Start::Ask(self.begin(now)),

@@ -12,59 +12,33 @@ use dart_net_tokio::server::ServeOptions;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{dart_command, free_port, spawn_dart, temp_dir, DartProcess, TempDir};
+
+mod support;
 
 const SEED: u64 = 7;
 const NODES: usize = 5;
 const SIZE: u64 = 64 << 20;
 
 struct Proc {
-    child: Child,
-    client: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    dart: DartProcess,
+    _dir: TempDir,
 }
 
 fn spawn_node(i: usize, peers: &str) -> Proc {
-    let dir = std::env::temp_dir().join(format!("dart-cluster-{}-{i}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp_dir("cluster", &i.to_string());
     let peer_port = peers.split(',').nth(i).and_then(|e| e.rsplit(':').next()).expect("port");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dart"))
-        .args(["--listen", "127.0.0.1:0", "--admin", ""])
+    let mut cmd = dart_command();
+    cmd.args(["--listen", "127.0.0.1:0", "--admin", ""])
         .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
         .args(["--self-id", &format!("node-{i}"), "--peers", peers])
         .args(["--cache-size", "256MiB", "--mem-size", "0"])
         .args(["--allow-upstream", "127.0.0.0/8", "--public-upstream", "127.0.0.0/8"])
         .arg("--cache-dir")
-        .arg(&dir)
-        .env("DART_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn dart");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("banner");
-    let client = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("client="))
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no client address in banner {line:?}"));
-    Proc { child, client, dir }
+        .arg(&dir.0);
+    Proc { dart: spawn_dart(&mut cmd), _dir: dir }
 }
 
 type C = Client<SeamConnector<TokioDialer>, Empty<Bytes>>;
@@ -120,7 +94,7 @@ async fn five_nodes_read_one_object_for_about_one_origin_read_and_survive_a_dead
     let upstream = format!("http://{origin}/layers/a.bin");
     let mut tasks = Vec::new();
     for p in procs.iter().flatten() {
-        let (c, url) = (c.clone(), format!("http://{}/dart/{upstream}", p.client));
+        let (c, url) = (c.clone(), format!("http://{}/dart/{upstream}", p.dart.client));
         tasks.push(tokio::spawn(async move { read_all(&c, &url).await }));
     }
     for t in tasks {
@@ -148,7 +122,7 @@ async fn five_nodes_read_one_object_for_about_one_origin_read_and_survive_a_dead
         if i == root {
             continue;
         }
-        let (c, url) = (c.clone(), format!("http://{}/dart/{upstream}", p.client));
+        let (c, url) = (c.clone(), format!("http://{}/dart/{upstream}", p.dart.client));
         tasks.push(tokio::spawn(async move { read_all(&c, &url).await }));
     }
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -5,11 +5,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{get, origin, temp_dir, TempDir};
+use support::{dart_command, free_port, get, origin, spawn_dart, temp_dir, DartProcess, TempDir};
 
 const NODES: usize = 5;
 const INTERVAL: Duration = Duration::from_millis(1000);
@@ -17,27 +15,15 @@ const FORGET: Duration = Duration::from_millis(3000);
 const SIZE: u64 = 4 << 20;
 
 struct Proc {
-    child: Child,
-    client: SocketAddr,
+    dart: DartProcess,
     admin: SocketAddr,
     _dir: TempDir,
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 fn spawn(i: usize, peer_port: u16, seed_port: u16) -> Proc {
     let dir = temp_dir("discovery", &format!("node-{i}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dart"))
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+    let mut cmd = dart_command();
+    cmd.args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
         .args(["--self-id", &format!("node-{i}")])
         .args(["--discover", &format!("static:127.0.0.1:{seed_port}")])
@@ -46,22 +32,10 @@ fn spawn(i: usize, peer_port: u16, seed_port: u16) -> Proc {
         .args(["--cache-size", "64MiB", "--mem-size", "0"])
         .args(["--allow-upstream", "127.0.0.0/8", "--public-upstream", "127.0.0.0/8"])
         .arg("--cache-dir")
-        .arg(&dir.0)
-        .env("DART_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn dart");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("banner");
-    let find = |key: &str| -> SocketAddr {
-        line.split(" | ")
-            .find_map(|part| part.trim().strip_prefix(key))
-            .and_then(|a| a.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {key} address in banner {line:?}"))
-    };
-    let (client, admin) = (find("dart client="), find("admin: "));
-    Proc { child, client, admin, _dir: dir }
+        .arg(&dir.0);
+    let dart = spawn_dart(&mut cmd);
+    let admin = dart.admin.expect("an admin listener");
+    Proc { dart, admin, _dir: dir }
 }
 
 /// The node's view: its epoch and member ids.
@@ -114,8 +88,9 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
 
     // Reads through the cluster, then kill one member and keep reading through the others.
     let want = dart_net_tokio::origin_server::generate(11, 0, SIZE as usize);
-    let url =
-        |p: &Proc, name: &str| format!("http://{}/dart/http://{}/{name}", p.client, origin.addr);
+    let url = |p: &Proc, name: &str| {
+        format!("http://{}/dart/http://{}/{name}", p.dart.client, origin.addr)
+    };
     let victim = 2;
     for p in procs.iter().flatten() {
         let r = get(&url(p, "before.bin"), &[]).await;

@@ -10,15 +10,15 @@ use dart_core::peer_auth::{ClusterSecret, Covered, HEADER_AUTH};
 use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
 use dart_net_tokio::server::ServeOptions;
 use dart_node::cli::NodeFlags;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod support;
-use support::{get, sample, Reply, TempDir};
+use support::{
+    dart_command, free_port, get, sample, spawn_dart, temp_dir, DartProcess, Reply, TempDir,
+};
 
 const SEED: u64 = 31;
 const NODES: usize = 3;
@@ -44,33 +44,11 @@ fn write_secret(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
-struct Proc {
-    child: Child,
-    client: SocketAddr,
-    admin: SocketAddr,
-    banner: String,
-    dir: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 /// Starts member `i` of `peers`, with the secret in `secret` (none: unauthenticated).
 fn spawn_node(name: &str, i: usize, peers: &str, secret: Option<&str>) -> Proc {
-    let dir =
-        std::env::temp_dir().join(format!("dart-peer-auth-{name}-{}-{i}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp_dir(&format!("peer-auth-{name}"), &i.to_string());
     let peer_port = peers.split(',').nth(i).and_then(|e| e.rsplit(':').next()).expect("port");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dart"));
+    let mut cmd = dart_command();
     cmd.args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
         .args(["--self-id", &format!("node-{i}"), "--peers", peers])
@@ -78,27 +56,21 @@ fn spawn_node(name: &str, i: usize, peers: &str, secret: Option<&str>) -> Proc {
         .args(["--block-size", &BLOCK.to_string(), "--chunk-size", &CHUNK.to_string()])
         .args(["--allow-upstream", "127.0.0.0/8", "--public-upstream", "127.0.0.0/8"])
         .arg("--cache-dir")
-        .arg(dir.join("cache"));
+        .arg(dir.0.join("cache"));
     if let Some(text) = secret {
-        cmd.arg("--cluster-secret-file").arg(write_secret(&dir, text));
+        cmd.arg("--cluster-secret-file").arg(write_secret(&dir.0, text));
     }
-    let mut child = cmd
-        .env("DART_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn dart");
-    let mut banner = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut banner).expect("banner");
-    let field = |prefix: &str| {
-        let at = banner.find(prefix).unwrap_or_else(|| panic!("no {prefix:?} in {banner:?}"));
-        let rest = &banner[at + prefix.len()..];
-        let end = rest.find([' ', '|', ',']).unwrap_or(rest.len());
-        rest[..end].trim().parse().unwrap_or_else(|_| panic!("bad {prefix:?} in {banner:?}"))
-    };
-    let client = field("client=");
-    let admin = field("admin: ");
-    Proc { child, client, admin, banner, dir }
+    let dart = spawn_dart(&mut cmd);
+    let admin = dart.admin.expect("an admin listener");
+    Proc { client: dart.client, admin, dart, _dir: dir }
+}
+
+/// A started member: the process (killed when dropped, before its directory goes).
+struct Proc {
+    dart: DartProcess,
+    client: SocketAddr,
+    admin: SocketAddr,
+    _dir: TempDir,
 }
 
 struct Cluster {
@@ -185,7 +157,7 @@ fn assert_unauthorized(r: &Reply, reason: &str, case: &str) {
 async fn members_that_share_the_cluster_secret_read_through_each_other() {
     let cluster = Cluster::start("e2e", [Some(SECRET); NODES]).await;
     for p in &cluster.procs {
-        assert!(p.banner.contains(", authenticated"), "{}", p.banner);
+        assert!(p.dart.banner.contains(", authenticated"), "{}", p.dart.banner);
     }
     let want = generate(SEED, 0, SIZE as usize);
     let url = cluster.object_url("/models/a.bin");

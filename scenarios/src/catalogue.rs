@@ -1411,6 +1411,33 @@ fn left_view(
     Ok(left)
 }
 
+/// Checks that `id`, dead at `died`, left the view of every node but `except` within
+/// forget-after plus one interval (+1 s of roster bounds); returns when it left the last.
+fn check_departure(
+    r: &RunReport,
+    check: &mut Check,
+    id: &str,
+    died: Duration,
+    except: &[usize],
+) -> Duration {
+    let timing = Timing::default();
+    let bound = died + timing.forget_after + timing.interval + secs(1);
+    let mut latest = Duration::ZERO;
+    let mut problems = Vec::new();
+    for n in (0..r.nodes.len()).filter(|n| !except.contains(n)) {
+        match left_view(r, n, id, died, bound) {
+            Ok(Some(t)) => latest = latest.max(t),
+            Ok(None) => {}
+            Err(e) => problems.push(e),
+        }
+    }
+    check.that(
+        problems.is_empty(),
+        format!("{id} left every view by {bound:?}: its death at {died:?} + forget-after + one interval (+1 s of roster bounds) ({problems:?})"),
+    );
+    latest
+}
+
 /// Every running node's final view holds exactly the running nodes' ids.
 fn views_agree(r: &RunReport, check: &mut Check) {
     let mut want: Vec<String> =
@@ -1509,22 +1536,7 @@ fn member_dies() -> Scenario {
         safety_reads_finish(run, check, &[root]);
         views_agree(r, check);
         let died = run.spec.plan.faults[0].at;
-        let timing = Timing::default();
-        let bound = died + timing.forget_after + timing.interval + secs(1);
-        let id = format!("n{root}");
-        let mut latest = Duration::ZERO;
-        let mut problems = Vec::new();
-        for n in (0..r.nodes.len()).filter(|&n| n != root) {
-            match left_view(r, n, &id, died, bound) {
-                Ok(Some(t)) => latest = latest.max(t),
-                Ok(None) => {}
-                Err(e) => problems.push(e),
-            }
-        }
-        check.that(
-            problems.is_empty(),
-            format!("the dead member left every view by {bound:?}: death {died:?} + forget-after + one interval (+1 s of roster bounds) ({problems:?})"),
-        );
+        let latest = check_departure(r, check, &format!("n{root}"), died, &[root]);
         check.that(latest > died, "it was in the views when it died");
         let liveness_ok = r.phase(Phase::Liveness).all(|x| x.outcome.is_complete());
         check.that(liveness_ok, "reads after it came back all complete");
@@ -1568,22 +1580,7 @@ fn pod_ip_reuse() -> Scenario {
         let new_id = r.nodes[victim].member_id.clone();
         check.that(new_id != format!("n{victim}"), format!("the restarted process took a new id ({new_id})"));
         let died = run.spec.plan.faults[0].at;
-        let timing = Timing::default();
-        let old = format!("n{victim}");
-        let mut latest = Duration::ZERO;
-        let mut problems = Vec::new();
-        let bound = died + timing.forget_after + timing.interval + secs(1);
-        for n in 0..r.nodes.len() {
-            match left_view(r, n, &old, died, bound) {
-                Ok(Some(t)) => latest = latest.max(t),
-                Ok(None) => {}
-                Err(e) => problems.push(e),
-            }
-        }
-        check.that(
-            problems.is_empty(),
-            format!("the old id left every view by {bound:?}, forget-after + one interval (+1 s) after its death ({problems:?})"),
-        );
+        let latest = check_departure(r, check, &format!("n{victim}"), died, &[]);
         check.note(format!(
             "the old id at the reused address left the last view {:?} after it died (displaced when the new owner answered there)",
             latest.saturating_sub(died)

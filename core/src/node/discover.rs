@@ -5,7 +5,7 @@
 use super::io::{Event, Output};
 use super::Node;
 use crate::codec::roster::Roster;
-use crate::discovery::{Directory, DirectoryStats, Seeds, Start, Timing};
+use crate::discovery::{Directory, Seeds, Start, Timing};
 use crate::membership::{validate_member_id, Member, View};
 use crate::time::Instant;
 use thiserror::Error;
@@ -50,11 +50,6 @@ impl Node {
     /// The directory, when discovery is on.
     pub fn directory(&self) -> Option<&Directory> {
         self.directory.as_ref()
-    }
-
-    /// Discovery counters, when discovery is on.
-    pub fn discovery_stats(&self) -> Option<DirectoryStats> {
-        self.directory.as_ref().map(Directory::stats)
     }
 
     /// Starts a due round (from [`Node::handle_timeout`]).

@@ -176,3 +176,54 @@ pub fn loopback_flags(dir: &TempDir) -> dart_node::cli::NodeFlags {
         ..dart_node::cli::NodeFlags::default()
     }
 }
+
+/// A free loopback port (bound and released: a listener started next takes it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// The `dart` binary with its log at `warn` on the test's stderr and its banner on a pipe;
+/// [`spawn_dart`] starts it.
+pub fn dart_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dart"));
+    cmd.env("DART_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    cmd
+}
+
+/// A `dart` process a test started, killed and reaped when dropped.
+pub struct DartProcess {
+    /// The process.
+    pub child: std::process::Child,
+    /// Its client listener.
+    pub client: SocketAddr,
+    /// Its admin listener (`None` when off).
+    pub admin: Option<SocketAddr>,
+    /// Its start-up banner line.
+    pub banner: String,
+}
+
+impl Drop for DartProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cmd` (from [`dart_command`]) and reads its banner:
+/// `dart client=<addr> | mode: ... | p2p: ... | admin: <addr>|off | ...`.
+pub fn spawn_dart(cmd: &mut std::process::Command) -> DartProcess {
+    use std::io::BufRead as _;
+    let mut child = cmd.spawn().expect("spawn dart");
+    let mut banner = String::new();
+    let stdout = child.stdout.take().expect("stdout piped");
+    std::io::BufReader::new(stdout).read_line(&mut banner).expect("banner");
+    let field = |prefix: &str| -> Option<SocketAddr> {
+        let part = banner.split(" | ").find_map(|p| p.trim().strip_prefix(prefix))?;
+        part.split([' ', ',']).next()?.parse().ok()
+    };
+    let client = field("dart client=").unwrap_or_else(|| panic!("no client in {banner:?}"));
+    let admin = field("admin: ");
+    DartProcess { child, client, admin, banner }
+}

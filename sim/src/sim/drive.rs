@@ -207,7 +207,7 @@ impl Sim {
                 // The headless Service: every running node, whatever the port asked.
                 let result = if name == crate::node::DNS_NAME {
                     let up = (0..self.nodes.len()).filter(|&j| self.nodes[j].is_up());
-                    Ok(up.map(|j| format!("n{j}:{port}")).collect())
+                    Ok(up.map(|j| format!("{}:{port}", crate::node::member_id(j))).collect())
                 } else {
                     Err(format!("{name}: no such name"))
                 };
