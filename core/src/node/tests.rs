@@ -682,6 +682,83 @@ fn a_roster_fetch_reports_the_responder_and_records_the_outcome() {
     assert_eq!(h.node.engine().p2p().expect("p2p").breaker.counters().answered, 1);
 }
 
+/// A reader with discovery on: it knows only itself until a round teaches it more.
+fn discovering(seeds: crate::discovery::Seeds) -> Harness {
+    let mut node = reader_of("p:9000");
+    let timing = crate::discovery::Timing::default();
+    node.enable_discovery(seeds, timing, Instant::ZERO).expect("discovery on");
+    let mut h = Harness::new(node);
+    h.pump();
+    h
+}
+
+fn view_ids(h: &Harness) -> Vec<String> {
+    let view = h.node.engine().p2p().expect("p2p").placement.view();
+    view.members().iter().map(|m| m.id.clone()).collect()
+}
+
+#[test]
+fn discovery_places_over_the_members_a_round_meets_and_nothing_it_only_hears_of() {
+    let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
+    assert_eq!(view_ids(&h), ["reader"], "alone until the first round; the fixed view is gone");
+    h.advance(Duration::ZERO);
+    let ask = h.take_sends();
+    assert_eq!(ask.len(), 1);
+    assert_eq!(ask[0].url, "http://p:9000/peer/v1/roster");
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"},{"id":"ghost","addr":"g:9000"}]}"#;
+    h.io(
+        ask[0].id,
+        IoEvent::Head { status: 200, headers: Headers::new().with("x-dart-node", "parent") },
+    );
+    h.io(ask[0].id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(ask[0].id, IoEvent::End);
+    let ghost = h.take_sends();
+    assert_eq!(ghost.len(), 1, "hearsay is asked in the same round");
+    assert_eq!(ghost[0].url, "http://g:9000/peer/v1/roster");
+    h.io(ghost[0].id, IoEvent::Failed(IoError::Connect("connection refused".into())));
+    assert_eq!(view_ids(&h), ["parent", "reader"], "placed over the member met, not the ghost");
+    let changed = h.outputs.iter().any(|o| {
+        matches!(o, Output::Event(Event::View { joined, left, .. }) if joined == &["parent"] && left.is_empty())
+    });
+    assert!(changed, "the new view is reported");
+    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + crate::discovery::DEFAULT_INTERVAL));
+}
+
+#[test]
+fn a_seed_name_that_does_not_answer_in_time_lets_the_round_go_on_and_its_late_answer_is_ignored() {
+    let seeds = crate::discovery::Seeds::Dns { name: "dart.svc".into(), port: 9000 };
+    let mut h = discovering(seeds);
+    h.advance(Duration::ZERO);
+    let ticket = h
+        .outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Resolve { ticket, name, port: 9000 } if name == "dart.svc" => Some(*ticket),
+            _ => None,
+        })
+        .expect("the driver is asked to resolve the seed name");
+    h.advance(crate::discovery::RESOLVE_BOUND);
+    let told = h.outputs.iter().any(|o| matches!(o, Output::Event(Event::Discovery { message, .. }) if message.contains("did not resolve")));
+    assert!(told, "the timeout is reported");
+    assert!(h.node.poll_timeout().is_some_and(|t| t > h.now), "the next round is scheduled");
+    h.feed(Input::Resolved { ticket, result: Ok(vec!["p:9000".into()]) });
+    assert!(h.take_sends().is_empty(), "a late answer starts nothing");
+    // The next round resolves again; the first round's answer, arriving now, is still stale.
+    h.outputs.clear();
+    h.advance(crate::discovery::DEFAULT_INTERVAL);
+    let next = h.outputs.iter().find_map(|o| match o {
+        Output::Resolve { ticket, .. } => Some(*ticket),
+        _ => None,
+    });
+    let next = next.expect("the next round resolves");
+    assert_ne!(next, ticket);
+    h.feed(Input::Resolved { ticket, result: Ok(vec!["p:9000".into()]) });
+    assert!(h.take_sends().is_empty(), "the stale ticket is refused while another resolves");
+    h.feed(Input::Resolved { ticket: next, result: Ok(vec!["p:9000".into()]) });
+    assert_eq!(h.take_sends().len(), 1, "the current answer starts the round's fetches");
+    h.node.check_invariants();
+}
+
 #[test]
 fn a_block_that_arrives_in_one_part_is_stored_and_served_without_a_copy() {
     // From the origin: one 206 part is the block the store gets.
