@@ -28,4 +28,5 @@ pub mod peer_auth;
 pub mod policy;
 pub mod rng;
 pub mod time;
+pub mod tracker;
 pub mod tree;
