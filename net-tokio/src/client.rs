@@ -6,7 +6,7 @@
 use crate::seam::{dial_maybe_tls, DialError, Dialer};
 use bytes::Bytes;
 use dart_core::policy::UpstreamPolicy;
-use http_body_util::Empty;
+use http_body_util::Full;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
@@ -61,7 +61,7 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
 }
 
 struct Idle {
-    sender: SendRequest<Empty<Bytes>>,
+    sender: SendRequest<Full<Bytes>>,
     since: tokio::time::Instant,
 }
 
@@ -125,7 +125,7 @@ impl<D: Dialer> HttpClient<D> {
     pub async fn connect(
         &self,
         key: &PoolKey,
-    ) -> Result<(SendRequest<Empty<Bytes>>, bool), DialError> {
+    ) -> Result<(SendRequest<Full<Bytes>>, bool), DialError> {
         if let Some(sender) = self.take_idle(key) {
             return Ok((sender, true));
         }
@@ -133,7 +133,7 @@ impl<D: Dialer> HttpClient<D> {
     }
 
     /// A fresh connection, never a pooled one.
-    pub async fn dial(&self, key: &PoolKey) -> Result<SendRequest<Empty<Bytes>>, DialError> {
+    pub async fn dial(&self, key: &PoolKey) -> Result<SendRequest<Full<Bytes>>, DialError> {
         let policy = if key.origin { self.policy.as_deref() } else { None };
         let (host, port, https) = (&key.host, key.port, key.https);
         let stream =
@@ -148,7 +148,7 @@ impl<D: Dialer> HttpClient<D> {
         Ok(sender)
     }
 
-    fn take_idle(&self, key: &PoolKey) -> Option<SendRequest<Empty<Bytes>>> {
+    fn take_idle(&self, key: &PoolKey) -> Option<SendRequest<Full<Bytes>>> {
         let mut pools = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let idle = pools.get_mut(key)?;
         while let Some(conn) = idle.pop() {
@@ -162,7 +162,7 @@ impl<D: Dialer> HttpClient<D> {
 
     /// Hands back a connection whose response was read to its end; it rejoins the pool once
     /// hyper has it ready for the next request (a closed one is dropped).
-    pub fn release(&self, key: PoolKey, mut sender: SendRequest<Empty<Bytes>>) {
+    pub fn release(&self, key: PoolKey, mut sender: SendRequest<Full<Bytes>>) {
         let idle = self.idle.clone();
         let cap = self.idle_per_host;
         tokio::spawn(async move {

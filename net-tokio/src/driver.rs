@@ -32,7 +32,7 @@ use dart_core::node::{
 };
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Request, Response};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::Pin;
@@ -583,7 +583,10 @@ impl<D: Dialer> NodeDriver<D> {
             Err(e) => return report(IoEvent::Failed(IoError::Connect(e.to_string()))),
         };
         report(IoEvent::Connected);
-        let request = || build_request(&target.path_and_query, &target.authority, &req.headers);
+        let request = || {
+            let (pq, authority) = (&target.path_and_query, &target.authority);
+            build_request(req.method, pq, authority, &req.headers, &req.body)
+        };
         let first = match request() {
             Ok(r) => r,
             Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
@@ -708,8 +711,20 @@ impl<D: Dialer> NodeDriver<D> {
             headers.push(name.as_str(), value.as_bytes());
         }
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
-        let request = Inbound { method: req.method().as_str().to_owned(), target, headers };
+        let method = req.method().as_str().to_owned();
         let connection = req.extensions().get::<ConnectionAbort>().cloned();
+        // Only the peer plane takes bodies (a tracker JOIN or LEAVE); a client's body is left
+        // unread, as before.
+        let body = if plane == Plane::Peer && method == "POST" {
+            let bound = self.lock().node.config().bounds.inbound_head_read;
+            match read_body(req.into_body(), dart_core::tracker::BODY_MAX, bound).await {
+                Some(body) => body,
+                None => return body::plain(400, "dart: the request body broke or was too slow"),
+            }
+        } else {
+            Bytes::new()
+        };
+        let request = Inbound { method, target, headers, body };
         self.respond_on(plane, request, connection).await
     }
 
@@ -786,15 +801,47 @@ fn cause(e: &hyper::Error) -> String {
 }
 
 fn build_request(
+    method: &str,
     path_and_query: &str,
     authority: &str,
     headers: &Headers,
-) -> Result<Request<Empty<Bytes>>, String> {
-    let mut builder = Request::get(path_and_query).header(HOST, authority);
+    body: &Bytes,
+) -> Result<Request<Full<Bytes>>, String> {
+    let mut builder = Request::builder().method(method).uri(path_and_query).header(HOST, authority);
     for (name, value) in headers.iter() {
         builder = builder.header(name, value);
     }
-    builder.body(Empty::new()).map_err(|e| e.to_string())
+    if !body.is_empty() {
+        builder = builder.header(http::header::CONTENT_LENGTH, body.len());
+    }
+    builder.body(Full::new(body.clone())).map_err(|e| e.to_string())
+}
+
+/// Reads an inbound request body: at most `max + 1` bytes (the node refuses a body past `max`;
+/// the rest is never buffered), within `bound`. A body that breaks or does not arrive in time
+/// is `None`.
+async fn read_body(
+    mut incoming: Incoming,
+    max: usize,
+    bound: std::time::Duration,
+) -> Option<Bytes> {
+    let read = async {
+        let mut body = bytes::BytesMut::new();
+        while body.len() <= max {
+            match incoming.frame().await {
+                None => break,
+                Some(Err(_)) => return None,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        let room = max + 1 - body.len();
+                        body.extend_from_slice(&data[..data.len().min(room)]);
+                    }
+                }
+            }
+        }
+        Some(body.freeze())
+    };
+    tokio::time::timeout(bound, read).await.ok().flatten()
 }
 
 /// Tells the node a request went away if its handler is dropped before the head.

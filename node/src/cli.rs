@@ -158,6 +158,15 @@ pub struct NodeFlags {
     /// the host name, in that order.
     #[arg(long, default_value = "")]
     pub peer_advertise: String,
+    /// Lay each object's distribution trees over the nodes reading it (their member ids, kept
+    /// by the object's tracker: the member ranked first for it) instead of over every member,
+    /// so that every parent is itself a reader. Needs --peers or --discover.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub reader_tree: bool,
+    /// How often a tracker republishes an object's reader set (leases stay 6s).
+    #[arg(long, default_value = "3s", value_parser = duration)]
+    pub tracker_tick: std::time::Duration,
     /// Distribution-tree branching factor; 0 (the default) picks it from the cluster size: a
     /// chain up to 16 members (every node uploads each block once, so a herd runs at line rate),
     /// a binary tree beyond.

@@ -277,6 +277,9 @@ pub async fn start_on<S: Seam>(
         node.enable_discovery(seeds, timing, dart_core::time::Instant::ZERO)
             .context("turning discovery on")?;
     }
+    if flags.reader_tree && !node.enable_reader_tree(flags.tracker_tick) {
+        anyhow::bail!("--reader-tree needs --peers or --discover and a --self-id");
+    }
     // Blocks a warm start kept carry no version: the machine decides what to serve of them.
     node.recovered_blocks(store.kept_keys());
     let (stop, stop_rx) = watch::channel(false);

@@ -63,6 +63,8 @@ pub fn all() -> Vec<Scenario> {
         discovery_boot(),
         member_dies(),
         pod_ip_reuse(),
+        some_read(),
+        some_read_tracked(),
     ]
 }
 
@@ -1585,5 +1587,111 @@ fn pod_ip_reuse() -> Scenario {
             "the old id at the reused address left the last view {:?} after it died (displaced when the new owner answered there)",
             latest.saturating_sub(died)
         ));
+    })
+}
+
+/// `readers` of `nodes` members, drawn by the seed, read one object whole at once (the rest
+/// read nothing), with the reader tree on (`tick`) or off.
+fn some_read_spec(seed: u64, scale: Scale, tick: Option<Duration>) -> SimSpec {
+    let nodes = pick(scale, 20, 50) as usize;
+    let readers = pick(scale, 5, 10) as usize;
+    // Reads that outlast the first renewal (half the 6 s lease): the trees move onto the
+    // readers only then.
+    let size = pick(scale, 256, 1024) * MIB;
+    let block = pick(scale, MIB, 4 * MIB);
+    let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+    use rand::Rng as _;
+    let mut r = rng::from_seed(seed ^ 0x5EAD);
+    let mut chosen: Vec<usize> = (0..nodes).collect();
+    for i in 0..readers {
+        let j = r.random_range(i..nodes);
+        chosen.swap(i, j);
+    }
+    chosen.truncate(readers);
+    for phase in [&mut spec.workload.safety, &mut spec.workload.liveness] {
+        phase.retain(|read| chosen.contains(&read.node));
+    }
+    spec.cluster.peer.get_or_insert_with(PeerConfig::default).reader_tree = tick;
+    spec
+}
+
+/// The nodes that read in `spec`'s safety phase.
+fn readers_of(spec: &SimSpec) -> Vec<usize> {
+    let mut v: Vec<usize> = spec.workload.safety.iter().map(|r| r.node).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// What a run of [`some_read_spec`] measured, as a note: origin, slowest read, and the blocks
+/// that nodes which read nothing relayed for the readers.
+fn some_read_figures(run: &Run<'_>, check: &mut Check) -> (f64, Duration, u64, u64) {
+    let r = run.report;
+    let readers = readers_of(run.spec);
+    let object = run.spec.cluster.objects[0].size;
+    let origin = r.origin.body_bytes as f64 / object as f64;
+    let slowest = latencies(r, Phase::Safety, &[]).last().copied().unwrap_or_default();
+    let relays = |keep: &dyn Fn(usize) -> bool| -> u64 {
+        r.nodes
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| keep(*n))
+            .map(|(_, n)| n.engine.relay_served)
+            .sum()
+    };
+    let by_others = relays(&|n| !readers.contains(&n));
+    let by_readers = relays(&|n| readers.contains(&n));
+    check.note(format!(
+        "{} of {} members read: origin {origin:.2} x the object, slowest read {slowest:?}, blocks relayed by non-readers {by_others}, by readers {by_readers}",
+        readers.len(),
+        run.spec.cluster.nodes
+    ));
+    (origin, slowest, by_others, by_readers)
+}
+
+/// A fifth of the members read one object cold, the tree laid over every member: the baseline
+/// of `some-read-tracked`.
+fn some_read() -> Scenario {
+    Scenario::new(
+        "some-read",
+        "a fifth of the members read one object at once; its trees span every member (the reader tree off)",
+        |seed, scale| some_read_spec(seed, scale, None),
+    )
+    .expect(|run, check| {
+        safety_reads_finish(run, check, &[]);
+        let (origin, ..) = some_read_figures(run, check);
+        check.that(origin <= 1.25, format!("origin {origin:.2} x the object (at most 1.25)"));
+    })
+}
+
+/// The same with the reader tree on: after the trackers' first tick the trees span the readers,
+/// so nodes that read nothing stop relaying (the first tick routes over every member: the
+/// first JOINs see a set that names only the first joiner).
+fn some_read_tracked() -> Scenario {
+    Scenario::new(
+        "some-read-tracked",
+        "a fifth of the members read one object at once with the reader tree on: the trees move onto the readers",
+        |seed, scale| some_read_spec(seed, scale, Some(Duration::ZERO)),
+    )
+    .expect(|run, check| {
+        safety_reads_finish(run, check, &[]);
+        let (origin, _, by_others, _) = some_read_figures(run, check);
+        check.that(origin <= 1.25, format!("origin {origin:.2} x the object (at most 1.25)"));
+        // Over every member each reader's blocks pass about two non-readers (1.95 per reader
+        // block at full scale, seed 1); over the readers none do after the first renewal.
+        let readers = readers_of(run.spec);
+        let blocks = run.spec.cluster.objects[0].size / run.spec.cluster.geometry.block_bytes();
+        let per_block = by_others as f64 / (readers.len() as u64 * blocks) as f64;
+        check.that(
+            per_block < 1.0,
+            format!("non-readers relayed {per_block:.2} blocks per reader block (below 1)"),
+        );
+        let joined: u64 = readers.iter().map(|&n| run.report.nodes[n].counters.tracker_joins).sum();
+        let failed: u64 =
+            run.report.nodes.iter().map(|n| n.counters.tracker_join_failed).sum();
+        check.that(
+            joined >= 2 * readers.len() as u64 && failed == 0,
+            format!("every reader joined and renewed ({joined} JOINs), none failed ({failed})"),
+        );
     })
 }

@@ -217,6 +217,10 @@ pub struct Call {
     pub url: String,
     /// The request's header fields.
     pub headers: Headers,
+    /// The method (`GET`, or `POST` with a body).
+    pub method: &'static str,
+    /// The request body (a tracker JOIN's; empty for a `GET`).
+    pub body: bytes::Bytes,
     /// What it asks.
     pub kind: CallKind,
     /// When it was sent.

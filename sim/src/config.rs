@@ -29,6 +29,9 @@ pub struct PeerConfig {
     pub breaker: BreakerConfig,
     /// Live membership (`None`: every node starts with the full static member list).
     pub discovery: Option<SimDiscovery>,
+    /// The reader tree's tracker tick (`None`: the reader tree is off and every object's trees
+    /// span every Ready member).
+    pub reader_tree: Option<Duration>,
 }
 
 /// Live membership in the simulator: each node starts knowing only itself and runs the core's
@@ -60,6 +63,7 @@ impl Default for PeerConfig {
             replicas: 1,
             breaker: BreakerConfig::default(),
             discovery: None,
+            reader_tree: None,
         }
     }
 }

@@ -237,6 +237,9 @@ impl SimNode {
             };
             node.enable_discovery(seeds, d.timing, now).expect("a peer path, an id, an address");
         }
+        if let Some(tick) = self.peer.as_ref().and_then(|(p, _)| p.reader_tree) {
+            assert!(node.enable_reader_tree(tick), "a peer path and an id");
+        }
         // The wall clock every node reads (peer MACs carry it): the simulated epoch plus the
         // simulated time.
         let unix_ms = crate::config::SIM_EPOCH_MS + now.as_nanos() / 1_000_000;

@@ -153,6 +153,8 @@ pub struct NodeReport {
     pub view_changes: Vec<(Instant, Vec<String>)>,
     /// This incarnation's member id.
     pub member_id: String,
+    /// The node machine's counters (of its last incarnation; zero while down).
+    pub counters: dart_core::node::NodeCounters,
 }
 
 /// Everything a run produced.

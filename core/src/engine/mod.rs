@@ -186,6 +186,12 @@ pub struct Engine {
     /// Peers a read of this node found slow lately (timed out, or beaten by a backup), until
     /// when: every read asks them after its other ancestors ([`SLOW_MEMORY`]).
     slow: BTreeMap<String, Instant>,
+    /// Reader sets granted by objects' trackers, when the reader tree is on
+    /// ([`Engine::enable_reader_tree`]).
+    readers: Option<crate::tracker::ReaderCache>,
+    /// Objects whose reader set a read wants (re)joined: the node sends the JOINs
+    /// ([`Engine::take_joins`]); at most one per object is in flight (the cache marks it).
+    joins: Vec<String>,
 }
 
 /// How long a peer found slow is asked after the other ancestors by every read of the node.
@@ -207,6 +213,47 @@ impl Engine {
             latency: hedge::LatencyEstimator::default(),
             hedges: hedge::HedgeLimiter::new(config_ratio),
             slow: BTreeMap::new(),
+            readers: None,
+            joins: Vec::new(),
+        }
+    }
+
+    /// Lays each object's trees over the nodes reading it (the tracker's reader set) instead of
+    /// over every Ready member, once its tracker has granted a set (spec/tracker.md §5).
+    pub fn enable_reader_tree(&mut self) {
+        self.readers = Some(crate::tracker::ReaderCache::new());
+    }
+
+    /// The reader-set cache, when the reader tree is on.
+    pub fn reader_cache(&self) -> Option<&crate::tracker::ReaderCache> {
+        self.readers.as_ref()
+    }
+
+    /// A read of this node reads object `file`: when its reader set is missing or half its lease
+    /// has passed, the object is queued for a JOIN ([`Engine::take_joins`]).
+    fn reading(&mut self, file: &str, now: Instant) {
+        let Some(cache) = self.readers.as_mut() else { return };
+        if cache.lookup(file, now).join {
+            debug_assert!(!self.joins.iter().any(|f| f == file), "one JOIN per object");
+            self.joins.push(file.to_owned());
+        }
+    }
+
+    /// The objects to JOIN now (each is in flight until [`Engine::joined`] answers it).
+    pub fn take_joins(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.joins)
+    }
+
+    /// A JOIN for `file` ended with `result` (an error: the tracker could not be asked or did not
+    /// grant; the object's reads route over every Ready member once its last grant lapses).
+    pub fn joined(
+        &mut self,
+        file: &str,
+        result: Result<crate::tracker::Grant, String>,
+        now: Instant,
+    ) {
+        if let Some(cache) = self.readers.as_mut() {
+            cache.joined(file, result, now);
         }
     }
 
@@ -313,18 +360,18 @@ impl Engine {
         }
     }
 
-    fn upstreams(&self, key: BlockKey, now: Instant) -> Vec<PeerRef> {
-        match &self.p2p {
-            Some(p2p) => p2p
-                .placement
-                .upstreams(key.chunk, |addr| p2p.breaker.healthy(&addr.to_owned(), now)),
-            None => Vec::new(),
-        }
+    /// The usable ancestors of block `key` of object `file`, over the object's live reader set
+    /// when there is one.
+    fn upstreams(&self, key: BlockKey, file: &str, now: Instant) -> Vec<PeerRef> {
+        let Some(p2p) = &self.p2p else { return Vec::new() };
+        let readers = self.readers.as_ref().and_then(|c| c.peek(file, now));
+        let usable = |addr: &str| p2p.breaker.healthy(&addr.to_owned(), now);
+        p2p.placement.upstreams_among(key.chunk, readers, usable)
     }
 
     /// The usable ancestor of `key`'s tree at `addr`, if it still is one.
-    fn upstream_ref(&self, key: BlockKey, addr: &str, now: Instant) -> Option<PeerRef> {
-        self.upstreams(key, now).into_iter().find(|p| p.addr == addr)
+    fn upstream_ref(&self, key: BlockKey, file: &str, addr: &str, now: Instant) -> Option<PeerRef> {
+        self.upstreams(key, file, now).into_iter().find(|p| p.addr == addr)
     }
 
     /// The configuration.
@@ -483,6 +530,9 @@ impl Engine {
 
     /// Asserts the engine's invariants.
     pub fn check_invariants(&self) {
+        if let Some(cache) = &self.readers {
+            cache.check_invariants();
+        }
         if let Some(p2p) = &self.p2p {
             // The view is immutable and checked when built (`View::new`).
             p2p.breaker.check_invariants();

@@ -455,6 +455,8 @@ impl Read {
             conditions: request.conditions,
         };
         let mut read = Read::blank(request.url, object, kind);
+        // Join the object's readers at once: the grant is usually back before the first miss.
+        engine.reading(&read.object.id, now);
         let fresh = engine.is_fresh(&read.object, now);
         match engine.object(&read.object) {
             Some(ObjectInfo::Sized(size)) if fresh => read.respond(engine, size),
@@ -864,8 +866,18 @@ impl Read {
     /// The usable ancestors to ask for `key`, nearest first, those found slow (by this read, or
     /// lately by any read of the node) after the others. Stable: the tree order holds among the
     /// fast and among the slow.
-    fn ordered_upstreams(&self, engine: &Engine, key: BlockKey, now: Instant) -> VecDeque<PeerRef> {
-        let mut upstreams = engine.upstreams(key, now);
+    fn ordered_upstreams(
+        &self,
+        engine: &mut Engine,
+        key: BlockKey,
+        now: Instant,
+    ) -> VecDeque<PeerRef> {
+        if matches!(self.kind, Kind::Client { .. }) {
+            // A relay reads on another's behalf: it routes over the reader set it has, and
+            // never joins one.
+            engine.reading(&self.object.id, now);
+        }
+        let mut upstreams = engine.upstreams(key, &self.object.id, now);
         upstreams
             .sort_by_key(|p| self.slow_peers.contains(&p.addr) || engine.is_slow(&p.addr, now));
         upstreams.into()
@@ -1052,7 +1064,8 @@ impl Read {
                     // fetching (past that upstream, once it times out): ask it once more before
                     // climbing to that same upstream ourselves.
                     job.asked_again = true;
-                    if let Some(relay) = engine.upstream_ref(job.key, &asked, now) {
+                    if let Some(relay) = engine.upstream_ref(job.key, &self.object.id, &asked, now)
+                    {
                         job.upstreams.push_front(relay);
                     }
                 }

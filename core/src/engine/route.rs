@@ -138,7 +138,43 @@ impl Placement {
     /// better ranked than its descendant, so nodes that disagree about who is dead still never
     /// ask each other in a cycle.
     pub fn upstreams(&self, chunk: ChunkKey, usable: impl Fn(&str) -> bool) -> Vec<PeerRef> {
-        let ranked = self.ranked(chunk);
+        self.upstreams_among(chunk, None, usable)
+    }
+
+    /// [`Placement::upstreams`] with the tree laid over an object's readers (the tracker's reader
+    /// set, spec/tracker.md §5) instead of over every Ready member: the readers known in the view
+    /// with an address, when at least two remain and this node is one of them; else over every
+    /// Ready member.
+    ///
+    /// A node the published set does not name yet (it joined since the tracker's last tick)
+    /// routes over every member, unlike spec/tracker.md §5, under which it would still use the
+    /// set. Both readings of that are worse: asking the set's first reader, which may rank below
+    /// this node and, routing over every member, ask it back (a cycle only the hop bound ends);
+    /// or taking its place among the readers, which in a cold herd makes every node ranked above
+    /// the first joiner a root that reads the origin until the next tick.
+    ///
+    /// HRW ranks every member independently, so the order among the readers is the order of the
+    /// full ranking: every ancestor in a readers' tree is better ranked than its descendant in any
+    /// tree, and nodes that route over different sets (another reader set, or none) still never
+    /// ask each other in a cycle.
+    pub fn upstreams_among(
+        &self,
+        chunk: ChunkKey,
+        readers: Option<&[String]>,
+        usable: impl Fn(&str) -> bool,
+    ) -> Vec<PeerRef> {
+        let mut ranked = self.ranked(chunk);
+        if let Some(readers) = readers {
+            let known = |id: &str| self.view.get(id).is_some_and(|m| !m.addr.is_empty());
+            let among: Vec<&str> = ranked
+                .iter()
+                .copied()
+                .filter(|id| known(id) && readers.iter().any(|r| r == id))
+                .collect();
+            if among.len() >= 2 && readers.contains(&self.self_id) {
+                ranked = among;
+            }
+        }
         let as_peer = |id: &str| {
             let m = self.view.get(id)?;
             (!m.addr.is_empty() && m.id != self.self_id && usable(&m.addr))
@@ -290,6 +326,67 @@ mod tests {
                 }
             }
             assert_eq!(at, ranked[1], "{me}: its chain ends at the replacement root");
+        }
+    }
+
+    #[test]
+    fn a_readers_tree_spans_the_readers_and_falls_back_to_every_member_below_two() {
+        let v = view(8);
+        let chunk = ChunkKey(7);
+        let ranked: Vec<String> = Placement::new(v.clone(), "x", 1, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let me = ranked[5].clone();
+        let p = Placement::new(v.clone(), &me, 1, 1);
+        let ids = |ups: Vec<PeerRef>| ups.into_iter().map(|u| u.id).collect::<Vec<_>>();
+        // Over every member: the chain's parent and grandparent.
+        assert_eq!(ids(p.upstreams(chunk, |_| true)), vec![ranked[4].clone(), ranked[3].clone()]);
+        // Over the readers {1, 3, me}: the chain among them.
+        let readers = vec![ranked[1].clone(), ranked[3].clone(), me.clone()];
+        let got = ids(p.upstreams_among(chunk, Some(&readers), |_| true));
+        assert_eq!(got, vec![ranked[3].clone(), ranked[1].clone()]);
+        // A reader unknown to the view does not count; fewer than two known: every member.
+        let lonely = vec![me.clone(), "stranger".to_owned()];
+        assert_eq!(
+            ids(p.upstreams_among(chunk, Some(&lonely), |_| true)),
+            ids(p.upstreams(chunk, |_| true))
+        );
+        // A set that does not name this node (it joined after the set was published): every
+        // member, as without a set.
+        let others = vec![ranked[2].clone(), ranked[6].clone()];
+        let got = ids(p.upstreams_among(chunk, Some(&others), |_| true));
+        assert_eq!(got, ids(p.upstreams(chunk, |_| true)));
+        // An excluded (open-circuit) reader is skipped as in the members' tree.
+        let open = v.get(&ranked[3]).expect("member").addr.clone();
+        let got = ids(p.upstreams_among(chunk, Some(&readers), |a| a != open));
+        assert_eq!(got, vec![ranked[1].clone()]);
+    }
+
+    #[test]
+    fn readers_trees_and_members_trees_never_ask_in_a_cycle() {
+        // Nodes routing over different reader sets (or none) still ask only better-ranked
+        // members: HRW ranks each member on its own.
+        let v = view(10);
+        let chunk = ChunkKey(1234);
+        let ranked: Vec<String> = Placement::new(v.clone(), "x", 2, 1)
+            .ranked(chunk)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let rank = |id: &str| ranked.iter().position(|r| r == id).expect("ranked");
+        for mask in 0u32..1024 {
+            let readers: Vec<String> =
+                (0..10).filter(|b| mask & (1 << b) != 0).map(|b| ranked[b].clone()).collect();
+            for me in &ranked {
+                for fanout in [1, 2] {
+                    let p = Placement::new(v.clone(), me, fanout, 1);
+                    for up in p.upstreams_among(chunk, Some(&readers), |_| true) {
+                        assert!(rank(&up.id) < rank(me), "{} above {me} over {readers:?}", up.id);
+                    }
+                }
+            }
         }
     }
 

@@ -502,15 +502,23 @@ impl Node {
         true
     }
 
-    /// Adds `X-DART-Auth` to a peer request for `url` with `headers`, when a secret is set.
-    pub(super) fn sign_peer_request(&self, url: &str, headers: &mut Headers, now: Instant) {
+    /// Adds `X-DART-Auth` to a peer request for `url` with `headers` and `body`, when a secret is
+    /// set.
+    pub(super) fn sign_peer_request(
+        &self,
+        method: &str,
+        url: &str,
+        body: &[u8],
+        headers: &mut Headers,
+        now: Instant,
+    ) {
         let Some(secret) = &self.config.access.peer_secret else { return };
         let Some(unix) = self.access.unix_secs(now) else { return };
         let target = url
             .split_once("://")
             .and_then(|(_, rest)| rest.find('/').map(|i| &rest[i..]))
             .unwrap_or("/");
-        let covered = covered("GET", target, headers);
+        let covered = covered(method, target, body, headers);
         let value = covered.sign(secret, unix);
         headers.push(HEADER_AUTH, value);
     }
@@ -520,12 +528,13 @@ impl Node {
         &mut self,
         method: &str,
         target: &str,
+        body: &[u8],
         headers: &Headers,
         now: Instant,
     ) -> Result<(), AuthRefusal> {
         let Some(secret) = &self.config.access.peer_secret else { return Ok(()) };
         let result = match self.access.unix_secs(now) {
-            Some(unix) => covered(method, target, headers).verify(
+            Some(unix) => covered(method, target, body, headers).verify(
                 secret,
                 headers.get(HEADER_AUTH),
                 unix,
@@ -541,7 +550,12 @@ impl Node {
     }
 }
 
-fn covered<'a>(method: &'a str, target: &'a str, headers: &'a Headers) -> Covered<'a> {
+fn covered<'a>(
+    method: &'a str,
+    target: &'a str,
+    body: &'a [u8],
+    headers: &'a Headers,
+) -> Covered<'a> {
     use crate::codec::wire::{HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR};
     let field = |name| headers.get(name).unwrap_or_default();
     Covered {
@@ -551,5 +565,6 @@ fn covered<'a>(method: &'a str, target: &'a str, headers: &'a Headers) -> Covere
         origin: field(HEADER_ORIGIN),
         node: field(HEADER_NODE),
         peer_addr: field(HEADER_PEER_ADDR),
+        body,
     }
 }

@@ -10,7 +10,7 @@ use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::BodyPlan;
 use crate::engine::ObjectMeta;
 use crate::time::Instant;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 
 /// What a relay keeps of its requester's head budget for itself: it waits on its own upstream
@@ -101,6 +101,11 @@ pub(super) enum Job {
         responder: Option<String>,
         body: BytesMut,
     },
+    /// A JOIN to an object's tracker (spec/tracker.md §4).
+    Tracker {
+        file: String,
+        body: BytesMut,
+    },
 }
 
 /// One outbound exchange.
@@ -132,6 +137,7 @@ impl Exchange {
             Job::Passthrough { request, .. } => Some(*request),
             Job::Origin { owner: Owner::Flight(_), .. }
             | Job::Roster { .. }
+            | Job::Tracker { .. }
             | Job::Check { .. } => None,
         }
     }
@@ -151,6 +157,7 @@ impl Exchange {
             Job::Peer(_) => Purpose::PeerBlock,
             Job::Passthrough { .. } => Purpose::Passthrough,
             Job::Roster { .. } => Purpose::Roster,
+            Job::Tracker { .. } => Purpose::Tracker,
             Job::Check { .. } => Purpose::Check,
         }
     }
@@ -162,6 +169,7 @@ impl Exchange {
             | Job::Peer(_)
             | Job::Passthrough { .. }
             | Job::Roster { .. }
+            | Job::Tracker { .. }
             | Job::Check { .. } => None,
         }
     }
@@ -170,7 +178,10 @@ impl Exchange {
         match self.job {
             Job::Peer(p) => p.permit,
             Job::Roster { permit, .. } => permit,
-            Job::Origin { .. } | Job::Passthrough { .. } | Job::Check { .. } => None,
+            Job::Origin { .. }
+            | Job::Passthrough { .. }
+            | Job::Check { .. }
+            | Job::Tracker { .. } => None,
         }
     }
 
@@ -256,8 +267,30 @@ impl Node {
         job: Job,
         now: Instant,
     ) -> IoId {
+        self.start_request(endpoint, url, headers, Bytes::new(), job, now)
+    }
+
+    /// Starts an exchange that sends `body` (a `POST`; a `GET` when empty).
+    pub(super) fn start_request(
+        &mut self,
+        endpoint: Endpoint,
+        url: String,
+        headers: Headers,
+        body: Bytes,
+        job: Job,
+        now: Instant,
+    ) -> IoId {
         let id = self.next_io_id();
+        let method = if body.is_empty() { "GET" } else { "POST" };
         let (dial, head_bound, request) = self.config.bounds.exchange(endpoint == Endpoint::Peer);
+        // A JOIN is a control-plane answer the node can do without: spec/tracker.md's 2 s.
+        let (head_bound, request) = match &job {
+            Job::Tracker { .. } => (
+                head_bound.min(crate::tracker::JOIN_BOUND),
+                request.min(crate::tracker::JOIN_BOUND),
+            ),
+            _ => (head_bound, request),
+        };
         let mut headers = headers;
         let head_bound = match &job {
             Job::Peer(p) => {
@@ -269,7 +302,7 @@ impl Node {
             _ => head_bound,
         };
         if endpoint == Endpoint::Peer {
-            self.sign_peer_request(&url, &mut headers, now);
+            self.sign_peer_request(method, &url, &body, &mut headers, now);
         }
         // A peer body that stops moving is cut off after about one estimated block time plus
         // a margin (without an estimate yet: the margin twice).
@@ -283,9 +316,11 @@ impl Node {
         };
         let request_bound = match job {
             Job::Passthrough { .. } => None,
-            Job::Origin { .. } | Job::Peer(_) | Job::Roster { .. } | Job::Check { .. } => {
-                Some(request)
-            }
+            Job::Origin { .. }
+            | Job::Peer(_)
+            | Job::Roster { .. }
+            | Job::Tracker { .. }
+            | Job::Check { .. } => Some(request),
         };
         let mut x = Exchange {
             endpoint,
@@ -309,7 +344,8 @@ impl Node {
         let previous = self.exchanges.insert(id, x);
         assert!(previous.is_none(), "exchange ids are never reused");
         self.counters.exchanges += 1;
-        self.emit(Output::Send(IoRequest { id, endpoint, purpose, request, url, headers }));
+        let send = IoRequest { id, endpoint, purpose, request, url, method, headers, body };
+        self.emit(Output::Send(send));
         id
     }
 
@@ -396,6 +432,7 @@ impl Node {
             Job::Peer(_) => self.peer_io(io, event, now),
             Job::Passthrough { .. } => self.passthrough_io(io, event, now),
             Job::Roster { .. } => self.roster_io(io, event, now),
+            Job::Tracker { .. } => self.tracker_io(io, event, now),
             Job::Check { .. } => self.check_io(io, event, now),
         }
     }
@@ -410,6 +447,7 @@ impl Node {
             Job::Peer(_) => self.peer_expired(io, expiry, now),
             Job::Passthrough { .. } => self.passthrough_expired(io, expiry, now),
             Job::Roster { .. } => self.roster_expired(io, expiry, now),
+            Job::Tracker { .. } => self.tracker_expired(io, expiry, now),
             Job::Check { .. } => self.check_expired(io, expiry, now),
         }
         debug_assert!(

@@ -109,6 +109,10 @@ pub struct Inbound {
     pub target: String,
     /// The request's header fields.
     pub headers: Headers,
+    /// The request body: empty for a `GET`; a peer-plane `POST` (the tracker) carries at most
+    /// [`crate::tracker::BODY_MAX`] bytes, and the driver passes one byte more when the body was
+    /// longer (the node refuses it; the driver never buffers more).
+    pub body: Bytes,
 }
 
 /// A response head the driver writes as given.
@@ -154,11 +158,14 @@ pub enum Purpose {
     PeerBlock,
     /// A peer's roster.
     Roster,
+    /// A JOIN to an object's tracker.
+    Tracker,
     /// A credential check: the requester's exact URL and `Authorization` on `Range: bytes=0-0`.
     Check,
 }
 
-/// An outbound `GET` the driver must send.
+/// An outbound request the driver must send: a `GET`, or a `POST` with a small body (a tracker
+/// exchange).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IoRequest {
     /// The exchange.
@@ -171,8 +178,13 @@ pub struct IoRequest {
     pub request: Option<RequestId>,
     /// The absolute URL (`http://host:port/path?query`, or `https://` for an origin).
     pub url: String,
-    /// Header fields to send besides `host`.
+    /// `GET`, or `POST` when [`IoRequest::body`] is not empty.
+    pub method: &'static str,
+    /// Header fields to send besides `host` (and `content-length`, which the driver adds for a
+    /// body).
     pub headers: Headers,
+    /// The request body (empty for a `GET`).
+    pub body: Bytes,
 }
 
 /// Why an exchange broke, as the driver's transport saw it.

@@ -14,6 +14,7 @@ mod flights;
 mod io;
 mod peer;
 mod requests;
+mod track;
 
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ pub use io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,
     IoRequest, Output, Plane, Purpose, RequestId, StoreOp, HEADERS_MAX,
 };
+pub use track::TrackerHost;
 
 use crate::engine::flight::{FlightId, FlightKey, FlightTable};
 use crate::engine::resolve::UpstreamMode;
@@ -112,6 +114,10 @@ pub struct NodeCounters {
     /// Blocks kept from an earlier process that a look-up found for an object that may change:
     /// dropped unserved ([`Node::recovered_blocks`]).
     pub unversioned_dropped: u64,
+    /// JOINs to objects' trackers (local ones included).
+    pub tracker_joins: u64,
+    /// JOINs that granted nothing (the reads routed over every Ready member).
+    pub tracker_join_failed: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -184,6 +190,8 @@ pub struct Node {
     learned: BTreeMap<String, String>,
     /// Live membership, when discovery is on.
     directory: Option<crate::discovery::Directory>,
+    /// The reader sets of the objects this node is the tracker of, when the reader tree is on.
+    registry: Option<crate::tracker::Registry>,
     /// The seed resolution in flight.
     resolve_ticket: u64,
     out: VecDeque<Output>,
@@ -223,6 +231,7 @@ impl Node {
             recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),
             directory: None,
+            registry: None,
             resolve_ticket: 0,
             out: VecDeque::new(),
             next_io: 0,
@@ -278,7 +287,10 @@ impl Node {
 
     /// Handles one input at `now`; see the type's driving contract.
     pub fn handle_input(&mut self, input: Input, now: Instant) {
-        self.guarded(now, |node| node.dispatch(input, now));
+        self.guarded(now, |node| {
+            node.dispatch(input, now);
+            node.send_joins(now);
+        });
         debug_assert!(self.out.len() <= OUTPUTS_MAX, "outputs piling up: the driver must drain");
     }
 
@@ -334,7 +346,10 @@ impl Node {
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.guarded(now, |node| node.fire_timers(now));
+        self.guarded(now, |node| {
+            node.fire_timers(now);
+            node.send_joins(now);
+        });
         assert!(self.poll_timeout().is_none_or(|t| t > now), "handle_timeout must move the timer");
     }
 
@@ -457,6 +472,9 @@ impl Node {
         if let exchange::Job::Roster { .. } = x.job {
             self.roster_fetches -= 1;
         }
+        if let exchange::Job::Tracker { file, .. } = &x.job {
+            self.tracker_quarantined(file, now);
+        }
         if let exchange::Job::Check { credential } = &x.job {
             if let Some(check) = self.access.checks.remove(credential) {
                 return check.waiters;
@@ -523,6 +541,9 @@ impl Node {
     /// Asserts every invariant listed on the type. The simulator calls it after every step.
     pub fn check_invariants(&self) {
         self.engine.check_invariants();
+        if let Some(registry) = &self.registry {
+            registry.check_invariants();
+        }
         self.flights.check_invariants();
         assert!(self.live_requests() <= REQUESTS_MAX, "requests above their bound");
         self.access.check_invariants(&self.requests);

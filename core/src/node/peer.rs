@@ -27,6 +27,9 @@ use bytes::{Bytes, BytesMut};
 /// Most bytes reserved up front for one peer body.
 const BODY_RESERVE_MAX: u64 = 64 << 20;
 
+/// The tracker's endpoints on the peer listener.
+const TRACKER_PATH_PREFIX: &str = "/tracker/";
+
 /// What to ask a peer for.
 pub(super) struct PeerFetch {
     pub key: BlockKey,
@@ -44,15 +47,22 @@ impl Node {
     pub(super) fn peer_request(&mut self, id: RequestId, request: Inbound, now: Instant) {
         let path = request.target.split_once('?').map_or(request.target.as_str(), |(p, _)| p);
         // Nothing is learned, relayed or served for a caller without the cluster secret.
-        if let Err(reason) =
-            self.verify_peer_request(&request.method, &request.target, &request.headers, now)
-        {
+        if let Err(reason) = self.verify_peer_request(
+            &request.method,
+            &request.target,
+            &request.body,
+            &request.headers,
+            now,
+        ) {
             let message = format!("dart: peer authentication failed ({reason})");
             let extra = Headers::new().with("www-authenticate", "DART-HMAC-SHA256");
             return self.reply(id, Plane::Peer, 401, &message, extra);
         }
         if path == ROSTER_PATH {
             return self.serve_roster(id, &request, now);
+        }
+        if path.starts_with(TRACKER_PATH_PREFIX) {
+            return self.serve_tracker(id, &request, path, now);
         }
         if !path.starts_with(BLOCK_PATH_PREFIX) {
             return self.reply(id, Plane::Peer, 404, "dart: unknown peer path", Headers::new());

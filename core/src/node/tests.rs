@@ -157,7 +157,8 @@ impl Harness {
     }
 
     fn get(&mut self, id: u64, plane: Plane, target: &str, headers: Headers) {
-        let request = Inbound { method: "GET".into(), target: target.into(), headers };
+        let request =
+            Inbound { method: "GET".into(), target: target.into(), headers, body: Bytes::new() };
         self.feed(Input::Request { id: RequestId(id), plane, request });
     }
 
@@ -395,8 +396,12 @@ fn concurrent_reads_of_one_object_share_one_probe_and_one_fetch_per_block() {
 #[test]
 fn a_head_request_gets_the_length_and_no_body() {
     let mut h = Harness::new(node_with(engine(), ""));
-    let request =
-        Inbound { method: "HEAD".into(), target: format!("/dart/{URL}"), headers: Headers::new() };
+    let request = Inbound {
+        method: "HEAD".into(),
+        target: format!("/dart/{URL}"),
+        headers: Headers::new(),
+        body: Bytes::new(),
+    };
     h.feed(Input::Request { id: RequestId(1), plane: Plane::Client, request });
     h.serve_origin();
     let head = h.head_of(1).expect("head");
@@ -408,8 +413,12 @@ fn a_head_request_gets_the_length_and_no_body() {
 #[test]
 fn bad_methods_and_targets_get_clean_statuses() {
     let mut h = Harness::new(node_with(engine(), ""));
-    let request =
-        Inbound { method: "POST".into(), target: "/dart/x".into(), headers: Headers::new() };
+    let request = Inbound {
+        method: "POST".into(),
+        target: "/dart/x".into(),
+        headers: Headers::new(),
+        body: Bytes::new(),
+    };
     h.feed(Input::Request { id: RequestId(1), plane: Plane::Client, request });
     assert_eq!(h.head_of(1).map(|h| h.status), Some(405));
     h.get(2, Plane::Client, "/elsewhere", Headers::new());
@@ -559,6 +568,7 @@ fn a_driver_bug_in_one_request_fails_only_that_request() {
         method: "GET".into(),
         target: "/dart/http://origin/o/other".into(),
         headers: Headers::new(),
+        body: Bytes::new(),
     };
     h.feed(Input::Request { id: RequestId(2), plane: Plane::Client, request });
     let other = h.take_sends().remove(0);
@@ -610,8 +620,12 @@ fn body_parts_wait_for_the_transport_to_drain() {
         Default::default(),
         Instant::ZERO,
     );
-    let request =
-        Inbound { method: "GET".into(), target: format!("/dart/{URL}"), headers: Headers::new() };
+    let request = Inbound {
+        method: "GET".into(),
+        target: format!("/dart/{URL}"),
+        headers: Headers::new(),
+        body: Bytes::new(),
+    };
     node.handle_input(Input::Request { id: RequestId(1), plane: Plane::Client, request }, t);
     let mut bodies = 0;
     let mut ended = false;
@@ -1420,6 +1434,7 @@ fn outgoing_peer_requests_carry_a_mac_the_receiver_accepts() {
         origin: peer.headers.get("x-dart-origin").unwrap_or_default(),
         node: peer.headers.get("x-dart-node").unwrap_or_default(),
         peer_addr: peer.headers.get("x-dart-peer-addr").unwrap_or_default(),
+        body: &[],
     };
     let mac = peer.headers.get(HEADER_AUTH);
     assert!(mac.is_some(), "{:?}", peer.headers);
@@ -2402,4 +2417,189 @@ fn a_peer_one_read_found_slow_is_asked_after_the_others_by_the_next_reads() {
     // The memory fades: after it, the tree order again.
     h.advance(crate::engine::SLOW_MEMORY);
     assert!(!h.node.engine().is_slow(&ancestors[0], h.now));
+}
+
+// ---- The reader tree: JOINs to an object's tracker, routing over the granted readers ----
+
+const TRACKED: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+
+/// A node of a six-member chain with the reader tree on, chosen so that the tracker of `URL` is
+/// another member; returns it, the tracker's address, and the ranking of `URL`'s block 0 (ids).
+fn tracked_reader() -> (Node, String, Vec<String>) {
+    let members: Vec<Member> = TRACKED.map(|id| Member::ready(id, &format!("{id}:9000"))).to_vec();
+    for me in TRACKED {
+        let mut e = engine();
+        let key = e.block_key(&e.identify(URL), 0);
+        let placement = Placement::new(View::new(members.clone()), me, 1, 1);
+        let ranked: Vec<String> =
+            placement.ranked(key.chunk).into_iter().map(str::to_owned).collect();
+        // Below rank 2, so that the readers' tree and the members' tree give another parent.
+        if ranked.iter().position(|id| id == me).is_none_or(|i| i < 3) {
+            continue;
+        }
+        let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
+        e.enable_p2p(P2p { placement, breaker });
+        let mut node = node_with(e, me);
+        assert!(node.enable_reader_tree(Duration::ZERO));
+        if let Some(TrackerHost::Peer(addr)) = node.tracker_host(&node.engine().identify(URL).id) {
+            return (node, addr, ranked);
+        }
+    }
+    panic!("no member reads with a peer as its tracker");
+}
+
+fn grant_body(readers: &[&str]) -> Bytes {
+    let grant = crate::tracker::Grant {
+        epoch: 1,
+        readers: readers.iter().map(|r| (*r).to_owned()).collect(),
+        lease: Duration::from_secs(6),
+    };
+    Bytes::from(crate::tracker::encode_grant(&grant))
+}
+
+fn answer_join(h: &mut Harness, join: &IoRequest, status: u16, body: Bytes) {
+    let headers = Headers::new().with("content-length", body.len().to_string());
+    h.io(join.id, IoEvent::Connected);
+    h.io(join.id, IoEvent::Head { status, headers });
+    if status == 200 {
+        h.io(join.id, IoEvent::Body(body));
+        h.io(join.id, IoEvent::End);
+    }
+}
+
+#[test]
+fn a_reader_joins_its_objects_tracker_and_lays_later_misses_over_the_granted_readers() {
+    let (node, tracker, ranked) = tracked_reader();
+    let me = node.config().self_id.clone();
+    let file = node.engine().identify(URL).id;
+    let mut h = Harness::new(node);
+    h.read(1, Some("bytes=0-9"));
+    let sends = h.take_sends();
+    let join = sends.iter().find(|s| s.purpose == Purpose::Tracker).expect("a JOIN").clone();
+    let probe = sends.iter().find(|s| s.purpose == Purpose::Probe).expect("a probe").clone();
+    assert_eq!(join.url, format!("http://{tracker}/tracker/v1/join"));
+    assert_eq!((join.method, join.endpoint), ("POST", Endpoint::Peer));
+    let asked = crate::tracker::decode_join(&join.body).expect("a JOIN body");
+    assert_eq!(
+        (asked.file.as_str(), asked.node.as_str(), asked.ttl_ms),
+        (file.as_str(), me.as_str(), 0)
+    );
+    // The tracker grants a set of two: this node and the best-ranked member, which is not this
+    // node's parent over all members (that is the member just above it).
+    let best = ranked[0].as_str();
+    let all_parent = &ranked[ranked.iter().position(|id| *id == me).expect("ranked") - 1];
+    assert_ne!(best, all_parent);
+    answer_join(&mut h, &join, 200, grant_body(&[best, &me]));
+    h.answer_origin(&probe);
+    let fetch = peer_sends(&h).pop().expect("a peer fetch");
+    assert!(fetch.url.starts_with(&format!("http://{best}:9000/")), "{}", fetch.url);
+    assert_eq!(h.node.counters().tracker_joins, 1);
+    assert_eq!(h.node.counters().tracker_join_failed, 0);
+    // Half the lease later the next miss re-JOINs, still routing over the readers meanwhile.
+    answer_peer(&mut h, &fetch, 0);
+    h.advance(Duration::from_secs(3));
+    h.take_sends();
+    h.read(2, Some(&format!("bytes={BLOCK}-{}", BLOCK + 9)));
+    let sends = h.take_sends();
+    assert_eq!(sends.iter().filter(|s| s.purpose == Purpose::Tracker).count(), 1, "a renewal");
+    let fetch = sends.iter().find(|s| s.purpose == Purpose::PeerBlock).expect("a peer fetch");
+    assert!(fetch.url.starts_with(&format!("http://{best}:9000/")), "{}", fetch.url);
+}
+
+#[test]
+fn a_join_that_fails_leaves_the_read_on_every_member_and_is_not_retried_at_once() {
+    let (node, _, ranked) = tracked_reader();
+    let me = node.config().self_id.clone();
+    let mut h = Harness::new(node);
+    h.read(1, Some("bytes=0-9"));
+    let sends = h.take_sends();
+    let join = sends.iter().find(|s| s.purpose == Purpose::Tracker).expect("a JOIN").clone();
+    let probe = sends.iter().find(|s| s.purpose == Purpose::Probe).expect("a probe").clone();
+    answer_join(&mut h, &join, 503, Bytes::new());
+    assert!(h.cancelled(join.id));
+    assert_eq!(h.node.counters().tracker_join_failed, 1);
+    h.answer_origin(&probe);
+    let fetch = peer_sends(&h).pop().expect("a peer fetch");
+    let parent = &ranked[ranked.iter().position(|id| *id == me).expect("ranked") - 1];
+    assert!(fetch.url.starts_with(&format!("http://{parent}:9000/")), "{}", fetch.url);
+    // Another read within the 2 s hold-off sends no JOIN; one after it does.
+    answer_peer(&mut h, &fetch, 0);
+    h.take_sends();
+    h.read(2, Some("bytes=0-9"));
+    assert!(!h.take_sends().iter().any(|s| s.purpose == Purpose::Tracker));
+    h.advance(crate::tracker::RETRY_AFTER);
+    h.read(3, Some("bytes=0-9"));
+    assert!(h.take_sends().iter().any(|s| s.purpose == Purpose::Tracker));
+}
+
+#[test]
+fn a_tracker_that_never_answers_is_given_up_at_two_seconds() {
+    let (node, _, _) = tracked_reader();
+    let mut h = Harness::new(node);
+    h.read(1, Some("bytes=0-9"));
+    let join = h.take_sends().into_iter().find(|s| s.purpose == Purpose::Tracker).expect("JOIN");
+    h.io(join.id, IoEvent::Connected);
+    h.advance(Duration::from_millis(1999));
+    assert!(!h.cancelled(join.id));
+    h.advance(Duration::from_millis(1));
+    assert!(h.cancelled(join.id), "the JOIN bound");
+    assert_eq!(h.node.counters().tracker_join_failed, 1);
+}
+
+fn post(h: &mut Harness, id: u64, path: &str, body: &str) {
+    let request = Inbound {
+        method: "POST".into(),
+        target: path.into(),
+        headers: Headers::new(),
+        body: Bytes::from(body.to_owned()),
+    };
+    h.feed(Input::Request { id: RequestId(id), plane: Plane::Peer, request });
+}
+
+#[test]
+fn the_peer_listener_serves_joins_and_leaves_only_with_the_reader_tree_on() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    post(&mut h, 1, "/tracker/v1/join", r#"{"file":"f","node":"x"}"#);
+    assert_eq!(status_of(&h, 1), Some(404), "the reader tree is off");
+    let mut node = reader_of("p:9000");
+    assert!(node.enable_reader_tree(Duration::ZERO));
+    let mut h = Harness::new(node);
+    post(&mut h, 2, "/tracker/v1/join", r#"{"file":"f","node":"x"}"#);
+    let head = h.head_of(2).expect("a head");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.headers.get_str("x-dart-node"), Some("reader"));
+    let grant = crate::tracker::decode_grant(&h.body_of(2)).expect("a grant");
+    assert_eq!((grant.epoch, grant.readers.clone()), (1, vec!["x".to_owned()]));
+    assert_eq!(h.node.registry().expect("a registry").files(), 1);
+    post(&mut h, 3, "/tracker/v1/leave", r#"{"file":"f","node":"x"}"#);
+    assert_eq!(h.head_of(3).map(|h| (h.status, h.body)), Some((204, false)));
+    assert!(h.ended(3));
+    assert_eq!(h.node.registry().expect("a registry").files(), 0);
+    post(&mut h, 4, "/tracker/v1/join", "{not json");
+    assert_eq!(status_of(&h, 4), Some(400));
+    h.get(5, Plane::Peer, "/tracker/v1/join", Headers::new());
+    assert_eq!(status_of(&h, 5), Some(405));
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn the_tracker_of_its_own_objects_joins_locally_without_an_exchange() {
+    let members: Vec<Member> = TRACKED.map(|id| Member::ready(id, &format!("{id}:9000"))).to_vec();
+    let e = engine();
+    let file = e.identify(URL).id;
+    let key = crate::hash::ChunkKey::file_key(e.config().namespace.as_str(), &file);
+    let view = View::new(members);
+    let tracker = Placement::new(view.clone(), "a", 1, 1).ranked(key)[0].to_owned();
+    let mut e = e;
+    let placement = Placement::new(view, &tracker, 1, 1);
+    e.enable_p2p(P2p { placement, breaker: Breaker::new(BreakerConfig::default()).expect("b") });
+    let mut node = node_with(e, &tracker);
+    assert!(node.enable_reader_tree(Duration::ZERO));
+    assert_eq!(node.tracker_host(&file), Some(TrackerHost::Local));
+    let mut h = Harness::new(node);
+    h.read(1, Some("bytes=0-9"));
+    assert!(!h.sends().iter().any(|s| s.purpose == Purpose::Tracker), "no JOIN exchange");
+    let registry = h.node.registry().expect("a registry");
+    assert_eq!(registry.files(), 1);
+    assert_eq!(h.node.counters().tracker_joins, 1);
 }

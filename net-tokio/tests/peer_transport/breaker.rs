@@ -118,7 +118,8 @@ async fn read_to_the_end<D: dart_net_tokio::seam::Dialer>(
 ) -> u16 {
     let range = block_range(SIZE, block).expect("range");
     let headers = Headers::new().with("range", range);
-    let request = Inbound { method: "GET".into(), target: format!("/dart/{url}"), headers };
+    let target = format!("/dart/{url}");
+    let request = Inbound { method: "GET".into(), target, headers, body: Default::default() };
     let resp = node.respond(Plane::Client, request).await;
     let status = resp.status().as_u16();
     let _ = resp.into_body().collect().await;

@@ -359,7 +359,8 @@ pub async fn read<D: Dialer>(
     if let Some(r) = range {
         headers.push("range", r);
     }
-    let request = Inbound { method: "GET".into(), target: format!("/dart/{url}"), headers };
+    let target = format!("/dart/{url}");
+    let request = Inbound { method: "GET".into(), target, headers, body: Default::default() };
     let resp = node.clone().respond(Plane::Client, request).await;
     let status = resp.status().as_u16();
     match resp.into_body().collect().await {

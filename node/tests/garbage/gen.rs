@@ -180,6 +180,7 @@ impl Req {
             origin: self.get("x-dart-origin").unwrap_or_default(),
             node: self.get("x-dart-node").unwrap_or_default(),
             peer_addr: self.get("x-dart-peer-addr").unwrap_or_default(),
+            body: &[],
         }
         .sign(secret, unix);
         self.set("X-DART-Auth", auth.as_bytes());

@@ -108,7 +108,8 @@ impl Sim {
                 version: None,
             },
         );
-        let request = Inbound { method: method.into(), target: format!("/dart/{url}"), headers };
+        let target = format!("/dart/{url}");
+        let request = Inbound { method: method.into(), target, headers, body: Default::default() };
         self.feed(n, Input::Request { id, plane: Plane::Client, request });
     }
 

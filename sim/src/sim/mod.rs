@@ -709,6 +709,7 @@ impl Sim {
                     view: n.view_ids(),
                     view_changes: std::mem::take(&mut n.view_changes),
                     member_id: n.member_id(),
+                    counters: n.machine.as_ref().map(|m| m.counters()).unwrap_or_default(),
                 }
             })
             .collect();

@@ -71,6 +71,8 @@ impl Sim {
             to,
             url: req.url,
             headers: req.headers,
+            method: req.method,
+            body: req.body,
             kind,
             sent: now,
             stage,
@@ -337,6 +339,7 @@ impl Sim {
         let path = target.split_once('?').map_or(target.as_str(), |(p, _)| p);
         let key = dart_core::codec::wire::parse_block_path(path).ok();
         let headers = std::mem::take(&mut call.headers);
+        let (method, body) = (call.method, std::mem::take(&mut call.body));
         let rid = self.nodes[j].next_request_id();
         self.calls.get_mut(&id).expect("a live call").callee_request = Some(rid);
         self.nodes[j].peers.insert(
@@ -352,7 +355,7 @@ impl Sim {
                 lie: None,
             },
         );
-        let request = Inbound { method: "GET".into(), target, headers };
+        let request = Inbound { method: method.into(), target, headers, body };
         self.feed(j, Input::Request { id: rid, plane: Plane::Peer, request });
     }
 
