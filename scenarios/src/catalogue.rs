@@ -65,6 +65,7 @@ pub fn all() -> Vec<Scenario> {
         pod_ip_reuse(),
         some_read(),
         some_read_tracked(),
+        some_read_staggered(),
     ]
 }
 
@@ -1693,5 +1694,30 @@ fn some_read_tracked() -> Scenario {
             joined >= 2 * readers.len() as u64 && failed == 0,
             format!("every reader joined and renewed ({joined} JOINs), none failed ({failed})"),
         );
+    })
+}
+/// Half the readers read the object, and the other half read it again after the first half's
+/// leases have lapsed: the trees of the second half span other readers than the first's, so
+/// the bytes must still be found among the members instead of at the origin.
+fn some_read_staggered() -> Scenario {
+    Scenario::new(
+        "some-read-staggered",
+        "with the reader tree on, half the readers read an object and the other half read it 20 s later: the origin still pays about once",
+        |seed, scale| {
+            let mut spec = some_read_spec(seed, scale, Some(Duration::ZERO));
+            let readers = readers_of(&spec);
+            let late = &readers[readers.len() / 2..];
+            for read in &mut spec.workload.safety {
+                if late.contains(&read.node) {
+                    read.at += secs(20);
+                }
+            }
+            spec
+        },
+    )
+    .expect(|run, check| {
+        safety_reads_finish(run, check, &[]);
+        let (origin, ..) = some_read_figures(run, check);
+        check.that(origin <= 1.25, format!("origin {origin:.2} x the object (at most 1.25)"));
     })
 }

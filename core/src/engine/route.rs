@@ -146,6 +146,14 @@ impl Placement {
     /// with an address, when at least two remain and this node is one of them; else over every
     /// Ready member.
     ///
+    /// The readers' tree hangs below the chunk's home, the root of the tree over every member
+    /// (the best-ranked usable member), which is its root whether or not it reads: only the home
+    /// reads the origin, so readers that come after the set has changed or lapsed, or that
+    /// route over every member, still find the chunk cached at the home instead of paying the
+    /// origin again (spec/tracker.md §5 has the best-ranked reader read the origin; in the
+    /// `some-read-staggered` scenario that cost 1.7x the object). A home that does not read
+    /// routes its relay reads over every member, where it is the root.
+    ///
     /// A node the published set does not name yet (it joined since the tracker's last tick)
     /// routes over every member, unlike spec/tracker.md §5, under which it would still use the
     /// set. Both readings of that are worse: asking the set's first reader, which may rank below
@@ -164,22 +172,24 @@ impl Placement {
         usable: impl Fn(&str) -> bool,
     ) -> Vec<PeerRef> {
         let mut ranked = self.ranked(chunk);
-        if let Some(readers) = readers {
-            let known = |id: &str| self.view.get(id).is_some_and(|m| !m.addr.is_empty());
-            let among: Vec<&str> = ranked
-                .iter()
-                .copied()
-                .filter(|id| known(id) && readers.iter().any(|r| r == id))
-                .collect();
-            if among.len() >= 2 && readers.contains(&self.self_id) {
-                ranked = among;
-            }
-        }
         let as_peer = |id: &str| {
             let m = self.view.get(id)?;
             (!m.addr.is_empty() && m.id != self.self_id && usable(&m.addr))
                 .then(|| PeerRef { id: m.id.clone(), addr: m.addr.clone() })
         };
+        if let Some(readers) = readers {
+            let known = |id: &str| self.view.get(id).is_some_and(|m| !m.addr.is_empty());
+            let is_reader = |id: &str| known(id) && readers.iter().any(|r| r == id);
+            // The chunk's home: the root of the tree over every member, as this node sees it.
+            let home =
+                ranked.iter().copied().find(|id| *id == self.self_id || as_peer(id).is_some());
+            let among: Vec<&str> =
+                ranked.iter().copied().filter(|id| is_reader(id) || Some(*id) == home).collect();
+            let readers_known = among.iter().filter(|id| is_reader(id)).count();
+            if readers_known >= 2 && readers.contains(&self.self_id) {
+                ranked = among;
+            }
+        }
         if !ranked.contains(&self.self_id.as_str()) {
             return ranked.first().and_then(|id| as_peer(id)).into_iter().collect();
         }
@@ -343,10 +353,27 @@ mod tests {
         let ids = |ups: Vec<PeerRef>| ups.into_iter().map(|u| u.id).collect::<Vec<_>>();
         // Over every member: the chain's parent and grandparent.
         assert_eq!(ids(p.upstreams(chunk, |_| true)), vec![ranked[4].clone(), ranked[3].clone()]);
-        // Over the readers {1, 3, me}: the chain among them.
+        // Over the readers {1, 3, me}: the chain among them (at most two ancestors).
         let readers = vec![ranked[1].clone(), ranked[3].clone(), me.clone()];
         let got = ids(p.upstreams_among(chunk, Some(&readers), |_| true));
         assert_eq!(got, vec![ranked[3].clone(), ranked[1].clone()]);
+        // Over {3, me}: below the chunk's home (rank 0, the root over every member), which
+        // reads nothing.
+        let pair = vec![ranked[3].clone(), me.clone()];
+        let got = ids(p.upstreams_among(chunk, Some(&pair), |_| true));
+        assert_eq!(got, vec![ranked[3].clone(), ranked[0].clone()]);
+        // The home unusable (circuit open): the next usable member is the home.
+        let home = v.get(&ranked[0]).expect("member").addr.clone();
+        let got = ids(p.upstreams_among(chunk, Some(&pair), |a| a != home));
+        assert_eq!(got, vec![ranked[3].clone(), ranked[1].clone()]);
+        // A home that reads is one reader among the others: two readers do not make a tree
+        // without this node, three do.
+        let with_home = vec![ranked[0].clone(), me.clone()];
+        let got = ids(p.upstreams_among(chunk, Some(&with_home), |_| true));
+        assert_eq!(got, vec![ranked[0].clone()]);
+        // The home itself, reading: the root of the readers' tree, reading the origin.
+        let h = Placement::new(v.clone(), &ranked[0], 1, 1);
+        assert!(h.upstreams_among(chunk, Some(&readers), |_| true).is_empty());
         // A reader unknown to the view does not count; fewer than two known: every member.
         let lonely = vec![me.clone(), "stranger".to_owned()];
         assert_eq!(
@@ -361,7 +388,7 @@ mod tests {
         // An excluded (open-circuit) reader is skipped as in the members' tree.
         let open = v.get(&ranked[3]).expect("member").addr.clone();
         let got = ids(p.upstreams_among(chunk, Some(&readers), |a| a != open));
-        assert_eq!(got, vec![ranked[1].clone()]);
+        assert_eq!(got, vec![ranked[1].clone(), ranked[0].clone()]);
     }
 
     #[test]
