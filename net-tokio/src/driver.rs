@@ -319,6 +319,7 @@ impl<D: Dialer> NodeDriver<D> {
             open_circuits,
             access: inner.node.access_counters(),
             node: inner.node.counters(),
+            tracker_files: inner.node.registry().map(|r| r.files()),
         }
     }
 

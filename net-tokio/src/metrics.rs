@@ -38,6 +38,8 @@ pub struct Scrape {
     pub access: AccessCounters,
     /// The node machine's own counters.
     pub node: NodeCounters,
+    /// Objects whose reader set this node hosts (`None` while the reader tree is off).
+    pub tracker_files: Option<usize>,
 }
 
 /// Reads the node machine's counters at scrape time.
@@ -196,6 +198,35 @@ impl prometheus_client::collector::Collector for Collected {
         let joined = "Peer block fetches a read joined: another read of this node was fetching \
                       the same block from the same peer.";
         plain_counter(&mut enc, "dart_peer_fetch_joined", joined, scrape.node.peer_fetches_joined)?;
+        if let Some(files) = scrape.tracker_files {
+            let n = scrape.node;
+            let joins = [
+                ("granted", n.tracker_joins - n.tracker_join_failed),
+                ("failed", n.tracker_join_failed),
+            ];
+            counter(
+                &mut enc,
+                "dart_tracker_join",
+                "JOINs this node sent to its objects' trackers (its own registry included), by \
+                 result; a failed one routes the object over every Ready member.",
+                "result",
+                &joins,
+            )?;
+            plain_counter(
+                &mut enc,
+                "dart_tracker_joins_served",
+                "JOINs this node granted as an object's tracker.",
+                n.tracker_joins_granted,
+            )?;
+            let g = ConstGauge::new(i64::try_from(files).unwrap_or(i64::MAX));
+            let m = enc.encode_descriptor(
+                "dart_tracker_files",
+                "Objects whose reader set this node hosts.",
+                None,
+                g.metric_type(),
+            )?;
+            g.encode(m)?;
+        }
         plain_counter(
             &mut enc,
             "dart_peer_failover",

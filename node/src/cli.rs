@@ -159,11 +159,12 @@ pub struct NodeFlags {
     #[arg(long, default_value = "")]
     pub peer_advertise: String,
     /// Lay each object's distribution trees over the nodes reading it (their member ids, kept
-    /// by the object's tracker: the member ranked first for it) instead of over every member,
-    /// so that every parent is itself a reader. Needs --peers or --discover.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1,
-          default_missing_value = "true")]
-    pub reader_tree: bool,
+    /// by the object's tracker: the member ranked first for it), below the member ranked first
+    /// for each chunk, instead of over every member, so that nodes which read nothing stop
+    /// relaying. On by default whenever --peers or --discover is given; `--reader-tree=false`
+    /// turns it off; `--reader-tree` without a peer flag is an error.
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub reader_tree: Option<bool>,
     /// How often a tracker republishes an object's reader set (leases stay 6s).
     #[arg(long, default_value = "3s", value_parser = duration)]
     pub tracker_tick: std::time::Duration,

@@ -277,9 +277,10 @@ pub async fn start_on<S: Seam>(
         node.enable_discovery(seeds, timing, dart_core::time::Instant::ZERO)
             .context("turning discovery on")?;
     }
-    if flags.reader_tree && !node.enable_reader_tree(flags.tracker_tick) {
-        anyhow::bail!("--reader-tree needs --peers or --discover and a --self-id");
-    }
+    // On by default with a peer path; `p2p_setup` refused an explicit --reader-tree without one
+    // and required a valid --self-id with it.
+    let reader_tree =
+        flags.reader_tree != Some(false) && node.enable_reader_tree(flags.tracker_tick);
     // Blocks a warm start kept carry no version: the machine decides what to serve of them.
     node.recovered_blocks(store.kept_keys());
     let (stop, stop_rx) = watch::channel(false);
@@ -324,8 +325,8 @@ pub async fn start_on<S: Seam>(
             } else {
                 format!("advertised at {advertise}, discovering by {}", flags.discover)
             },
-            if authenticated { "authenticated" } else { "UNAUTHENTICATED" }
-        )),
+            if authenticated { "authenticated" } else { "UNAUTHENTICATED" },
+        ) + if reader_tree { ", reader tree" } else { "" }),
         admin_addr.map_or("off".to_string(), |a| a.to_string()),
         flags.cache_dir.display(),
         flags.cache_size >> 20,
@@ -500,6 +501,9 @@ fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<(Option<P2p>, Option<Seeds>)> 
         anyhow::bail!("--peers and --discover are mutually exclusive: give a fixed list or seeds");
     }
     if flags.peers.is_empty() && flags.discover.is_empty() {
+        if flags.reader_tree == Some(true) {
+            anyhow::bail!("--reader-tree needs --peers or --discover");
+        }
         if !flags.peer_advertise.is_empty() {
             anyhow::bail!("--peer-advertise needs --discover");
         }

@@ -233,7 +233,7 @@ async fn a_second_node_on_the_same_cache_dir_fails_fast_naming_the_lock() {
 
 #[tokio::test]
 async fn bad_flags_exit_non_zero_with_a_clear_message_before_touching_the_disk() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["--cache-size", "0"], "--cache-size (0) must be at least --block-size"),
         (
             &["--block-size", "3MiB", "--chunk-size", "256MiB"],
@@ -257,6 +257,7 @@ async fn bad_flags_exit_non_zero_with_a_clear_message_before_touching_the_disk()
             "invalid --peer-advertise",
         ),
         (&["--peer-advertise", "10.0.0.1:9000"], "--peer-advertise needs --discover"),
+        (&["--reader-tree"], "--reader-tree needs --peers or --discover"),
         (
             &[
                 "--self-id",

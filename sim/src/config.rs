@@ -63,7 +63,7 @@ impl Default for PeerConfig {
             replicas: 1,
             breaker: BreakerConfig::default(),
             discovery: None,
-            reader_tree: None,
+            reader_tree: Some(Duration::ZERO),
         }
     }
 }

@@ -118,6 +118,8 @@ pub struct NodeCounters {
     pub tracker_joins: u64,
     /// JOINs that granted nothing (the reads routed over every Ready member).
     pub tracker_join_failed: u64,
+    /// JOINs this node granted as the tracker of an object (its own included).
+    pub tracker_joins_granted: u64,
 }
 
 /// One dart node as a sans-IO state machine.

@@ -67,6 +67,7 @@ impl Node {
                 Some(TrackerHost::Local) => {
                     let registry = self.registry.as_mut().expect("the reader tree is on");
                     let grant = registry.join(&file, &self.config.self_id, 0, now);
+                    self.counters.tracker_joins_granted += u64::from(grant.is_ok());
                     self.join_ended(&file, grant.map_err(|e| e.to_string()), now);
                 }
                 Some(TrackerHost::Peer(addr)) => self.send_join(file, addr, now),
@@ -163,6 +164,9 @@ impl Node {
             return self.reply(id, Plane::Peer, 404, message, Headers::new());
         };
         let reply = tracker::serve(registry, &request.method, path, &request.body, now);
+        if path == tracker::JOIN_PATH && reply.status == 200 {
+            self.counters.tracker_joins_granted += 1;
+        }
         let body = Bytes::from(reply.body);
         let mut headers = Headers::new();
         for (name, value) in reply.headers {
