@@ -35,9 +35,14 @@ pub struct DemoFlags {
     /// Block size.
     #[arg(long, default_value = "4MiB", value_parser = size)]
     pub block_size: u64,
-    /// Keep the node and origin running after the report, for curl.
+    /// Keep the node and origin running after the report, for curl (one node only).
     #[arg(long)]
     pub serve: bool,
+    /// Nodes to start: 1 reads through one node in this process; more start that many `dart`
+    /// processes that discover each other, read the object at once, and read another after
+    /// one of them is killed.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub nodes: u16,
 }
 
 /// Flags of a node.

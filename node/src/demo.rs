@@ -1,5 +1,6 @@
-//! `dart demo`: an embedded origin serving a generated object, a node in front of it, reads
-//! through the node, and a report of where the bytes came from. Needs no external service.
+//! `dart demo`: an embedded origin serving a generated object, nodes in front of it, reads
+//! through them, and a report of where the bytes came from. Needs no external service. With
+//! `--nodes 1` one node runs in this process; with more (the default is 3) see [`cluster`].
 
 use crate::cli::{DemoFlags, NodeFlags};
 use bytes::Bytes;
@@ -40,10 +41,16 @@ async fn get(
     Ok((status, body))
 }
 
+mod cluster;
+
 /// Runs the demo.
 pub async fn run(flags: DemoFlags) -> anyhow::Result<()> {
+    if flags.serve && flags.nodes > 1 {
+        anyhow::bail!("--serve keeps one node running: give --nodes 1 with it");
+    }
     let dir = std::env::temp_dir().join(format!("dart-demo-{}", std::process::id()));
-    let result = run_in(&flags, &dir).await;
+    let result =
+        if flags.nodes > 1 { cluster::run(&flags, &dir).await } else { run_in(&flags, &dir).await };
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
