@@ -38,6 +38,7 @@
 
 pub mod catalogue;
 pub mod html;
+pub mod junit;
 pub mod seeds;
 pub mod shrink;
 

@@ -1,7 +1,7 @@
 //! `dart-scenarios`: list, run, replay, shrink and report the seeded cluster scenarios.
 
 use clap::{Parser, Subcommand};
-use dart_scenarios::{catalogue, html, seeds, shrink, Outcome, Scale, Scenario};
+use dart_scenarios::{catalogue, html, junit, seeds, shrink, Outcome, Scale, Scenario};
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -40,6 +40,10 @@ enum Command {
         /// Print every run's verdict and notes, not only failures.
         #[arg(long, short)]
         verbose: bool,
+        /// Also write the runs as JUnit XML to this file (each failure's message is its replay
+        /// command; runs the budget left out are marked skipped).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<std::path::PathBuf>,
     },
     /// Replay one run and print its verdict (and its trace with --trace).
     Replay {
@@ -137,9 +141,10 @@ fn main() -> ExitCode {
             }
             Ok(true)
         }
-        Command::Run { scenario, seed, seeds, first_seed, budget, small, verbose } => {
+        Command::Run { scenario, seed, seeds, first_seed, budget, small, verbose, junit } => {
             let scale = scale(small);
-            run(scenario.as_deref(), seed, seeds, first_seed, budget, scale, verbose)
+            let plan = Plan { scenario: scenario.as_deref(), seed, fresh: seeds, first_seed };
+            run(plan, budget, scale, verbose, junit.as_deref())
         }
         Command::Replay { name, seed, small, trace } => replay(&name, seed, scale(small), trace),
         Command::Shrink { name, seed, small, runs } => shrink_cmd(&name, seed, scale(small), runs),
@@ -178,16 +183,31 @@ fn run_checked(s: &Scenario, seed: u64, scale: Scale, index: usize) -> (Outcome,
     (outcome, drift)
 }
 
-fn run(
-    scenario: Option<&str>,
+/// Which runs `run` makes.
+struct Plan<'a> {
+    scenario: Option<&'a str>,
     seed: Option<u64>,
     fresh: Option<u64>,
     first_seed: Option<u64>,
+}
+
+fn run(
+    Plan { scenario, seed, fresh, first_seed }: Plan<'_>,
     budget: Option<u64>,
     scale: Scale,
     verbose: bool,
+    junit: Option<&std::path::Path>,
 ) -> Result<bool, String> {
     let scenarios = select(scenario)?;
+    let mut report = junit::Report::default();
+    // An unwritable report path is refused before any run, not after all of them.
+    let mut junit_file = match junit {
+        Some(path) => Some((
+            path,
+            std::fs::File::create(path).map_err(|e| format!("--junit {}: {e}", path.display()))?,
+        )),
+        None => None,
+    };
     let mut plan: Vec<(Scenario, u64)> = Vec::new();
     match seed {
         Some(seed) => plan.extend(scenarios.iter().map(|s| (s.clone(), seed))),
@@ -216,11 +236,16 @@ fn run(
     for (i, (s, seed)) in plan.iter().enumerate() {
         if budget.is_some_and(|b| start.elapsed() > b) {
             eprintln!("\nbudget spent after {ran} of {total} runs");
+            for (s, seed) in &plan[i..] {
+                report.skipped(s.name, *seed, scale, "the wall-clock budget (--budget) was spent");
+            }
             break;
         }
         eprint!("\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ", i + 1, s.name, failed.len());
         let _ = std::io::stderr().flush();
+        let t0 = Instant::now();
         let (outcome, drift) = run_checked(s, *seed, scale, i);
+        report.ran(&outcome, t0.elapsed(), drift.as_deref());
         ran += 1;
         if let Some(r) = &outcome.report {
             sim_secs += r.end.as_nanos() as f64 / 1e9;
@@ -251,6 +276,11 @@ fn run(
     );
     for line in &failed {
         println!("replay: {line}");
+    }
+    if let Some((path, file)) = &mut junit_file {
+        file.write_all(report.to_xml().as_bytes())
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("wrote {} runs to {} (JUnit XML)", report.len(), path.display());
     }
     Ok(failed.is_empty())
 }

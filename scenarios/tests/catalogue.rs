@@ -142,3 +142,30 @@ proptest! {
         prop_assert!(r.passed(), "{}\nplan: {}", r.summary(), r.plan);
     }
 }
+
+#[test]
+fn run_writes_junit_xml_and_refuses_an_unwritable_path_before_running() {
+    let dir = std::env::temp_dir().join(format!("dart-junit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("scenarios.xml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dart-scenarios"))
+        .args(["run", "--scenario", "black-hole", "--small", "--seed", "3", "--junit"])
+        .arg(&path)
+        .output()
+        .expect("run dart-scenarios");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let xml = std::fs::read_to_string(&path).expect("the report");
+    assert!(xml.contains("<testsuite name=\"black-hole\" tests=\"1\" failures=\"0\""), "{xml}");
+    assert!(xml.contains("name=\"seed 3 small\""), "{xml}");
+    let bad = dir.join("missing").join("scenarios.xml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dart-scenarios"))
+        .args(["run", "--scenario", "black-hole", "--small", "--seed", "3", "--junit"])
+        .arg(&bad)
+        .output()
+        .expect("run dart-scenarios");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--junit"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("runs,"), "nothing ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
