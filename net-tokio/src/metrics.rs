@@ -78,6 +78,11 @@ fn plain_counter(enc: &mut DescriptorEncoder, name: &str, help: &str, n: u64) ->
     c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
+fn plain_gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, n: usize) -> fmt::Result {
+    let g = ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
 fn gauges(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -218,14 +223,8 @@ impl prometheus_client::collector::Collector for Collected {
                 "JOINs this node granted as an object's tracker.",
                 n.tracker_joins_granted,
             )?;
-            let g = ConstGauge::new(i64::try_from(files).unwrap_or(i64::MAX));
-            let m = enc.encode_descriptor(
-                "dart_tracker_files",
-                "Objects whose reader set this node hosts.",
-                None,
-                g.metric_type(),
-            )?;
-            g.encode(m)?;
+            let help = "Objects whose reader set this node hosts.";
+            plain_gauge(&mut enc, "dart_tracker_files", help, files)?;
         }
         plain_counter(
             &mut enc,
@@ -234,14 +233,7 @@ impl prometheus_client::collector::Collector for Collected {
             s.peer_failover,
         )?;
         if let Some(open) = open {
-            let g = ConstGauge::new(i64::try_from(open).unwrap_or(i64::MAX));
-            let m = enc.encode_descriptor(
-                "dart_peer_circuits_open",
-                "Peers whose circuit is open.",
-                None,
-                g.metric_type(),
-            )?;
-            g.encode(m)?;
+            plain_gauge(&mut enc, "dart_peer_circuits_open", "Peers whose circuit is open.", open)?;
         }
         let c = self.cache.stats();
         let blocks =

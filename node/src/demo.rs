@@ -57,20 +57,8 @@ pub async fn run(flags: DemoFlags) -> anyhow::Result<()> {
 
 async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> {
     let size = flags.object_size;
-    let origin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let origin_addr = origin_listener.local_addr()?;
-    let stats = Arc::new(OriginStats::default());
-    let object = OriginObject { seed: OBJECT_SEED, size, behaviour: Behaviour::Honours };
-    let (stop_origin, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let origin_task = tokio::spawn(serve_origin(
-        origin_listener,
-        object,
-        stats.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
-        ServeOptions::default(),
-    ));
+    let origin = Origin::start(size).await?;
+    let (origin_addr, stats) = (origin.addr, origin.stats.clone());
 
     let node_flags = NodeFlags {
         listen: "127.0.0.1:0".into(),
@@ -168,7 +156,36 @@ async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> 
         let _ = tokio::signal::ctrl_c().await;
     }
     node.shutdown().await;
-    let _ = stop_origin.send(());
-    let _ = origin_task.await;
+    origin.stop().await;
     Ok(())
+}
+
+/// The demo's origin: a generated object on loopback.
+struct Origin {
+    addr: std::net::SocketAddr,
+    stats: Arc<OriginStats>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<dart_net_tokio::server::Drained>,
+}
+
+impl Origin {
+    /// Serves object [`OBJECT_SEED`] of `size` bytes on an ephemeral loopback port.
+    async fn start(size: u64) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(OriginStats::default());
+        let object = OriginObject { seed: OBJECT_SEED, size, behaviour: Behaviour::Honours };
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async move {
+            let _ = stop_rx.await;
+        };
+        let options = ServeOptions::default();
+        let task = tokio::spawn(serve_origin(listener, object, stats.clone(), stopped, options));
+        Ok(Origin { addr, stats, stop, task })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
 }

@@ -7,18 +7,16 @@
 //! still complete, routed around the dead node. Every byte is checked against the origin's
 //! generator.
 
-use super::{get, DemoClient, OBJECT_SEED};
+use super::{get, DemoClient, Origin, OBJECT_SEED};
 use crate::cli::DemoFlags;
 use anyhow::Context as _;
-use dart_net_tokio::origin_server::{generate, serve_origin, Behaviour, OriginObject, OriginStats};
+use dart_net_tokio::origin_server::{generate, OriginStats};
 use dart_net_tokio::seam::{SeamConnector, TokioDialer};
-use dart_net_tokio::server::ServeOptions;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::io::BufRead as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Refresh interval of the demo's nodes: short, so the views converge in a few seconds.
@@ -218,20 +216,8 @@ async fn converge(
 pub(super) async fn run(flags: &DemoFlags, dir: &Path) -> anyhow::Result<()> {
     let n = usize::from(flags.nodes);
     let size = flags.object_size;
-    let origin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let origin = origin_listener.local_addr()?;
-    let stats = Arc::new(OriginStats::default());
-    let object = OriginObject { seed: OBJECT_SEED, size, behaviour: Behaviour::Honours };
-    let (stop_origin, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let origin_task = tokio::spawn(serve_origin(
-        origin_listener,
-        object,
-        stats.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
-        ServeOptions::default(),
-    ));
+    let served = Origin::start(size).await?;
+    let (origin, stats) = (served.addr, served.stats.clone());
     let client: DemoClient = Client::builder(TokioExecutor::new())
         .build(SeamConnector::new(TokioDialer, Duration::from_secs(5)));
 
@@ -277,7 +263,6 @@ pub(super) async fn run(flags: &DemoFlags, dir: &Path) -> anyhow::Result<()> {
         2 * n - 1
     );
     drop(nodes);
-    let _ = stop_origin.send(());
-    let _ = origin_task.await;
+    served.stop().await;
     Ok(())
 }
