@@ -24,6 +24,7 @@ pub mod hrw;
 pub mod identity;
 pub mod membership;
 pub mod node;
+pub mod overlay;
 pub mod peer_auth;
 pub mod policy;
 pub mod rng;
