@@ -56,7 +56,7 @@
 //!   and the fallback (origin) belongs to the caller, as §5 says.
 //! - **Undecided responses and `dumb` (§6.8).** [`Verdict::Reject`] carries a [`Fault`]: a
 //!   meaningless answer is a failure plus the minor ("dumb") punishment, an invalid one a failure
-//!   plus the malicious punishment. The drop guard of step 3 scores undecided responses as ignore.
+//!   plus the malicious punishment. The drop guard of step 3 is to score undecided responses as ignore (no shell drives the book yet: the guard is not built).
 //! - **Kept as upstream:** the score arithmetic, the history, the moving average, the streak
 //!   penalty, the speed bonus and the weight floor, with the spec's numbers. A transport error that
 //!   is not a timeout records no round-trip sample: a refused dial returns fast, and counting it
