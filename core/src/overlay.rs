@@ -66,6 +66,7 @@
 
 #[cfg(test)]
 mod tests;
+pub mod set;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
