@@ -9,8 +9,8 @@
 //! current neighbours and remembers, for a bounded time and number, the stats of departed ones
 //! that did worse than a newcomer, so leaving the set does not wipe a punishment.
 //!
-//! Set maintenance (which peers are neighbours, §3), broadcast targets (§4) and wiring into the
-//! node (§5) are not here.
+//! Set maintenance (which peers are neighbours, §3) is [`set`]; broadcast targets (§4) and
+//! wiring into the node (§5) are not built.
 //!
 //! # Driving contract
 //!
@@ -64,9 +64,9 @@
 //! - **Left out:** upstream's later per-request-type fines (an LRU of fines subtracted from the
 //!   weight, floor 1) and the 10 s apply-score timer, which live weights make unnecessary.
 
+pub mod set;
 #[cfg(test)]
 mod tests;
-pub mod set;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -568,6 +568,14 @@ impl<K: Ord + Clone> ScoreBook<K> {
     /// Whether `peer` departed with a low score and is still remembered.
     pub fn remembers(&self, peer: &K) -> bool {
         self.remembered.contains_key(peer)
+    }
+
+    /// The stats `peer` departed with, while they are remembered at `now` (what [`Self::admit`]
+    /// would give it back), without admitting it.
+    pub fn remembered(&self, peer: &K, now: Instant) -> Option<&NeighbourStats> {
+        let clock = self.clock.max(now);
+        let r = self.remembered.get(peer)?;
+        (clock.saturating_duration_since(r.departed_at) < REMEMBER_FOR).then_some(&r.stats)
     }
 
     /// Number of current neighbours.

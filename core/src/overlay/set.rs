@@ -363,11 +363,14 @@ impl<K: Ord + Clone> NeighbourSet<K> {
                 break;
             }
             assert!(!self.members.contains_key(&peer), "candidates outside the set only");
-            let stats = self.book.admit(peer.clone(), now).expect("keep is below the book's bound");
-            if !stats.is_reliable() {
-                self.book.depart(&peer, now);
+            // A remembered peer that would come back unreliable is refused without being
+            // admitted: admitting and departing it again would restart its memory, and a peer
+            // the overlay keeps offering would then stay banned for ever.
+            if self.book.remembered(&peer, now).is_some_and(|s| !s.is_reliable()) {
                 continue;
             }
+            let stats = self.book.admit(peer.clone(), now).expect("keep is below the book's bound");
+            debug_assert!(stats.is_reliable(), "fresh or remembered reliable");
             self.members.insert(peer.clone(), expires_at);
             self.generation += 1;
             added.push(peer);

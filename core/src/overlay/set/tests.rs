@@ -274,6 +274,26 @@ fn a_removed_malicious_peer_offered_again_is_refused_and_still_remembered() {
     assert_eq!(update.added, ["p07"]);
 }
 
+#[test]
+fn a_refused_peer_offered_again_and_again_is_forgotten_an_hour_after_it_left() {
+    let mut rng = rng::from_seed(12);
+    let mut set = full_set(&mut rng);
+    let p02 = "p02".to_string();
+    set.stats_mut(&p02).unwrap().reject(Fault::Invalid, Duration::ZERO);
+    assert!(set.remove(&p02, t(60)));
+    // Offered every two minutes: refused each time, and the refusals do not restart the hour.
+    for k in 1..30 {
+        let update = set.update(vec![cand("p02", 7200)], t(60 + 120 * k), &mut rng);
+        assert!(update.added.is_empty(), "refused at {k}");
+    }
+    assert!(set.book().remembers(&p02));
+    // An hour after it left, it is forgotten and comes back fresh.
+    let back = t(60) + crate::overlay::REMEMBER_FOR;
+    let update = set.update(vec![cand("p02", 7200)], back, &mut rng);
+    assert_eq!(update.added, ["p02"]);
+    assert_eq!(set.book().get(&p02).unwrap().score(), crate::overlay::SCORE_INITIAL);
+}
+
 const STAT_SEED: u64 = 0x5e70_f5e7;
 
 #[test]
