@@ -714,16 +714,19 @@ impl<D: Dialer> NodeDriver<D> {
         let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
         let method = req.method().as_str().to_owned();
         let connection = req.extensions().get::<ConnectionAbort>().cloned();
-        // Only the peer plane takes bodies (a tracker JOIN or LEAVE); a client's body is left
-        // unread, as before.
-        let body = if plane == Plane::Peer && method == "POST" {
-            let bound = self.lock().node.config().bounds.inbound_head_read;
-            match read_body(req.into_body(), dart_core::tracker::BODY_MAX, bound).await {
-                Some(body) => body,
-                None => return body::plain(400, "dart: the request body broke or was too slow"),
+        // The node says which bodies it reads (a tracker JOIN or LEAVE); the rest stay unread.
+        let body = match Inbound::body_max(plane, &method) {
+            Some(max) => {
+                let bound = self.lock().node.config().bounds.inbound_head_read;
+                match read_body(req.into_body(), max, bound).await {
+                    Some(body) => body,
+                    // A transport failure before the node saw the request: nothing to decide.
+                    None => {
+                        return body::plain(400, "dart: the request body broke or was too slow")
+                    }
+                }
             }
-        } else {
-            Bytes::new()
+            None => Bytes::new(),
         };
         let request = Inbound { method, target, headers, body };
         self.respond_on(plane, request, connection).await

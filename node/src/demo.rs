@@ -43,6 +43,23 @@ async fn get(
 
 mod cluster;
 
+/// A loopback port no listener holds, for a process started next to bind: tried below the
+/// kernel's usual ephemeral range (32768–60999 on Linux), where outbound connections of nodes
+/// already running never take it between the check and the bind, then anywhere.
+pub fn free_port() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let spread = std::process::id().wrapping_mul(7919);
+    for _ in 0..64 {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (spread.wrapping_add(k.wrapping_mul(104_729)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// Runs the demo.
 pub async fn run(flags: DemoFlags) -> anyhow::Result<()> {
     if flags.serve && flags.nodes > 1 {

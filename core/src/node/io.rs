@@ -115,6 +115,16 @@ pub struct Inbound {
     pub body: Bytes,
 }
 
+impl Inbound {
+    /// How much of the body of a `method` request on `plane` the driver reads and hands over:
+    /// `None` for requests whose body is left unread (everything but a peer-plane `POST`, the
+    /// tracker's JOIN and LEAVE); `Some(max)` means read at most `max + 1` bytes, so that the
+    /// node sees a body past `max` and refuses it, while the driver never buffers more.
+    pub fn body_max(plane: Plane, method: &str) -> Option<usize> {
+        (plane == Plane::Peer && method == "POST").then_some(crate::tracker::BODY_MAX)
+    }
+}
+
 /// A response head the driver writes as given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Head {

@@ -221,15 +221,33 @@ impl Node {
         extra: Headers,
     ) {
         let body = Bytes::from(format!("{message}\n"));
-        let mut headers = Headers::new()
-            .with("content-type", "text/plain; charset=utf-8")
-            .with("content-length", body.len().to_string());
+        let mut headers = Headers::new().with("content-type", "text/plain; charset=utf-8");
         for (name, value) in extra.iter() {
             headers.push(name, value);
         }
+        self.respond_whole(id, plane, status, headers, body);
+    }
+
+    /// Answers request `id` on `plane` with a whole response: `headers` plus `Content-Length`
+    /// (none on a `204`, which has no body) and, on the peer plane, `X-DART-Node`.
+    pub(super) fn respond_whole(
+        &mut self,
+        id: RequestId,
+        plane: Plane,
+        status: u16,
+        mut headers: Headers,
+        body: Bytes,
+    ) {
+        let has_body = status != 204;
+        debug_assert!(has_body || body.is_empty(), "a 204 has no body");
+        if has_body {
+            headers.push("content-length", body.len().to_string());
+        }
         self.name_self(plane, &mut headers);
-        self.emit(Output::Respond { id, head: Head { status, headers, body: true } });
-        self.emit(Output::Body { id, data: body });
+        self.emit(Output::Respond { id, head: Head { status, headers, body: has_body } });
+        if !body.is_empty() {
+            self.emit(Output::Body { id, data: body });
+        }
         self.emit(Output::End { id });
     }
 

@@ -9,7 +9,7 @@
 //! same: route over every Ready member.
 
 use super::exchange::{Expiry, Job};
-use super::io::{Endpoint, Head, Headers, Inbound, IoEvent, IoId, Output, Plane, RequestId};
+use super::io::{Endpoint, Headers, Inbound, IoEvent, IoId, Output, Plane, RequestId};
 use super::Node;
 use crate::codec::wire::{HEADER_NODE, HEADER_PEER_ADDR};
 use crate::hash::ChunkKey;
@@ -167,21 +167,10 @@ impl Node {
         if path == tracker::JOIN_PATH && reply.status == 200 {
             self.counters.tracker_joins_granted += 1;
         }
-        let body = Bytes::from(reply.body);
         let mut headers = Headers::new();
         for (name, value) in reply.headers {
             headers.push(name, value);
         }
-        let has_body = reply.status != 204;
-        if has_body {
-            headers.push("content-length", body.len().to_string());
-        }
-        self.name_self(Plane::Peer, &mut headers);
-        let head = Head { status: reply.status, headers, body: has_body };
-        self.emit(Output::Respond { id, head });
-        if has_body && !body.is_empty() {
-            self.emit(Output::Body { id, data: body });
-        }
-        self.emit(Output::End { id });
+        self.respond_whole(id, Plane::Peer, reply.status, headers, Bytes::from(reply.body));
     }
 }

@@ -59,7 +59,7 @@ pub struct Node {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    dart_node::demo::free_port()
 }
 
 fn loopback(port: u16) -> SocketAddr {

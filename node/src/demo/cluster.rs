@@ -41,10 +41,6 @@ impl Drop for Child {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn spawn(
     i: usize,
     flags: &DemoFlags,
@@ -221,7 +217,7 @@ pub(super) async fn run(flags: &DemoFlags, dir: &Path) -> anyhow::Result<()> {
     let client: DemoClient = Client::builder(TokioExecutor::new())
         .build(SeamConnector::new(TokioDialer, Duration::from_secs(5)));
 
-    let ports = (0..n).map(|_| free_port()).collect::<anyhow::Result<Vec<u16>>>()?;
+    let ports = (0..n).map(|_| super::free_port()).collect::<std::io::Result<Vec<u16>>>()?;
     let mut nodes = Vec::new();
     for i in 0..n {
         nodes.push(spawn(i, flags, dir, ports[i], ports[(i + 1) % n])?);

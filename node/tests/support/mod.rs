@@ -177,9 +177,10 @@ pub fn loopback_flags(dir: &TempDir) -> dart_node::cli::NodeFlags {
     }
 }
 
-/// A free loopback port (bound and released: a listener started next takes it).
+/// A free loopback port (checked and released: a listener started next takes it), outside the
+/// ephemeral range that running nodes' outbound connections draw from ([`dart_node::demo::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    dart_node::demo::free_port().expect("a free loopback port")
 }
 
 /// The `dart` binary with its log at `warn` on the test's stderr and its banner on a pipe;

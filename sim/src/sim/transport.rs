@@ -339,7 +339,13 @@ impl Sim {
         let path = target.split_once('?').map_or(target.as_str(), |(p, _)| p);
         let key = dart_core::codec::wire::parse_block_path(path).ok();
         let headers = std::mem::take(&mut call.headers);
-        let (method, body) = (call.method, std::mem::take(&mut call.body));
+        let (method, mut body) = (call.method, std::mem::take(&mut call.body));
+        // What the tokio driver hands over: the body the node reads, at most one byte past its
+        // limit; none for the others.
+        match Inbound::body_max(Plane::Peer, method) {
+            Some(max) => body.truncate(max + 1),
+            None => body.clear(),
+        }
         let rid = self.nodes[j].next_request_id();
         self.calls.get_mut(&id).expect("a live call").callee_request = Some(rid);
         self.nodes[j].peers.insert(
