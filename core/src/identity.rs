@@ -406,6 +406,11 @@ fn host_needs_escape(b: u8) -> bool {
     !(b.is_ascii_alphanumeric() || b"-_.~!$&'()*+,;=:[]<>\"".contains(&b))
 }
 
+/// Percent-decodes a URL path (any byte, escapes well formed); `None` for a malformed escape.
+pub(crate) fn percent_decode_path(s: &str) -> Option<Vec<u8>> {
+    percent_decode(s, Escapes::Any)
+}
+
 /// Percent-decodes `s`; `None` for a malformed escape or a byte `mode` refuses.
 fn percent_decode(s: &str, mode: Escapes) -> Option<Vec<u8>> {
     let bytes = s.as_bytes();

@@ -27,6 +27,7 @@ pub mod node;
 pub mod overlay;
 pub mod peer_auth;
 pub mod policy;
+pub mod registry;
 pub mod rng;
 pub mod time;
 pub mod tracker;

@@ -155,8 +155,20 @@ impl prometheus_client::collector::Collector for Collected {
         let bytes =
             [("client", s.client_bytes), ("peer_in", s.peer_bytes), ("origin_in", s.origin_bytes)];
         counter(&mut enc, "dart_bytes", "Wire bytes by direction.", "direction", &bytes)?;
-        let pass = [("range_unsupported", s.passthrough)];
+        let pass = [("range_unsupported", s.passthrough), ("registry", s.proxied)];
         counter(&mut enc, "dart_passthrough", "Requests proxied verbatim.", "reason", &pass)?;
+        let digests = [
+            ("verified", scrape.node.blob_digests_verified),
+            ("mismatch", scrape.node.blob_digest_mismatches),
+        ];
+        counter(
+            &mut enc,
+            "dart_registry_blob_digest",
+            "Whole registry blobs checked against their digest as they were served; a mismatch \
+             failed the response before its last byte and dropped the object's cached blocks.",
+            "result",
+            &digests,
+        )?;
         let relay = [("served", s.relay_served), ("declined", s.relay_declined)];
         counter(&mut enc, "dart_relay", "Peer block requests by result.", "result", &relay)?;
         let versions = [

@@ -61,6 +61,12 @@ pub struct NodeFlags {
     /// Prefix API path segment: `GET /<prefix>/<upstream-url>`.
     #[arg(long, default_value = "dart")]
     pub prefix: String,
+    /// Registry mirror: the upstream registry (`http(s)://host[:port][/path]`). Blobs under
+    /// `/v2/<name>/blobs/<digest>` are read through the cache and peers and checked against
+    /// their digest when read whole; the rest of `/v2` is proxied. The prefix API stays
+    /// beside it. Not with `--origin`.
+    #[arg(long, default_value = "")]
+    pub registry: String,
     /// Admin listen address (`/healthz`, `/metrics`); empty disables it.
     #[arg(long, default_value = ":9100")]
     pub admin: String,

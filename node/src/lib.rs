@@ -314,6 +314,9 @@ pub async fn start_on<S: Seam>(
     let mode_text = match &mode {
         UpstreamMode::Static(u) => format!("origin {}", strip_userinfo(u)),
         UpstreamMode::Prefix(p) => format!("prefix /{p}/<url>"),
+        UpstreamMode::Registry { registry, prefix } => {
+            format!("registry mirror of {} on /v2, prefix /{prefix}/<url>", registry.base())
+        }
     };
     let banner = format!(
         "dart client={client_addr} | mode: {mode_text} | p2p: {} | admin: {} | cache: {} ({} MiB)",
@@ -355,6 +358,12 @@ fn access_setup(flags: &NodeFlags, mode: &UpstreamMode) -> anyhow::Result<Access
         let (host, _) =
             dart_core::policy::url_host_port(origin).context("--origin has no usable host")?;
         allow.push(host.parse().with_context(|| format!("--origin host {host:?}"))?);
+    }
+    if let UpstreamMode::Registry { registry, .. } = mode {
+        // The operator named this registry: it is allowed whatever it resolves to.
+        let (host, _) = dart_core::policy::url_host_port(registry.base())
+            .context("--registry has no usable host")?;
+        allow.push(host.parse().with_context(|| format!("--registry host {host:?}"))?);
     }
     let public = patterns(&flags.public_upstream, "--public-upstream")?;
     let peer_secret = match &flags.cluster_secret_file {
@@ -441,7 +450,18 @@ fn upstream_mode(flags: &NodeFlags) -> anyhow::Result<UpstreamMode> {
         if prefix.is_empty() {
             anyhow::bail!("--prefix must not be empty");
         }
-        return Ok(UpstreamMode::prefix(prefix));
+        if flags.registry.is_empty() {
+            return Ok(UpstreamMode::prefix(prefix));
+        }
+        if prefix == "v2" {
+            anyhow::bail!("--prefix v2 would hide the registry mirror's /v2: choose another");
+        }
+        let registry =
+            dart_core::registry::Registry::new(&flags.registry).context("invalid --registry")?;
+        return Ok(UpstreamMode::Registry { registry, prefix: prefix.to_owned() });
+    }
+    if !flags.registry.is_empty() {
+        anyhow::bail!("--registry and --origin both claim every request: give one");
     }
     if !(flags.origin.starts_with("http://") || flags.origin.starts_with("https://")) {
         anyhow::bail!("--origin must be an http:// or https:// URL");

@@ -122,6 +122,9 @@ pub struct EngineStats {
     pub probes: u64,
     /// Reads proxied verbatim to a Range-blind origin.
     pub passthrough: u64,
+    /// Registry-mode requests proxied to the upstream registry (everything under `/v2` but
+    /// blobs: the ping, manifests, tags).
+    pub proxied: u64,
     /// Fetched blocks served but refused by the cache (Range-ignored bytes).
     pub uncacheable: u64,
     /// Cached blocks found with the wrong length (treated as misses).
@@ -408,6 +411,12 @@ impl Engine {
             Some(p2p) => p2p.placement.class_of(key.chunk),
             None => BlockClass::Owned,
         }
+    }
+
+    /// A read that proxies a registry request to `url` verbatim: its one action is
+    /// [`Action::Passthrough`]; nothing is probed, cached or coalesced.
+    pub fn begin_proxy(&mut self, url: String, method: Method) -> Read {
+        Read::proxy(self, url, method)
     }
 
     /// Starts a read; drive it with [`Read::poll_action`].

@@ -472,6 +472,17 @@ impl Read {
         read
     }
 
+    /// A registry request proxied verbatim to `url` ([`Engine::begin_proxy`]).
+    pub(super) fn proxy(engine: &mut Engine, url: String, method: Method) -> Read {
+        let object = engine.identify(&url);
+        let kind = Kind::Client { method, range: None, conditions: Preconditions::default() };
+        let mut read = Read::blank(url, object, kind);
+        engine.stats.proxied += 1;
+        read.out.push_back(Action::Passthrough { url: read.url.clone() });
+        read.state = State::Done;
+        read
+    }
+
     pub(super) fn relay(engine: &mut Engine, key: BlockKey, url: Option<String>, hop: u64) -> Read {
         let fetch = url.is_some();
         let url = url.unwrap_or_default();

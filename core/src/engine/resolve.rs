@@ -9,6 +9,15 @@ pub enum UpstreamMode {
     Static(String),
     /// `/<prefix>/<upstream-url>`: the rest of the target, query included, is the upstream URL.
     Prefix(String),
+    /// A registry mirror (`--registry`, spec/node.md §3): blobs under `/v2` are read through
+    /// the engine, the rest of `/v2` is proxied ([`crate::registry::Route`]); other targets
+    /// take the prefix API with `prefix` (never `v2`), and are not found without it.
+    Registry {
+        /// The upstream registry.
+        registry: crate::registry::Registry,
+        /// The prefix API's path segment beside the mirror.
+        prefix: String,
+    },
 }
 
 /// Why a request-target names no upstream (the client gets 400).
@@ -23,6 +32,10 @@ pub enum ResolveError {
     /// The upstream URL has no host.
     #[error("upstream URL has no host")]
     NoHost,
+    /// Registry mode: the target is neither under `/v2` nor under `/<prefix>/` (the client
+    /// gets 404).
+    #[error("not found: this node serves /v2 (registry mirror) and /{0}/<url>")]
+    NotRegistry(String),
 }
 
 impl UpstreamMode {
@@ -31,10 +44,21 @@ impl UpstreamMode {
         UpstreamMode::Prefix(prefix.trim_matches('/').to_owned())
     }
 
-    /// Resolves a raw request-target (path and query, uncleaned: cleaning would collapse `//`).
+    /// Resolves a raw request-target (path and query, uncleaned: cleaning would collapse `//`);
+    /// in registry mode, the URL its [`crate::registry::Route`] reads or proxies.
     pub fn resolve(&self, target: &str) -> Result<String, ResolveError> {
         match self {
             UpstreamMode::Static(url) => Ok(url.clone()),
+            UpstreamMode::Registry { registry, prefix } => match registry.route(target) {
+                crate::registry::Route::Blob { url, .. }
+                | crate::registry::Route::Proxy { url } => Ok(url),
+                crate::registry::Route::NotFound => {
+                    UpstreamMode::Prefix(prefix.clone()).resolve(target).map_err(|e| match e {
+                        ResolveError::MissingPrefix(_) => ResolveError::NotRegistry(prefix.clone()),
+                        e => e,
+                    })
+                }
+            },
             UpstreamMode::Prefix(prefix) => {
                 let rest = target
                     .strip_prefix('/')
@@ -74,6 +98,16 @@ mod tests {
         assert_eq!(m.resolve("/dart/ftp://h/x"), Err(ResolveError::NotHttp));
         assert_eq!(m.resolve("/dart/http:///x"), Err(ResolveError::NoHost));
         assert_eq!(m.resolve("/dart"), Err(ResolveError::MissingPrefix("dart".into())));
+    }
+
+    #[test]
+    fn registry_mode_serves_v2_and_the_prefix_api_beside_it() {
+        let registry = crate::registry::Registry::new("http://reg:5000").unwrap();
+        let m = UpstreamMode::Registry { registry, prefix: "dart".into() };
+        assert_eq!(m.resolve("/v2/").as_deref(), Ok("http://reg:5000/v2/"));
+        assert_eq!(m.resolve("/dart/http://o/x").as_deref(), Ok("http://o/x"));
+        assert_eq!(m.resolve("/dart/ftp://o/x"), Err(ResolveError::NotHttp));
+        assert_eq!(m.resolve("/other"), Err(ResolveError::NotRegistry("dart".into())));
     }
 
     #[test]

@@ -28,6 +28,7 @@
 
 use super::exchange::{Expiry, Job};
 use super::io::{Endpoint, Headers, IoEvent, IoId, Output, RequestId};
+use super::requests::{Mirror, Request};
 use super::Node;
 use crate::codec::redact::redact_url;
 use crate::engine::origin::classify_probe;
@@ -164,6 +165,7 @@ pub(super) struct Gated {
     pub read: ReadRequest,
     pub method: Method,
     pub forward: Headers,
+    pub mirror: Option<Mirror>,
 }
 
 /// A credential check in flight and the requests waiting on it (first: the one that started it).
@@ -281,19 +283,20 @@ impl Node {
         read: ReadRequest,
         method: Method,
         forward: Headers,
+        mirror: Option<Mirror>,
         now: Instant,
     ) {
         if !self.needs_check(&read.url) {
-            return self.begin_client_read(id, read, method, forward, now);
+            return self.begin_client_read(id, read, method, forward, mirror, now);
         }
         let credential = Credential::of(&read.url, forward.get("authorization"));
         if self.access.admitted(&credential, now) {
             self.access.counters.check_hits += 1;
-            return self.begin_client_read(id, read, method, forward, now);
+            return self.begin_client_read(id, read, method, forward, mirror, now);
         }
         let url = read.url.clone();
         let authorization = forward.get("authorization").map(<[u8]>::to_vec);
-        self.access.gated.insert(id, Gated { credential, read, method, forward });
+        self.access.gated.insert(id, Gated { credential, read, method, forward, mirror });
         if let Some(check) = self.access.checks.get_mut(&credential) {
             check.waiters.push(id);
             return;
@@ -314,10 +317,13 @@ impl Node {
         read: ReadRequest,
         method: Method,
         forward: Headers,
+        mirror: Option<Mirror>,
         now: Instant,
     ) {
         let read = self.engine.begin_read(read, now);
-        self.admit(id, super::io::Plane::Client, method, read, forward, None, None, now);
+        let request =
+            Request { mirror, ..Request::new(super::io::Plane::Client, method, read, forward) };
+        self.admit_request(id, request, now);
     }
 
     /// Progress of credential check `io`.
@@ -411,7 +417,7 @@ impl Node {
             let g = self.access.gated.remove(&rid).expect("a check waiter is gated");
             self.isolated(now, |node| {
                 node.working.push(rid);
-                node.begin_client_read(rid, g.read, g.method, g.forward, now);
+                node.begin_client_read(rid, g.read, g.method, g.forward, g.mirror, now);
             });
         }
     }
@@ -463,7 +469,7 @@ impl Node {
             self.access.counters.check_stale += 1;
             self.isolated(now, |node| {
                 node.working.push(rid);
-                node.begin_client_read(rid, g.read, g.method, g.forward, now);
+                node.begin_client_read(rid, g.read, g.method, g.forward, g.mirror, now);
             });
         }
         true

@@ -120,6 +120,11 @@ pub struct NodeCounters {
     pub tracker_join_failed: u64,
     /// JOINs this node granted as the tracker of an object (its own included).
     pub tracker_joins_granted: u64,
+    /// Whole registry blobs whose bytes did not match their digest: the response failed before
+    /// its last byte and the object's cached blocks were dropped ([`crate::registry`]).
+    pub blob_digest_mismatches: u64,
+    /// Whole registry blobs served whose bytes matched their digest.
+    pub blob_digests_verified: u64,
 }
 
 /// One dart node as a sans-IO state machine.

@@ -12,7 +12,9 @@ use crate::codec::redact::redact_url;
 use crate::codec::wire::HEADER_NODE;
 use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::OriginError;
+use crate::engine::resolve::{ResolveError, UpstreamMode};
 use crate::engine::{Action, Method, Preconditions, Read, ReadRequest, ResponseHead};
+use crate::registry::{BlobCheck, Route, Verdict};
 use crate::time::Instant;
 use bytes::Bytes;
 
@@ -29,6 +31,47 @@ const PASSTHROUGH_HEADERS: [&str; 7] = [
     "cache-control",
     "accept-ranges",
 ];
+
+/// Request header fields a registry proxy forwards upstream (spec/node.md §3): content
+/// negotiation (a manifest's media types), the client's credential, conditionals and ranges.
+const PROXIED: [&str; 9] = [
+    "accept",
+    "authorization",
+    "range",
+    "if-range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "user-agent",
+];
+/// Response header fields a registry proxy never copies: hop-by-hop fields (RFC 9110 §7.6.1),
+/// which describe the upstream connection, not the resource.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// A registry-mode request's role (spec/node.md §3, [`crate::registry`]).
+#[derive(Debug)]
+pub(super) enum Mirror {
+    /// A blob read through the engine: its head names the digest (`Docker-Content-Digest`),
+    /// and a whole `GET` (a `200`) is checked against it as it is served.
+    Blob {
+        /// The digest of the path.
+        digest: String,
+        /// The running check, from the head of a `200` on.
+        check: Option<Box<BlobCheck>>,
+    },
+    /// Proxied to the upstream: its head is copied but for hop-by-hop fields.
+    Proxy,
+}
 
 /// What a request is waiting for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +122,8 @@ pub(super) struct Request {
     /// The member a relay serves (its `X-DART-Node`): a relay never waits on a fetch that
     /// asks that member, which would wait on this relay in turn.
     pub requester: Option<String>,
+    /// Its registry-mode role.
+    pub mirror: Option<Mirror>,
 }
 
 impl Wait {
@@ -110,6 +155,7 @@ impl Request {
             budget: None,
             answer_by: None,
             requester: None,
+            mirror: None,
         }
     }
 
@@ -155,11 +201,33 @@ impl Node {
                 return self.reply(id, Plane::Client, 405, "dart: method not allowed", allow);
             }
         };
-        let url = match self.config.mode.resolve(&request.target) {
-            Ok(url) => url,
-            Err(e) => {
-                return self.reply(id, Plane::Client, 400, &format!("dart: {e}"), Headers::new())
-            }
+        let mut mirror = None;
+        let url = match &self.config.mode {
+            UpstreamMode::Registry { registry, .. } => match registry.route(&request.target) {
+                Route::Blob { url, digest } => {
+                    mirror = Some(Mirror::Blob { digest, check: None });
+                    url
+                }
+                Route::Proxy { url } => return self.proxy(id, method, url, &request.headers, now),
+                Route::NotFound => match self.config.mode.resolve(&request.target) {
+                    Ok(url) => url, // the prefix API beside the mirror
+                    Err(e @ ResolveError::NotRegistry(_)) => {
+                        let message = format!("dart: {e}");
+                        return self.reply(id, Plane::Client, 404, &message, Headers::new());
+                    }
+                    Err(e) => {
+                        let message = format!("dart: {e}");
+                        return self.reply(id, Plane::Client, 400, &message, Headers::new());
+                    }
+                },
+            },
+            mode => match mode.resolve(&request.target) {
+                Ok(url) => url,
+                Err(e) => {
+                    let message = format!("dart: {e}");
+                    return self.reply(id, Plane::Client, 400, &message, Headers::new());
+                }
+            },
         };
         let range = request.headers.get("range").map(<[u8]>::to_vec);
         let field = |name| request.headers.get(name).map(<[u8]>::to_vec);
@@ -177,11 +245,48 @@ impl Node {
             }
         }
         if let Some(refusal) = self.upstream_refusal(&url) {
-            let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
-            let extra = Headers::new().with("x-dart-refused", refusal.label());
-            return self.reply(id, Plane::Client, 403, &message, extra);
+            return self.refuse_upstream(id, refusal);
         }
-        self.gate(id, ReadRequest { url, method, range, conditions }, method, forward, now);
+        let read = ReadRequest { url, method, range, conditions };
+        self.gate(id, read, method, forward, mirror, now);
+    }
+
+    /// Answers `403` for an upstream the policy refuses.
+    fn refuse_upstream(&mut self, id: RequestId, refusal: crate::policy::Refusal) {
+        let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
+        let extra = Headers::new().with("x-dart-refused", refusal.label());
+        self.reply(id, Plane::Client, 403, &message, extra);
+    }
+
+    /// A registry request that is not a blob: proxied to `url` with the client's credential,
+    /// content negotiation and conditionals, its answer copied back whatever its status.
+    fn proxy(
+        &mut self,
+        id: RequestId,
+        method: Method,
+        url: String,
+        client: &Headers,
+        now: Instant,
+    ) {
+        if let Some(refusal) = self.upstream_refusal(&url) {
+            return self.refuse_upstream(id, refusal);
+        }
+        let mut forward = Headers::new();
+        for name in PROXIED {
+            if let Some(v) = client.get(name) {
+                forward.push(name, v);
+            }
+        }
+        forward.push("x-forwarded-proto", "http");
+        if let Some(host) = client.get("host") {
+            forward.push("x-forwarded-host", host);
+        }
+        let read = self.engine.begin_proxy(url, method);
+        let request = Request {
+            mirror: Some(Mirror::Proxy),
+            ..Request::new(Plane::Client, method, read, forward)
+        };
+        self.admit_request(id, request, now);
     }
 
     /// Registers a request with its read and drives it; a relay with its requester's `budget`
@@ -205,6 +310,11 @@ impl Node {
         });
         let request =
             Request { budget, answer_by, requester, ..Request::new(plane, method, read, forward) };
+        self.admit_request(id, request, now);
+    }
+
+    /// Registers `request` as `id` and drives it.
+    pub(super) fn admit_request(&mut self, id: RequestId, request: Request, now: Instant) {
         self.requests.insert(id, request);
         self.working.push(id);
         self.drive(id, now);
@@ -293,7 +403,13 @@ impl Node {
             Action::Respond(head) => {
                 req.head_sent = true;
                 let head = match req.plane {
-                    Plane::Client => client_head(&head, req.method),
+                    Plane::Client => {
+                        let mut client = client_head(&head, req.method);
+                        if let Some(Mirror::Blob { digest, check }) = req.mirror.as_mut() {
+                            mirror_blob_head(&mut client, &head, req.method, digest, check);
+                        }
+                        client
+                    }
                     Plane::Peer => self.relay_head(&head),
                 };
                 self.send_requester(rid, Output::Respond { id: rid, head });
@@ -355,6 +471,16 @@ impl Node {
                 }
             }
             Action::Emit(data) => {
+                if let Some(Mirror::Blob { check: slot @ Some(_), .. }) = req.mirror.as_mut() {
+                    match slot.as_mut().expect("matched Some").update(&data) {
+                        Verdict::Pending => {}
+                        Verdict::Verified => {
+                            *slot = None;
+                            self.counters.blob_digests_verified += 1;
+                        }
+                        Verdict::Mismatch => return self.blob_mismatch(rid, now),
+                    }
+                }
                 if !req.cancelled {
                     req.window += 1;
                     if req.window >= BODY_WINDOW {
@@ -366,6 +492,13 @@ impl Node {
                 }
             }
             Action::Finish => {
+                if let Some(Mirror::Blob { check: Some(check), .. }) = req.mirror.as_mut() {
+                    // Not settled by an Emit: an empty blob, whose zero bytes are all in.
+                    if check.update(&[]) == Verdict::Mismatch {
+                        return self.blob_mismatch(rid, now);
+                    }
+                    self.counters.blob_digests_verified += 1;
+                }
                 let req = self.requests.remove(&rid).expect("a driven request");
                 if !req.cancelled {
                     self.emit(Output::End { id: rid });
@@ -630,6 +763,29 @@ impl Node {
         self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Pipe(io);
     }
 
+    /// Request `rid`, a whole registry blob, served bytes that do not match its digest. The
+    /// response fails before its last byte (the client sees a truncated body, never a whole
+    /// wrong one), and every cached block of the object is dropped, so that the next read
+    /// fetches it again instead of serving the same bytes.
+    fn blob_mismatch(&mut self, rid: RequestId, _now: Instant) {
+        let req = self.requests.remove(&rid).expect("a driven request");
+        self.counters.blob_digest_mismatches += 1;
+        let object = req.read.object().clone();
+        let stale = self.engine.forget(&object);
+        if !stale.is_empty() {
+            self.emit(Output::StoreDrop { keys: stale });
+        }
+        let digest = match req.mirror.as_ref() {
+            Some(Mirror::Blob { digest, .. }) => digest.as_str(),
+            _ => unreachable!("a blob check belongs to a blob"),
+        };
+        let error = format!("blob bytes do not match {digest}: its cached blocks were dropped");
+        self.event(Event::Failed { request: rid, status: 502, committed: true, error });
+        if !req.cancelled {
+            self.emit(Output::Abort { id: rid });
+        }
+    }
+
     pub(super) fn passthrough_io(&mut self, io: IoId, event: IoEvent, _now: Instant) {
         let x = &self.exchanges[&io];
         let Job::Passthrough { request: rid, head_only } = x.job else {
@@ -638,10 +794,21 @@ impl Node {
         match event {
             IoEvent::Connected => unreachable!("handled by the exchange"),
             IoEvent::Head { status, headers: origin } => {
+                let req = self.requests.get(&rid).expect("a passthrough's request");
                 let mut headers = Headers::new();
-                for name in PASSTHROUGH_HEADERS {
-                    if let Some(v) = origin.get(name) {
-                        headers.push(name, v);
+                if matches!(req.mirror.as_ref(), Some(Mirror::Proxy)) {
+                    // A registry's answer is the client's to read whole: its challenge, digest,
+                    // API version, pagination links, redirect target.
+                    for (name, v) in origin.iter() {
+                        if !HOP_BY_HOP.contains(&name) {
+                            headers.push(name, v);
+                        }
+                    }
+                } else {
+                    for name in PASSTHROUGH_HEADERS {
+                        if let Some(v) = origin.get(name) {
+                            headers.push(name, v);
+                        }
                     }
                 }
                 let head = Head { status, headers, body: !head_only };
@@ -719,6 +886,24 @@ fn asks(action: &Action) -> bool {
 
 /// The head of a client read on the block path: exact `Content-Length` (never chunked), the
 /// object's validators and entity fields as the origin sent them.
+/// Adds a registry blob's fields to its client head and, for a whole `GET` (a `200`), starts
+/// its digest check.
+fn mirror_blob_head(
+    client: &mut Head,
+    head: &ResponseHead,
+    method: Method,
+    digest: &str,
+    check: &mut Option<Box<BlobCheck>>,
+) {
+    if !matches!(head.status, 200 | 206 | 304) {
+        return;
+    }
+    client.headers.push("docker-content-digest", digest);
+    if head.status == 200 && method == Method::Get {
+        *check = BlobCheck::new(digest, head.content_length).map(Box::new);
+    }
+}
+
 fn client_head(head: &ResponseHead, method: Method) -> Head {
     let mut headers = Headers::new();
     match head.status {
