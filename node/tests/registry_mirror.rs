@@ -123,6 +123,18 @@ fn answer(
         }
         "/v2/private/app/manifests/latest" => body::plain(200, MANIFEST),
         p if p == format!("/v2/lib/app/blobs/{good}") => ranged(req, &blob()),
+        p if p == format!("/v2/private/app/blobs/{good}") && header("authorization").is_none() => {
+            let mut r = body::plain(401, r#"{"errors":[{"code":"UNAUTHORIZED"}]}"#);
+            r.headers_mut().insert("www-authenticate", CHALLENGE.parse().expect("header"));
+            r
+        }
+        p if p == format!("/v2/private/app/blobs/{good}") => ranged(req, &blob()),
+        p if p == format!("/v2/cdn/app/blobs/{good}") => {
+            let mut r = body::plain(307, "");
+            let location = format!("http://127.0.0.1:9/cdn/{good}");
+            r.headers_mut().insert("location", location.parse().expect("header"));
+            r
+        }
         p if p == format!("/v2/lib/app/blobs/{bad}") => ranged(req, &blob()),
         _ => body::plain(404, r#"{"errors":[{"code":"MANIFEST_UNKNOWN"}]}"#),
     };
@@ -407,4 +419,29 @@ async fn start_up_refuses_a_bad_registry_flag() {
         };
         assert!(err.contains(needle), "{registry} {origin} {prefix}: {err}");
     }
+}
+
+#[tokio::test]
+async fn a_private_blob_answers_the_registry_s_challenge_and_is_read_with_the_client_s_credential()
+{
+    let registry = Registry::start().await;
+    let node = Node::start("private-blob", &registry).await;
+    let target = format!("/v2/private/app/blobs/{}", registry.good);
+    let refused = node.get(&target, &[]).await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+    assert_eq!(refused.header("www-authenticate"), CHALLENGE);
+    let read = node.get(&target, &[("authorization", "Bearer client")]).await;
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(read.body[..] == blob()[..]);
+    let fetches = registry.seen();
+    let with = fetches.iter().filter(|s| s.path == target && s.authorization.is_some()).count();
+    assert!(with >= 1, "the blob was fetched with the client's credential");
+}
+
+#[tokio::test]
+async fn a_blob_redirect_is_not_followed_and_fails_clearly() {
+    let registry = Registry::start().await;
+    let node = Node::start("redirect", &registry).await;
+    let r = node.get(&format!("/v2/cdn/app/blobs/{}", registry.good), &[]).await;
+    assert_eq!(r.status, 502, "{}", r.text());
 }
