@@ -25,6 +25,8 @@
 //! truncated body, never a complete wrong one) and drops every cached block of the object on a
 //! mismatch.
 
+pub mod auth;
+
 use ring::digest;
 use thiserror::Error;
 

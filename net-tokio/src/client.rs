@@ -75,6 +75,8 @@ pub struct HttpClient<D: Dialer> {
     idle: Arc<Mutex<Pools>>,
     idle_per_host: usize,
     idle_timeout: Duration,
+    /// The registry credentials origin exchanges carry ([`crate::registry_auth`]).
+    auth: Option<Arc<crate::registry_auth::RegistryAuth>>,
 }
 
 impl<D: Dialer> Clone for HttpClient<D> {
@@ -86,6 +88,7 @@ impl<D: Dialer> Clone for HttpClient<D> {
             idle: self.idle.clone(),
             idle_per_host: self.idle_per_host,
             idle_timeout: self.idle_timeout,
+            auth: self.auth.clone(),
         }
     }
 }
@@ -106,7 +109,22 @@ impl<D: Dialer> HttpClient<D> {
             idle: Arc::new(Mutex::new(BTreeMap::new())),
             idle_per_host,
             idle_timeout,
+            auth: None,
         }
+    }
+
+    /// Origin exchanges to the hosts in `credentials` carry them (`--registry-auth`).
+    pub fn with_registry_auth(
+        mut self,
+        credentials: dart_core::registry::auth::Credentials,
+    ) -> Self {
+        self.auth = Some(Arc::new(crate::registry_auth::RegistryAuth::new(credentials)));
+        self
+    }
+
+    /// The registry credentials' state, if any.
+    pub fn registry_auth(&self) -> Option<&Arc<crate::registry_auth::RegistryAuth>> {
+        self.auth.as_ref()
     }
 
     /// The dialer (and its resolver).

@@ -21,19 +21,25 @@ use crate::cache::BlockCache;
 use crate::client::{parse_target, HttpClient};
 use crate::guard::ConnectionAbort;
 use crate::metrics::{Metrics, Scrape};
+use crate::registry_auth::{RegistryAuth, Turn};
 use crate::seam::{DialError, Dialer, ShellClock};
 use bytes::Bytes;
 use dart_core::codec::roster::Roster;
+use dart_core::engine::redirect;
 use dart_core::engine::{EngineStats, PeerAnswer, Window};
 use dart_core::hash::BlockKey;
 use dart_core::node::{
     Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId, IoRequest,
     Node, NodeCounters, Output, Plane, RequestId,
 };
+use dart_core::registry::auth::{
+    parse_token, AuthPlan, Credential, OnUnauthorized, TOKEN_BODY_MAX, TOKEN_EXCHANGE_BOUND,
+};
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::SendRequest;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,8 +63,15 @@ pub enum Part {
     /// The response cannot complete: reset it.
     Abort,
     /// Passthrough: the rest of the body is this origin body, moved as is.
-    Pipe(Incoming, IoId),
+    Pipe(OriginBody, IoId),
 }
+
+/// An origin response body: streamed from the connection, or (a registry's first `401` kept
+/// while its retry was refused too) held whole.
+pub type OriginBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+/// Most bytes of a `401` body held for an answer while its retry runs.
+const UNAUTHORIZED_BODY_MAX: usize = 64 << 10;
 
 type RosterResult = Result<(Roster, Option<String>), String>;
 
@@ -320,6 +333,10 @@ impl<D: Dialer> NodeDriver<D> {
             access: inner.node.access_counters(),
             node: inner.node.counters(),
             tracker_files: inner.node.registry().map(|r| r.files()),
+            registry_tokens: self.client.registry_auth().map(|a| {
+                let ok = a.exchanges_ok.load(Ordering::Relaxed);
+                (ok, a.exchanges_failed.load(Ordering::Relaxed))
+            }),
         }
     }
 
@@ -570,52 +587,28 @@ impl<D: Dialer> NodeDriver<D> {
     async fn run_exchange(self: &Arc<Self>, req: IoRequest) {
         let id = req.id;
         let report = |event| self.feed(Input::Io { id, event });
-        let target = match parse_target(&req.url) {
-            Ok(mut t) if !(t.key.https && req.endpoint == Endpoint::Peer) => {
-                t.key.origin = req.endpoint == Endpoint::Origin;
-                t
+        // An origin GET follows redirects (`dart_core::engine::redirect` decides where, with
+        // which headers); the machine sees one exchange and its final answer.
+        let mut hop = req;
+        let mut hops = 0u8;
+        let (target, sender, parts, mut incoming) = loop {
+            let (target, sender, parts, mut incoming) = match self.attempt(&hop, hops == 0).await {
+                Ok(answer) => answer,
+                Err(e) => return report(IoEvent::Failed(e)),
+            };
+            let location = parts.headers.get(http::header::LOCATION).and_then(|v| v.to_str().ok());
+            let status = parts.status.as_u16();
+            let next = (hop.endpoint == Endpoint::Origin)
+                .then(|| redirect::target(status, location, &hop.url, hops))
+                .flatten();
+            let Some(next) = next else { break (target, sender, parts, incoming) };
+            if read_bounded(&mut incoming, 0).await.is_some() {
+                self.client.release(target.key, sender);
             }
-            Ok(_) => return report(IoEvent::Failed(IoError::Invalid("https to a peer".into()))),
-            Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
+            hop.headers = redirect::carried(&hop.headers, &hop.url, &next);
+            hop.url = next;
+            hops += 1;
         };
-        let (mut sender, reused) = match self.client.connect(&target.key).await {
-            Ok(s) => s,
-            Err(DialError::Refused(r)) => return report(IoEvent::Failed(IoError::Refused(r))),
-            Err(e) => return report(IoEvent::Failed(IoError::Connect(e.to_string()))),
-        };
-        report(IoEvent::Connected);
-        let request = || {
-            let (pq, authority) = (&target.path_and_query, &target.authority);
-            build_request(req.method, pq, authority, &req.headers, &req.body)
-        };
-        let first = match request() {
-            Ok(r) => r,
-            Err(e) => return report(IoEvent::Failed(IoError::Invalid(e))),
-        };
-        let resp = match sender.send_request(first).await {
-            Ok(r) => r,
-            // A pooled connection may have died while idle (the server closed it, a partition
-            // broke it) before our request reached anyone: a GET is safe to send once more, on
-            // a fresh connection. Any other failure is the exchange's.
-            Err(_) if reused => {
-                let retried = async {
-                    let mut fresh =
-                        self.client.dial(&target.key).await.map_err(|e| e.to_string())?;
-                    let again = request()?;
-                    let resp = fresh.send_request(again).await.map_err(|e| cause(&e))?;
-                    Ok::<_, String>((fresh, resp))
-                };
-                match retried.await {
-                    Ok((fresh, resp)) => {
-                        sender = fresh;
-                        resp
-                    }
-                    Err(e) => return report(IoEvent::Failed(IoError::Broken(e))),
-                }
-            }
-            Err(e) => return report(IoEvent::Failed(IoError::Broken(cause(&e)))),
-        };
-        let (parts, mut incoming) = resp.into_parts();
         let mut headers = Headers::new();
         for (name, value) in &parts.headers {
             headers.push(name.as_str(), value.as_bytes());
@@ -648,6 +641,188 @@ impl<D: Dialer> NodeDriver<D> {
                 }
             }
         }
+    }
+
+    /// One request of an exchange (the first, or one after a redirect): dial or reuse a
+    /// connection, send with the registry credential the core's plan gives this URL, and on a
+    /// credentialed registry's `401` the plan's one retry. `first` reports `Connected`.
+    async fn attempt(
+        self: &Arc<Self>,
+        req: &IoRequest,
+        first: bool,
+    ) -> Result<
+        (crate::client::Target, SendRequest<Full<Bytes>>, http::response::Parts, OriginBody),
+        IoError,
+    > {
+        let target = match parse_target(&req.url) {
+            Ok(mut t) if !(t.key.https && req.endpoint == Endpoint::Peer) => {
+                t.key.origin = req.endpoint == Endpoint::Origin;
+                t
+            }
+            Ok(_) => return Err(IoError::Invalid("https to a peer".into())),
+            Err(e) if first => return Err(IoError::Invalid(e)),
+            Err(e) => return Err(IoError::Invalid(format!("redirect: {e}"))),
+        };
+        let (mut sender, reused) = match self.client.connect(&target.key).await {
+            Ok(s) => s,
+            Err(DialError::Refused(r)) => return Err(IoError::Refused(r)),
+            Err(e) => return Err(IoError::Connect(e.to_string())),
+        };
+        if first {
+            self.feed(Input::Io { id: req.id, event: IoEvent::Connected });
+        }
+        // Registry credentials (`--registry-auth`): what this request carries is the core's
+        // decision (`dart_core::registry::auth`); a 401 may lead to one retry below.
+        let auth = (req.endpoint == Endpoint::Origin)
+            .then(|| self.client.registry_auth().cloned())
+            .flatten();
+        let client_authorized = req.headers.get("authorization").is_some();
+        let mut plan = auth.as_ref().and_then(|a| a.plan(&req.url, client_authorized));
+        let sent = match (&auth, &plan) {
+            (Some(a), Some(p)) => a.first(p, self.clock.now()),
+            _ => Credential::None,
+        };
+        let request = || {
+            let (pq, authority) = (&target.path_and_query, &target.authority);
+            let headers = with_credential(&req.headers, &sent);
+            build_request(req.method, pq, authority, &headers, &req.body)
+        };
+        let resp = match sender.send_request(request().map_err(IoError::Invalid)?).await {
+            Ok(r) => r,
+            // A pooled connection may have died while idle (the server closed it, a partition
+            // broke it) before our request reached anyone: a GET is safe to send once more, on
+            // a fresh connection. Any other failure is the exchange's.
+            Err(_) if reused => {
+                let retried = async {
+                    let mut fresh =
+                        self.client.dial(&target.key).await.map_err(|e| e.to_string())?;
+                    let again = request()?;
+                    let resp = fresh.send_request(again).await.map_err(|e| cause(&e))?;
+                    Ok::<_, String>((fresh, resp))
+                };
+                let (fresh, resp) = retried.await.map_err(IoError::Broken)?;
+                sender = fresh;
+                resp
+            }
+            Err(e) => return Err(IoError::Broken(cause(&e))),
+        };
+        let (mut parts, incoming) = resp.into_parts();
+        let mut incoming: OriginBody = incoming.boxed();
+        if let (401, Some(a), Some(p)) = (parts.status.as_u16(), &auth, plan.as_mut()) {
+            // Hold the registry's 401 (its answer if the retry is refused too), then retry.
+            let Some(held) = read_bounded(&mut incoming, UNAUTHORIZED_BODY_MAX).await else {
+                return Err(IoError::Broken("a 401 body broke".into()));
+            };
+            let challenge = parts
+                .headers
+                .get(http::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            match self.reauthorize(a, p, &target, req, &sent, challenge.as_deref()).await {
+                Some((fresh, resp)) => {
+                    let first = std::mem::replace(&mut sender, fresh);
+                    self.client.release(target.key.clone(), first);
+                    let (retried, body) = resp.into_parts();
+                    parts = retried;
+                    incoming = body.boxed();
+                }
+                // No usable retry: the registry's first answer is the exchange's.
+                None => incoming = held_body(held),
+            }
+        }
+        Ok((target, sender, parts, incoming))
+    }
+
+    /// The one retry of an exchange a credentialed registry answered `401`, as
+    /// `dart_core::registry::auth` decides it: with Basic, or with a bearer token from the
+    /// challenge's realm (one exchange per host and scope at a time). `None`: no retry, or the
+    /// retry was refused too (the first `401` is the answer).
+    async fn reauthorize(
+        self: &Arc<Self>,
+        auth: &Arc<RegistryAuth>,
+        plan: &mut AuthPlan,
+        target: &crate::client::Target,
+        req: &IoRequest,
+        sent: &Credential,
+        challenge: Option<&str>,
+    ) -> Option<(SendRequest<Full<Bytes>>, Response<Incoming>)> {
+        let credential = match auth.on_unauthorized(plan, sent, challenge) {
+            OnUnauthorized::Answer => return None,
+            OnUnauthorized::Retry(credential) => credential,
+            OnUnauthorized::Exchange { url, authorization, key } => {
+                Credential::Bearer(self.token(auth, url, authorization, key).await?)
+            }
+        };
+        let headers = with_credential(&req.headers, &credential);
+        let (pq, authority) = (&target.path_and_query, &target.authority);
+        let retry = build_request(req.method, pq, authority, &headers, &req.body).ok()?;
+        let mut sender = self.client.dial(&target.key).await.ok()?;
+        let resp = sender.send_request(retry).await.ok()?;
+        if resp.status() == http::StatusCode::UNAUTHORIZED {
+            let challenge = resp.headers().get(http::header::WWW_AUTHENTICATE);
+            let challenge = challenge.and_then(|v| v.to_str().ok());
+            // Drops a refused token; never a second retry.
+            let _ = auth.on_unauthorized(plan, &credential, challenge);
+            tracing::warn!(host = plan.host(), "the registry refused the node's credential");
+            return None;
+        }
+        Some((sender, resp))
+    }
+
+    /// A bearer token for `key`: cached, or from the exchange already running for it, or from a
+    /// new one this call starts. The exchange runs in its own task: a caller that goes away
+    /// never fails the others.
+    async fn token(
+        self: &Arc<Self>,
+        auth: &Arc<RegistryAuth>,
+        url: String,
+        authorization: String,
+        key: String,
+    ) -> Option<String> {
+        let rx = match auth.turn(&key, self.clock.now()) {
+            Turn::Cached(token) => return Some(token),
+            Turn::Follow(rx) => rx,
+            Turn::Lead(tx, rx) => {
+                let (driver, auth) = (self.clone(), auth.clone());
+                self.rt.spawn(async move {
+                    let fetch = driver.fetch_token(&url, &authorization);
+                    let got =
+                        tokio::time::timeout(TOKEN_EXCHANGE_BOUND, fetch).await.ok().flatten();
+                    if got.is_none() {
+                        let realm = dart_core::codec::redact::redact_url(&url);
+                        tracing::warn!(%realm, "registry token exchange failed");
+                    }
+                    auth.finish(&key, got, driver.clock.now(), tx);
+                });
+                rx
+            }
+        };
+        RegistryAuth::wait(rx).await
+    }
+
+    /// `GET url` with `authorization` (the realm of a bearer challenge, trusted as the registry
+    /// named it; dialed under the upstream policy like any origin): its token and lifetime.
+    async fn fetch_token(
+        &self,
+        url: &str,
+        authorization: &str,
+    ) -> Option<(String, std::time::Duration)> {
+        let mut target = parse_target(url).ok()?;
+        target.key.origin = true;
+        let headers = Headers::new().with("authorization", authorization);
+        let (pq, authority) = (&target.path_and_query, &target.authority);
+        let request = build_request("GET", pq, authority, &headers, &Bytes::new()).ok()?;
+        let mut sender = self.client.dial(&target.key).await.ok()?;
+        let resp = sender.send_request(request).await.ok()?;
+        if resp.status() != http::StatusCode::OK {
+            return None;
+        }
+        let mut body = resp.into_body().boxed();
+        let bytes = read_bounded(&mut body, TOKEN_BODY_MAX + 1).await?;
+        if bytes.len() > TOKEN_BODY_MAX {
+            return None;
+        }
+        parse_token(&bytes)
     }
 
     fn take_pipe(&self, io: IoId) -> Option<RequestId> {
@@ -797,6 +972,32 @@ fn send(inner: &mut Inner, id: RequestId, part: Part, last: bool) {
     }
 }
 
+/// A body held whole, as an [`OriginBody`].
+fn held_body(bytes: Bytes) -> OriginBody {
+    Full::new(bytes).map_err(|never: std::convert::Infallible| match never {}).boxed()
+}
+
+/// Reads `body` to its end, keeping at most `max` bytes; `None` if it breaks.
+async fn read_bounded(body: &mut OriginBody, max: usize) -> Option<Bytes> {
+    let mut held = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.ok()?.into_data() {
+            let room = max.saturating_sub(held.len());
+            held.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    }
+    Some(held.freeze())
+}
+
+/// `headers` with `credential`'s `Authorization`, if it has one.
+fn with_credential(headers: &Headers, credential: &Credential) -> Headers {
+    let mut out = headers.clone();
+    if let Some(value) = credential.header() {
+        out.push("authorization", value);
+    }
+    out
+}
+
 fn cause(e: &hyper::Error) -> String {
     match std::error::Error::source(e) {
         Some(source) => format!("{e}: {source}"),
@@ -877,7 +1078,7 @@ struct NodeBody<D: Dialer> {
     driver: Arc<NodeDriver<D>>,
     id: RequestId,
     remaining: Option<u64>,
-    piped: Option<(Incoming, IoId)>,
+    piped: Option<(OriginBody, IoId)>,
     done: bool,
 }
 

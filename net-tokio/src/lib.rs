@@ -10,6 +10,8 @@
 //! - [`store`]: the block store (RAM hot set, owned/borrowed disk arenas, TinyLFU admission).
 //! - [`cache`], [`metrics`], [`body`]: the block cache seam, Prometheus exposition and bodies.
 //! - [`origin_server`]: a generated-object origin for the demo and tests.
+//! - [`registry_auth`]: the registry credentials' token cache and exchange singleflight (the
+//!   decisions are `dart_core::registry::auth`'s).
 
 pub mod body;
 pub mod cache;
@@ -18,6 +20,7 @@ pub mod driver;
 pub mod guard;
 pub mod metrics;
 pub mod origin_server;
+pub mod registry_auth;
 pub mod seam;
 pub mod server;
 pub mod store;

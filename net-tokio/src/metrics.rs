@@ -40,6 +40,9 @@ pub struct Scrape {
     pub node: NodeCounters,
     /// Objects whose reader set this node hosts (`None` while the reader tree is off).
     pub tracker_files: Option<usize>,
+    /// Registry token exchanges ended: (with a token, without); `None` without
+    /// `--registry-auth`.
+    pub registry_tokens: Option<(u64, u64)>,
 }
 
 /// Reads the node machine's counters at scrape time.
@@ -168,6 +171,24 @@ impl prometheus_client::collector::Collector for Collected {
              failed the response before its last byte and dropped the object's cached blocks.",
             "result",
             &digests,
+        )?;
+        if let Some((ok, failed)) = scrape.registry_tokens {
+            let tokens = [("ok", ok), ("failed", failed)];
+            counter(
+                &mut enc,
+                "dart_registry_token_exchanges",
+                "Bearer token exchanges with registries named in --registry-auth (one per host \
+                 and scope at a time; a failed one leaves the registry's 401 as the answer).",
+                "result",
+                &tokens,
+            )?;
+        }
+        plain_counter(
+            &mut enc,
+            "dart_objects_distrusted",
+            "Objects whose content failed a whole-object check (a registry blob's digest): their \
+             cached blocks were dropped and they are read from the origin only for 10 minutes.",
+            s.objects_distrusted,
         )?;
         let relay = [("served", s.relay_served), ("declined", s.relay_declined)];
         counter(&mut enc, "dart_relay", "Peer block requests by result.", "result", &relay)?;

@@ -67,6 +67,12 @@ pub struct NodeFlags {
     /// beside it. Not with `--origin`.
     #[arg(long, default_value = "")]
     pub registry: String,
+    /// Registry credentials, a JSON file `{"host[:port]": {"username": .., "password": ..}}`:
+    /// origin requests to a listed host (the mirror's proxying and blob fetches alike) carry
+    /// them, Basic or through the registry's bearer-token exchange; a client's own
+    /// `Authorization` always wins, and no other host gets them.
+    #[arg(long)]
+    pub registry_auth: Option<std::path::PathBuf>,
     /// Admin listen address (`/healthz`, `/metrics`); empty disables it.
     #[arg(long, default_value = ":9100")]
     pub admin: String,

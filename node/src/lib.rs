@@ -174,6 +174,20 @@ pub async fn start_on<S: Seam>(
         }
     }
     let mode = upstream_mode(flags)?;
+    let registry_auth = match &flags.registry_auth {
+        Some(path) => {
+            let text = std::fs::read(path)
+                .with_context(|| format!("reading --registry-auth {}", path.display()))?;
+            let credentials = dart_core::registry::auth::Credentials::from_json(&text)
+                .with_context(|| format!("invalid --registry-auth {}", path.display()))?;
+            tracing::info!(
+                hosts = ?credentials.hosts().collect::<Vec<_>>(),
+                "registry credentials loaded"
+            );
+            Some(credentials)
+        }
+        None => None,
+    };
     if !(flags.hedge_ratio.is_finite() && (0.0..=1.0).contains(&flags.hedge_ratio)) {
         anyhow::bail!("--hedge-ratio must be between 0 and 1, got {}", flags.hedge_ratio);
     }
@@ -258,9 +272,12 @@ pub async fn start_on<S: Seam>(
     for addr in [Some(client_addr), admin_addr, peer_addr].into_iter().flatten() {
         access.policy.add_listener(addr);
     }
-    let client =
+    let mut client =
         HttpClient::new(seam.dialer(), Some(tls), bounds.pool_idle_per_host, bounds.pool_idle)
             .with_policy(access.policy.clone());
+    if let Some(credentials) = registry_auth {
+        client = client.with_registry_auth(credentials);
+    }
     let authenticated = access.peer_secret.is_some();
     let config = NodeConfig {
         mode: mode.clone(),

@@ -24,6 +24,10 @@ const BLOCK: u64 = 64 << 10;
 const SIZE: u64 = 3 * BLOCK + 1234;
 const MANIFEST: &str =
     r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}"#;
+/// The operator's credential (`u:p`) and the token it buys.
+const BASIC: &str = "Basic dTpw";
+const TOKEN: &str = "good-token";
+const BEARER: &str = "Bearer good-token";
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const CHALLENGE: &str =
     r#"Bearer realm="http://auth.invalid/token",service="reg",scope="repository:private/app:pull""#;
@@ -67,7 +71,13 @@ impl Registry {
         let (g, b) = (good.clone(), bad.clone());
         let handler = move |req: Request<Incoming>| {
             let (log, g, b) = (log.clone(), g.clone(), b.clone());
-            async move { answer(&req, &log, &g, &b) }
+            async move {
+                if req.uri().path() == "/slow-token" {
+                    // Long enough for a requester to give up while the exchange runs.
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                }
+                answer(&req, &log, &g, &b, addr)
+            }
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let stop = async {
@@ -91,6 +101,7 @@ fn answer(
     log: &Mutex<Vec<Seen>>,
     good: &str,
     bad: &str,
+    addr: SocketAddr,
 ) -> Response<ResponseBody> {
     let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
     log.lock().expect("log").push(Seen {
@@ -103,7 +114,38 @@ fn answer(
         range: header("range"),
     });
     let path = req.uri().path();
+    let authorization = header("authorization");
+    let challenge = |realm: &str| {
+        let mut r = body::plain(401, r#"{"errors":[{"code":"UNAUTHORIZED"}]}"#);
+        let value = format!(r#"Bearer realm="http://{addr}/{realm}",service="reg""#);
+        r.headers_mut().insert("www-authenticate", value.parse().expect("header"));
+        r
+    };
     let mut r = match path {
+        // The token server: Basic u:p buys a token.
+        "/token" | "/slow-token" if authorization.as_deref() == Some(BASIC) => {
+            body::plain(200, &format!(r#"{{"token":"{TOKEN}","expires_in":300}}"#))
+        }
+        "/token" | "/slow-token" => body::plain(401, "bad credentials"),
+        // Repositories behind the token server, and one behind Basic.
+        p if p.starts_with("/v2/tok/") && authorization.as_deref() != Some(BEARER) => {
+            challenge("token")
+        }
+        p if p.starts_with("/v2/slowtok/") && authorization.as_deref() != Some(BEARER) => {
+            challenge("slow-token")
+        }
+        p if p.starts_with("/v2/basic/") && authorization.as_deref() != Some(BASIC) => {
+            let mut r = body::plain(401, "basic auth required");
+            r.headers_mut()
+                .insert("www-authenticate", r#"Basic realm="reg""#.parse().expect("header"));
+            r
+        }
+        p if p.ends_with("/manifests/latest")
+            && ["/v2/tok/", "/v2/slowtok/", "/v2/basic/"].iter().any(|r| p.starts_with(r)) =>
+        {
+            body::plain(200, MANIFEST)
+        }
+        p if p == format!("/v2/tok/app/blobs/{good}") => ranged(req, &blob()),
         "/v2/" => body::plain(200, "{}"),
         "/v2/lib/app/manifests/latest" | "/v2/we%3Fird/manifests/latest" => {
             let mut r = Response::new(body::full(MANIFEST));
@@ -129,17 +171,28 @@ fn answer(
             r
         }
         p if p == format!("/v2/private/app/blobs/{good}") => ranged(req, &blob()),
+        // Blobs in a CDN: the registry redirects to another host (the same server under the
+        // name localhost), which serves them to anyone with the URL.
         p if p == format!("/v2/cdn/app/blobs/{good}") => {
-            let mut r = body::plain(307, "");
-            let location = format!("http://127.0.0.1:9/cdn/{good}");
-            r.headers_mut().insert("location", location.parse().expect("header"));
-            r
+            redirect(&format!("http://localhost:{}/cdn/{good}?sig=1", addr.port()))
         }
+        p if p == format!("/cdn/{good}") => ranged(req, &blob()),
+        p if p == format!("/v2/metadata/app/blobs/{bad}") => {
+            redirect("http://169.254.169.254/latest/meta-data/")
+        }
+        p if p == format!("/v2/loop/app/blobs/{bad}") => redirect(p),
         p if p == format!("/v2/lib/app/blobs/{bad}") => ranged(req, &blob()),
         _ => body::plain(404, r#"{"errors":[{"code":"MANIFEST_UNKNOWN"}]}"#),
     };
     r.headers_mut()
         .insert("docker-distribution-api-version", "registry/2.0".parse().expect("header"));
+    r
+}
+
+/// A `307` to `location`.
+fn redirect(location: &str) -> Response<ResponseBody> {
+    let mut r = body::plain(307, "");
+    r.headers_mut().insert("location", location.parse().expect("header"));
     r
 }
 
@@ -172,8 +225,17 @@ struct Node {
 
 impl Node {
     async fn start(name: &str, registry: &Registry) -> Node {
+        Node::start_with(name, registry, |_, _| {}).await
+    }
+
+    async fn start_with(
+        name: &str,
+        registry: &Registry,
+        extra: impl FnOnce(&mut NodeFlags, &std::path::Path),
+    ) -> Node {
         let dir = support::temp_dir("registry", name);
-        let flags = NodeFlags {
+        std::fs::create_dir_all(&dir.0).expect("node dir");
+        let mut flags = NodeFlags {
             registry: format!("http://{}", registry.addr),
             cache_size: 64 * BLOCK,
             mem_size: 8 * BLOCK,
@@ -182,6 +244,7 @@ impl Node {
             drain_secs: 1,
             ..support::loopback_flags(&dir)
         };
+        extra(&mut flags, &dir.0);
         let running = dart_node::start(&flags).await.expect("node starts");
         Node { running, _dir: dir }
     }
@@ -289,6 +352,7 @@ async fn a_blob_whose_bytes_do_not_match_its_digest_is_cut_short_and_not_kept() 
 
     let metrics = node.metrics().await;
     assert_eq!(sample(&metrics, "dart_registry_blob_digest_total{result=\"mismatch\"}"), 2);
+    assert_eq!(sample(&metrics, "dart_objects_distrusted_total"), 2);
 }
 
 #[tokio::test]
@@ -439,9 +503,165 @@ async fn a_private_blob_answers_the_registry_s_challenge_and_is_read_with_the_cl
 }
 
 #[tokio::test]
-async fn a_blob_redirect_is_not_followed_and_fails_clearly() {
+async fn a_blob_redirect_is_followed_without_the_credential_and_never_to_a_refused_address() {
     let registry = Registry::start().await;
-    let node = Node::start("redirect", &registry).await;
-    let r = node.get(&format!("/v2/cdn/app/blobs/{}", registry.good), &[]).await;
-    assert_eq!(r.status, 502, "{}", r.text());
+    let node = credentialed("redirect", &registry).await;
+    let target = format!("/v2/cdn/app/blobs/{}", registry.good);
+    let read = node.get(&target, &[]).await;
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(read.body[..] == blob()[..], "the CDN's bytes, checked against the digest");
+    assert_eq!(read.header("docker-content-digest"), registry.good);
+    let seen = registry.seen();
+    let cdn: Vec<_> = seen.iter().filter(|s| s.path.starts_with("/cdn/")).collect();
+    assert!(!cdn.is_empty(), "the blocks came from the CDN");
+    assert!(cdn.iter().all(|s| s.authorization.is_none()), "the CDN got a credential: {cdn:#?}");
+    assert!(cdn.iter().all(|s| s.range.is_some()), "the CDN was asked for blocks");
+    let asked = seen.iter().filter(|s| s.path == target);
+    assert!(asked.clone().all(|s| s.authorization.as_deref() == Some(BASIC)), "{seen:#?}");
+
+    // A redirect to a cloud metadata address is refused like a direct read of it. (Another
+    // digest: the good one is cached now, whatever repository names it.)
+    let metadata = node.get(&format!("/v2/metadata/app/blobs/{}", registry.bad), &[]).await;
+    assert_eq!(metadata.status, 403, "{}", metadata.text());
+    assert!(!metadata.header("x-dart-refused").is_empty());
+    // A redirect loop ends after ten hops with the registry's last answer: no size, 502.
+    let looped = node.get(&format!("/v2/loop/app/blobs/{}", registry.bad), &[]).await;
+    assert_eq!(looped.status, 502, "{}", looped.text());
+    let hops = registry.seen().iter().filter(|s| s.path.starts_with("/v2/loop/")).count();
+    assert_eq!(hops, 11, "the first request and ten redirects");
+}
+
+/// A node with `--registry-auth` naming the registry's `host:port` with `u:p`.
+async fn credentialed(name: &str, registry: &Registry) -> Node {
+    let key = registry.addr.to_string();
+    Node::start_with(name, registry, |flags, dir| {
+        let file = dir.join("auth.json");
+        let json = format!(r#"{{"{key}": {{"username": "u", "password": "p"}}}}"#);
+        std::fs::write(&file, json).expect("auth file");
+        flags.registry_auth = Some(file);
+    })
+    .await
+}
+
+impl Registry {
+    fn token_requests(&self) -> usize {
+        self.seen().iter().filter(|s| s.path.ends_with("token")).count()
+    }
+}
+
+#[tokio::test]
+async fn the_bearer_exchange_buys_one_token_per_repository_and_reuses_it() {
+    let registry = Registry::start().await;
+    let node = credentialed("bearer", &registry).await;
+    let blob_path = format!("/v2/tok/app/blobs/{}", registry.good);
+    let read = node.get(&blob_path, &[]).await;
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(read.body[..] == blob()[..]);
+    let manifest = node.get("/v2/tok/app/manifests/latest", &[]).await;
+    assert_eq!((manifest.status, manifest.text().trim()), (200, MANIFEST));
+    assert_eq!(registry.token_requests(), 1, "one token for the repository, then the cache");
+    let token = registry.seen().into_iter().find(|s| s.path == "/token").expect("asked");
+    assert_eq!(token.authorization.as_deref(), Some(BASIC));
+    assert_eq!(token.query.as_deref(), Some("service=reg&scope=repository%3Atok%2Fapp%3Apull"));
+
+    // Eight cold requests for another repository at once: one exchange.
+    let url = node.url("/v2/tok/other/manifests/latest");
+    let reads: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { support::get(&url, &[]).await })
+        })
+        .collect();
+    for read in reads {
+        let r = read.await.expect("a read task");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(registry.token_requests(), 2, "one exchange for eight cold requests");
+    let admin = node.running.admin_addr.expect("admin on");
+    let metrics = support::get(&format!("http://{admin}/metrics"), &[]).await.text();
+    assert_eq!(sample(&metrics, "dart_registry_token_exchanges_total{result=\"ok\"}"), 2);
+    assert_eq!(sample(&metrics, "dart_registry_token_exchanges_total{result=\"failed\"}"), 0);
+}
+
+#[tokio::test]
+async fn a_requester_that_leaves_mid_exchange_fails_nobody_else() {
+    let registry = Registry::start().await;
+    let node = credentialed("leader", &registry).await;
+    // The leader gives up while the (slow) token exchange runs.
+    let leader = node.get("/v2/slowtok/app/manifests/latest", &[]);
+    let gave_up = tokio::time::timeout(std::time::Duration::from_millis(100), leader).await;
+    assert!(gave_up.is_err(), "the token server is slower than the leader's patience");
+    let follower = node.get("/v2/slowtok/app/manifests/latest", &[]).await;
+    assert_eq!(follower.status, 200, "{}", follower.text());
+    assert_eq!(registry.token_requests(), 1, "the follower joined the leader's exchange");
+}
+
+#[tokio::test]
+async fn basic_credentials_answer_a_basic_challenge() {
+    let registry = Registry::start().await;
+    let node = credentialed("basic", &registry).await;
+    let r = node.get("/v2/basic/app/manifests/latest", &[]).await;
+    assert_eq!((r.status, r.text().trim()), (200, MANIFEST));
+    assert_eq!(registry.token_requests(), 0);
+    let sent: Vec<_> =
+        registry.seen().into_iter().filter(|s| s.path.starts_with("/v2/basic/")).collect();
+    assert_eq!(sent.last().and_then(|s| s.authorization.as_deref()), Some(BASIC));
+}
+
+#[tokio::test]
+async fn the_client_s_own_authorization_wins_and_its_401_is_returned() {
+    let registry = Registry::start().await;
+    let node = credentialed("client-wins", &registry).await;
+    // Warm the token cache for the repository first.
+    assert_eq!(node.get("/v2/tok/app/manifests/latest", &[]).await.status, 200);
+    let exchanges = registry.token_requests();
+    let r =
+        node.get("/v2/tok/app/manifests/latest", &[("authorization", "Bearer client-token")]).await;
+    assert_eq!(r.status, 401, "the client's refused credential is answered as is");
+    assert!(r.header("www-authenticate").starts_with("Bearer realm="));
+    let last = registry.seen().into_iter().rfind(|s| s.path.starts_with("/v2/tok/"));
+    assert_eq!(last.and_then(|s| s.authorization).as_deref(), Some("Bearer client-token"));
+    assert_eq!(registry.token_requests(), exchanges, "no exchange on the client's behalf");
+}
+
+#[tokio::test]
+async fn another_host_never_gets_the_credential() {
+    let registry = Registry::start().await;
+    let node = credentialed("other-host", &registry).await;
+    // The same server under another name (as a CDN would be): the key names 127.0.0.1:<port>.
+    let other = format!("http://localhost:{}/v2/basic/app/manifests/latest", registry.addr.port());
+    let r = node.get(&format!("/dart/{other}"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    let asked: Vec<_> =
+        registry.seen().into_iter().filter(|s| s.path.starts_with("/v2/basic/")).collect();
+    assert!(!asked.is_empty());
+    assert!(asked.iter().all(|s| s.authorization.is_none()), "{asked:#?}");
+}
+
+#[tokio::test]
+async fn a_bad_credentials_file_stops_the_start() {
+    let registry = Registry::start().await;
+    for (name, text, needle) in [
+        ("missing", None, "reading --registry-auth"),
+        ("not-json", Some("{"), "invalid --registry-auth"),
+        ("empty-host", Some(r#"{"": {"username": "u"}}"#), "empty host"),
+        ("empty-entry", Some(r#"{"h": {}}"#), "neither username nor password"),
+    ] {
+        let dir = support::temp_dir("registry", &format!("auth-{name}"));
+        std::fs::create_dir_all(&dir.0).expect("dir");
+        let file = dir.0.join("auth.json");
+        if let Some(text) = text {
+            std::fs::write(&file, text).expect("write");
+        }
+        let flags = NodeFlags {
+            registry: format!("http://{}", registry.addr),
+            registry_auth: Some(file),
+            ..support::loopback_flags(&dir)
+        };
+        let err = match dart_node::start(&flags).await {
+            Ok(_) => panic!("{name}: started"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err.contains(needle), "{name}: {err}");
+    }
 }

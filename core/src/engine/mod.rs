@@ -10,6 +10,7 @@ pub mod hedge;
 pub mod meta;
 pub mod origin;
 mod read;
+pub mod redirect;
 pub mod resolve;
 pub mod route;
 
@@ -125,6 +126,9 @@ pub struct EngineStats {
     /// Registry-mode requests proxied to the upstream registry (everything under `/v2` but
     /// blobs: the ping, manifests, tags).
     pub proxied: u64,
+    /// Objects whose content failed a whole-object check, read from the origin only for a
+    /// while ([`Engine::distrust_peers`]).
+    pub objects_distrusted: u64,
     /// Fetched blocks served but refused by the cache (Range-ignored bytes).
     pub uncacheable: u64,
     /// Cached blocks found with the wrong length (treated as misses).
@@ -195,7 +199,15 @@ pub struct Engine {
     /// Objects whose reader set a read wants (re)joined: the node sends the JOINs
     /// ([`Engine::take_joins`]); at most one per object is in flight (the cache marks it).
     joins: Vec<String>,
+    /// Objects whose content failed a whole-object check at this node lately, until when:
+    /// their reads and relays skip the peer path and read the origin ([`Engine::distrust_peers`]).
+    distrusted: BTreeMap<String, Instant>,
 }
+
+/// How long an object whose content failed its check is read from the origin only.
+pub const DISTRUST_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
+/// Most objects remembered as distrusted (the one expiring first is forgotten past it).
+const DISTRUSTED_MAX: usize = 1024;
 
 /// How long a peer found slow is asked after the other ancestors by every read of the node.
 pub const SLOW_MEMORY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -218,7 +230,29 @@ impl Engine {
             slow: BTreeMap::new(),
             readers: None,
             joins: Vec::new(),
+            distrusted: BTreeMap::new(),
         }
+    }
+
+    /// The bytes this node served of `object` failed a whole-object check (a registry blob's
+    /// digest): some block came wrong from a peer, the store or the origin, and which one is not
+    /// known. For [`DISTRUST_MEMORY`] its reads and relays at this node skip the peer path and
+    /// read the origin, so that a retry cannot meet the same wrong block from the same peer.
+    pub fn distrust_peers(&mut self, object: &ObjectId, now: Instant) {
+        self.distrusted.retain(|_, until| *until > now);
+        if self.distrusted.len() >= DISTRUSTED_MAX && !self.distrusted.contains_key(&object.id) {
+            let first = self.distrusted.iter().min_by_key(|(_, u)| **u).map(|(o, _)| o.clone());
+            if let Some(o) = first {
+                self.distrusted.remove(&o);
+            }
+        }
+        self.distrusted.insert(object.id.clone(), now.saturating_add(DISTRUST_MEMORY));
+        self.stats.objects_distrusted += 1;
+    }
+
+    /// Whether reads of object `file` skip the peer path at `now` ([`Engine::distrust_peers`]).
+    pub fn peers_distrusted(&self, file: &str, now: Instant) -> bool {
+        self.distrusted.get(file).is_some_and(|until| *until > now)
     }
 
     /// Lays each object's trees over the nodes reading it (the tracker's reader set) instead of
@@ -367,6 +401,9 @@ impl Engine {
     /// when there is one.
     fn upstreams(&self, key: BlockKey, file: &str, now: Instant) -> Vec<PeerRef> {
         let Some(p2p) = &self.p2p else { return Vec::new() };
+        if self.peers_distrusted(file, now) {
+            return Vec::new();
+        }
         let readers = self.readers.as_ref().and_then(|c| c.peek(file, now));
         let usable = |addr: &str| p2p.breaker.healthy(&addr.to_owned(), now);
         p2p.placement.upstreams_among(key.chunk, readers, usable)

@@ -765,12 +765,14 @@ impl Node {
 
     /// Request `rid`, a whole registry blob, served bytes that do not match its digest. The
     /// response fails before its last byte (the client sees a truncated body, never a whole
-    /// wrong one), and every cached block of the object is dropped, so that the next read
-    /// fetches it again instead of serving the same bytes.
-    fn blob_mismatch(&mut self, rid: RequestId, _now: Instant) {
+    /// wrong one), every cached block of the object is dropped, and for a while the object is
+    /// read from the origin only ([`crate::engine::Engine::distrust_peers`]), so that the
+    /// client's retry meets neither the same cached bytes nor the same lying peer.
+    fn blob_mismatch(&mut self, rid: RequestId, now: Instant) {
         let req = self.requests.remove(&rid).expect("a driven request");
         self.counters.blob_digest_mismatches += 1;
         let object = req.read.object().clone();
+        self.engine.distrust_peers(&object, now);
         let stale = self.engine.forget(&object);
         if !stale.is_empty() {
             self.emit(Output::StoreDrop { keys: stale });

@@ -2603,3 +2603,90 @@ fn the_tracker_of_its_own_objects_joins_locally_without_an_exchange() {
     assert_eq!(registry.files(), 1);
     assert_eq!(h.node.counters().tracker_joins, 1);
 }
+
+/// A registry-mode reader (`--registry http://origin`) whose every miss goes to `parent`.
+fn registry_reader_of(parent: &str) -> Node {
+    let mut node = reader_of(parent);
+    let registry = crate::registry::Registry::new("http://origin").expect("upstream");
+    node.config.mode = UpstreamMode::Registry { registry, prefix: "dart".into() };
+    node
+}
+
+/// The registry path of the test object ([`content`] of [`SIZE`] bytes) named by its digest.
+fn blob_target() -> String {
+    let digest = crate::registry::sha256_digest(&content(0, SIZE));
+    format!("/v2/lib/app/blobs/{digest}")
+}
+
+/// Answers every peer block fetch with the right length and one flipped byte.
+fn serve_lies(h: &mut Harness) -> usize {
+    let mut lies = 0;
+    loop {
+        let sends: Vec<IoRequest> =
+            h.take_sends().into_iter().filter(|r| r.endpoint == Endpoint::Peer).collect();
+        if sends.is_empty() {
+            return lies;
+        }
+        for r in sends {
+            let block: u64 = r.url.rsplit('/').next().and_then(|b| b.parse().ok()).expect("block");
+            let len = BLOCK.min(SIZE - block * BLOCK);
+            let mut bytes = content(block * BLOCK, len).to_vec();
+            bytes[0] ^= 0x5a;
+            let head = Headers::new().with("content-length", len.to_string());
+            h.io(r.id, IoEvent::Connected);
+            h.io(r.id, IoEvent::Head { status: 200, headers: head });
+            h.io(r.id, IoEvent::Body(Bytes::from(bytes)));
+            h.io(r.id, IoEvent::End);
+            lies += 1;
+        }
+    }
+}
+
+#[test]
+fn a_blob_that_fails_its_digest_through_a_lying_peer_is_read_from_the_origin_next_time() {
+    let mut h = Harness::new(registry_reader_of("p:9000"));
+    let target = blob_target();
+    h.get(1, Plane::Client, &target, Headers::new());
+    let probe = h.take_sends().remove(0);
+    assert_eq!(probe.endpoint, Endpoint::Origin);
+    assert!(probe.url.starts_with("http://origin/v2/lib/app/blobs/sha256:"), "{}", probe.url);
+    h.answer_origin(&probe);
+    let lies = serve_lies(&mut h);
+    assert_eq!(lies, 4, "every block came from the lying parent");
+    let head = h.head_of(1).expect("a head");
+    assert_eq!(head.status, 200);
+    let digest = target.rsplit('/').next().expect("digest");
+    assert_eq!(head.headers.get_str("docker-content-digest"), Some(digest));
+    assert!(h.aborted(1) && !h.ended(1), "the response fails instead of ending");
+    assert!((h.body_of(1).len() as u64) < SIZE, "the last byte is never released");
+    assert_eq!(h.node.counters().blob_digest_mismatches, 1);
+    assert!(h.store.is_empty(), "every cached block of the blob was dropped");
+    assert_eq!(h.node.stats().objects_distrusted, 1);
+
+    // The client's retry: every block from the origin (the peer is not asked), and verified.
+    h.outputs.clear();
+    h.get(2, Plane::Client, &target, Headers::new());
+    assert!(h.sends().iter().all(|r| r.endpoint == Endpoint::Origin), "{:?}", h.sends());
+    h.serve_origin();
+    assert!(h.ended(2));
+    assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
+    assert_eq!(h.node.counters().blob_digests_verified, 1);
+
+    // Ten minutes on, the peer path is back.
+    h.advance(crate::engine::DISTRUST_MEMORY);
+    assert!(!h.node.engine().peers_distrusted(&h.node.engine().identify(&probe.url).id, h.now));
+}
+
+#[test]
+fn a_ranged_registry_read_is_served_unchecked_and_a_head_names_the_digest() {
+    let mut h = Harness::new(registry_reader_of("p:9000"));
+    let target = blob_target();
+    h.get(1, Plane::Client, &target, Headers::new().with("range", "bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let lies = serve_lies(&mut h);
+    assert_eq!(lies, 1);
+    assert!(h.ended(1), "a range cannot be checked: served");
+    assert_eq!(h.head_of(1).expect("head").status, 206);
+    assert_eq!(h.node.counters().blob_digest_mismatches, 0);
+}
