@@ -1,7 +1,8 @@
 //! The registry mirror with real parts (external tier): the Docker distribution registry
-//! (`docker-registry`) as the upstream, an image pushed into it by `skopeo` from an OCI layout
-//! this test writes (three layers, one of them larger than a chunk), and two `dart` processes
-//! with `--registry` as peers. Clients:
+//! (`docker-registry`) as the upstream, with htpasswd auth, an image pushed into it by `skopeo`
+//! from an OCI layout this test writes (three layers, one of them larger than a chunk), and two
+//! `dart` processes with `--registry` and the registry's credential (`--registry-auth`) as
+//! peers; no client sends a credential. Clients:
 //!
 //! - `skopeo copy` and `skopeo inspect` through node A: the copied blobs are byte-identical to
 //!   the pushed ones (skopeo verifies every digest too); then through node B, whose blob bytes
@@ -9,7 +10,8 @@
 //! - containerd itself (`ctr images pull --hosts-dir`, the `native` snapshotter) with the
 //!   `hosts.toml` a user writes, naming node A as the mirror and an unreachable `server`, so a
 //!   broken mirror fails the pull instead of containerd falling back around it; the unpacked
-//!   files are compared with the layers' contents.
+//!   files are compared with the layers' contents;
+//! - a node without the credential answers the registry's own `401` (and skopeo fails).
 //!
 //! Needs `docker-registry`, `skopeo`, `containerd` and `ctr` (`apt-get install docker-registry
 //! skopeo containerd`) and root for containerd; it fails with that message, never skips.
@@ -33,6 +35,9 @@ const CHUNK: &str = "8MiB";
 /// File sizes in each layer: the second one spans 32 chunks.
 const LAYERS: [usize; 3] = [1_000, (32 << 20) + 77, 20_000];
 const IMAGE: &str = "test/app:v1";
+/// The registry's one user, `u` with password `p`.
+const HTPASSWD: &str = "u:$2y$05$m9Y5Guqs1gplgX2G7tOqf.56mUdbSo3yH4nfyxj7e4rft.8lYg2WK\n";
+const CREDS: &str = "u:p";
 
 fn require(tool: &str, package: &str) {
     let found = Command::new("sh")
@@ -164,10 +169,15 @@ struct Registry {
 impl Registry {
     async fn start(dir: &Path) -> Registry {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        // htpasswd auth: every request needs Basic u:p (a bcrypt line made by `htpasswd -Bbn u
+        // p`; any valid hash of p will do).
+        let htpasswd = dir.join("htpasswd");
+        std::fs::write(&htpasswd, HTPASSWD).expect("htpasswd");
         let config = format!(
             "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
-             http:\n  addr: {addr}\n",
-            dir.join("storage").display()
+             http:\n  addr: {addr}\nauth:\n  htpasswd:\n    realm: dart-test\n    path: {}\n",
+            dir.join("storage").display(),
+            htpasswd.display(),
         );
         std::fs::write(dir.join("config.yml"), config).expect("registry config");
         let log = dir.join("registry.log");
@@ -211,13 +221,22 @@ struct Node {
     _dir: TempDir,
 }
 
-/// Node `i` of the cluster `peers` (with its peer listener on `port`), or a node alone.
-fn start_node(i: usize, cluster: Option<(&str, u16)>, registry: SocketAddr) -> Node {
+/// Node `i` of the cluster `peers` (with its peer listener on `port`), or a node alone; with
+/// the registry's credentials in `auth` (`--registry-auth`), or none.
+fn start_node(
+    i: usize,
+    cluster: Option<(&str, u16)>,
+    registry: SocketAddr,
+    auth: Option<&Path>,
+) -> Node {
     let dir = temp_dir("registry-real", &format!("node-{i}"));
     let mut cmd = dart_command();
     cmd.args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .args(["--registry", &format!("http://{registry}")])
         .args(["--block-size", BLOCK, "--chunk-size", CHUNK]);
+    if let Some(file) = auth {
+        cmd.arg("--registry-auth").arg(file);
+    }
     if let Some((peers, port)) = cluster {
         cmd.args(["--peer-listen", &format!("127.0.0.1:{port}")]).args([
             "--self-id",
@@ -279,18 +298,18 @@ async fn skopeo_and_containerd_pull_through_the_mirror_and_a_second_node_takes_b
     write_layout(&layout);
     let registry = Registry::start(&work.0).await;
     run(skopeo(&policy)
-        .args(["copy", "--dest-tls-verify=false"])
+        .args(["copy", "--dest-tls-verify=false", "--dest-creds", CREDS])
         .arg(format!("oci:{}:v1", layout.display()))
         .arg(format!("docker://{}/{IMAGE}", registry.addr)));
     // skopeo compresses the layers on the way in: what the registry holds is the reference, read
     // from it directly.
     let direct = work.0.join("direct");
     run(skopeo(&policy)
-        .args(["copy", "--src-tls-verify=false"])
+        .args(["copy", "--src-tls-verify=false", "--src-creds", CREDS])
         .arg(format!("docker://{}/{IMAGE}", registry.addr))
         .arg(format!("oci:{}:v1", direct.display())));
     let raw = run(skopeo(&policy)
-        .args(["inspect", "--raw", "--tls-verify=false"])
+        .args(["inspect", "--raw", "--tls-verify=false", "--creds", CREDS])
         .arg(format!("docker://{}/{IMAGE}", registry.addr)));
     let manifest: serde_json::Value = serde_json::from_str(&raw).expect("manifest JSON");
     let mut digests: Vec<String> = manifest["layers"]
@@ -305,18 +324,24 @@ async fn skopeo_and_containerd_pull_through_the_mirror_and_a_second_node_takes_b
 
     let ports = [free_port(), free_port()];
     let peers = format!("node-0@127.0.0.1:{},node-1@127.0.0.1:{}", ports[0], ports[1]);
-    let a = start_node(0, Some((&peers, ports[0])), registry.addr);
-    let b = start_node(1, Some((&peers, ports[1])), registry.addr);
+    // The nodes hold the registry's credentials; no client below sends any.
+    let auth = work.0.join("registry-auth.json");
+    let entry = format!(r#"{{"{}": {{"username": "u", "password": "p"}}}}"#, registry.addr);
+    std::fs::write(&auth, entry).expect("registry-auth");
+    let a = start_node(0, Some((&peers, ports[0])), registry.addr, Some(&auth));
+    let b = start_node(1, Some((&peers, ports[1])), registry.addr, Some(&auth));
 
-    // skopeo inspect through the mirror sees what it sees at the registry: the manifest's
-    // digest and the layers pushed.
-    let inspect = |at: SocketAddr| {
+    // skopeo inspect through the mirror (no credentials) sees what it sees at the registry
+    // (with them): the manifest's digest and the layers pushed.
+    let inspect = |at: SocketAddr, creds: &[&str]| {
         let text = run(skopeo(&policy)
             .args(["inspect", "--tls-verify=false"])
+            .args(creds)
             .arg(format!("docker://{at}/{IMAGE}")));
         serde_json::from_str::<serde_json::Value>(&text).expect("skopeo inspect JSON")
     };
-    let (mirrored, direct_inspect) = (inspect(a.dart.client), inspect(registry.addr));
+    let mirrored = inspect(a.dart.client, &[]);
+    let direct_inspect = inspect(registry.addr, &["--creds", CREDS]);
     assert_eq!(mirrored["Digest"], direct_inspect["Digest"]);
     assert_eq!(mirrored["Layers"], direct_inspect["Layers"]);
 
@@ -365,13 +390,36 @@ async fn skopeo_and_containerd_pull_through_the_mirror_and_a_second_node_takes_b
     }
     assert_eq!(registry.blob_gets(), after_b, "containerd's pull took no blob from the registry");
 
+    // A node without the credentials answers the registry's own challenge, as the registry
+    // would, and skopeo without credentials fails through it.
+    let bare = start_node(3, None, registry.addr, None);
+    let refused = get(&format!("http://{}/v2/test/app/manifests/v1", bare.dart.client), &[]).await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+    assert!(
+        refused.header("www-authenticate").starts_with("Basic realm="),
+        "{:?}",
+        refused.headers
+    );
+    let blob = format!("http://{}/v2/test/app/blobs/{}", bare.dart.client, digests[0]);
+    let refused = get(&blob, &[]).await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+    let out = skopeo(&policy)
+        .args(["inspect", "--tls-verify=false"])
+        .arg(format!("docker://{}/{IMAGE}", bare.dart.client))
+        .output()
+        .expect("skopeo");
+    assert!(
+        !out.status.success(),
+        "skopeo read a private image through a node without credentials"
+    );
+
     // One node alone, for the figures beside the pair's.
-    let alone = start_node(2, None, registry.addr);
+    let alone = start_node(2, None, registry.addr, Some(&auth));
     let (_, alone_cold) = copy_through(&policy, &alone, &work.0, "copy-alone-cold");
     let (_, alone_warm) = copy_through(&policy, &alone, &work.0, "copy-alone-warm");
     let started = Instant::now();
     run(skopeo(&policy)
-        .args(["copy", "--src-tls-verify=false"])
+        .args(["copy", "--src-tls-verify=false", "--src-creds", CREDS])
         .arg(format!("docker://{}/{IMAGE}", registry.addr))
         .arg(format!("oci:{}:v1", work.0.join("copy-registry").display())));
     let registry_time = started.elapsed();
