@@ -205,7 +205,16 @@ impl std::fmt::Debug for BlobCheck {
 
 /// The `sha256:<hex>` digest of `data` (what a registry names a blob by).
 pub fn sha256_digest(data: &[u8]) -> String {
-    let value = digest::digest(&digest::SHA256, data);
+    sha256_digest_parts([data])
+}
+
+/// The `sha256:<hex>` digest of the concatenation of `parts`.
+pub fn sha256_digest_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut context = digest::Context::new(&digest::SHA256);
+    for part in parts {
+        context.update(part);
+    }
+    let value = context.finish();
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
     for b in value.as_ref() {

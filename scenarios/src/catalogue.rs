@@ -66,6 +66,8 @@ pub fn all() -> Vec<Scenario> {
         some_read(),
         some_read_tracked(),
         some_read_staggered(),
+        registry_herd(),
+        registry_dead_root(),
     ]
 }
 
@@ -1719,5 +1721,76 @@ fn some_read_staggered() -> Scenario {
         safety_reads_finish(run, check, &[]);
         let (origin, ..) = some_read_figures(run, check);
         check.that(origin <= 1.25, format!("origin {origin:.2} x the object (at most 1.25)"));
+    })
+}
+
+/// What every registry-mode run must show: no whole blob read failed its digest (a false
+/// mismatch would fail a good pull), and every whole read that finished was checked.
+fn registry_digests(run: &Run<'_>, check: &mut Check) {
+    let r = run.report;
+    let mismatches: u64 = r.nodes.iter().map(|n| n.counters.blob_digest_mismatches).sum();
+    let verified: u64 = r.nodes.iter().map(|n| n.counters.blob_digests_verified).sum();
+    let finished = r
+        .reads
+        .iter()
+        .filter(|read| read.outcome == ReadOutcome::Finished && read.attempts == 1)
+        .count() as u64;
+    check.that(mismatches == 0, format!("{mismatches} whole blob reads failed their digest = 0"));
+    check.that(
+        verified >= finished,
+        format!(
+            "{verified} digests verified >= {finished} whole reads finished at the first attempt"
+        ),
+    );
+    check.note(format!("{verified} whole blob reads verified against their digest"));
+}
+
+fn registry_herd() -> Scenario {
+    Scenario::new(
+        "registry-herd",
+        "every node pulls one blob through the registry mirror at once: digest-checked, origin paid once",
+        |seed, scale| {
+            // Every whole read hashes its blob (about 1 GB/s of real CPU): sizes stay small.
+            let nodes = pick(scale, 12, 50) as usize;
+            let size = pick(scale, 2, 16) * MIB;
+            let block = pick(scale, 128 << 10, MIB);
+            let mut spec =
+                everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(20));
+            spec.cluster = spec.cluster.registry();
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let size = run.spec.cluster.objects[0].size;
+        safety_reads_finish(run, check, &[]);
+        registry_digests(run, check);
+        let share = r.origin.body_bytes as f64 / size as f64;
+        check.that(share <= 1.05, format!("origin bytes {share:.2} × the blob ≤ 1.05"));
+    })
+}
+
+fn registry_dead_root() -> Scenario {
+    Scenario::new(
+        "registry-dead-root",
+        "a blob pull through the registry mirror whose tree root dies mid-read: failovers, no false digest mismatch",
+        |seed, scale| {
+            let nodes = pick(scale, 12, 40) as usize;
+            let size = pick(scale, 4, 16) * MIB;
+            let block = pick(scale, 128 << 10, MIB);
+            let objects = vec![ObjectDef::plain(size, seed)];
+            let mut spec = everyone_reads(seed, nodes, objects, block, ms(5));
+            spec.cluster = spec.cluster.registry();
+            let root = tree_order(&spec.cluster, 0, 0)[0];
+            let at = ms(pick(scale, 150, 400) + seed % 100);
+            spec.plan =
+                FaultPlan { faults: vec![fault(at, secs(60), FaultKind::BlackHole { node: root })] };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let root = tree_order(&run.spec.cluster, 0, 0)[0];
+        safety_reads_finish(run, check, &[root]);
+        registry_digests(run, check);
     })
 }

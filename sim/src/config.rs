@@ -105,6 +105,11 @@ pub struct ClusterConfig {
     pub immutable: bool,
     /// Blocks a client read keeps in flight ahead of the one it serves (`--read-ahead`).
     pub read_ahead: usize,
+    /// Registry-mirror mode (`--registry http://origin.sim`): each object is a blob named by the
+    /// SHA-256 of its bytes (one per object, in order), clients read
+    /// `/v2/sim/o<index>/blobs/<digest>`, and whole reads are checked against the digest
+    /// ([`ClusterConfig::registry`] sets it).
+    pub blobs: Option<Vec<String>>,
 }
 
 impl ClusterConfig {
@@ -128,6 +133,47 @@ impl ClusterConfig {
             hedge_ratio: dart_core::engine::hedge::DEFAULT_HEDGE_RATIO,
             immutable: false,
             read_ahead: dart_core::engine::DEFAULT_READ_AHEAD,
+            blobs: None,
+        }
+    }
+
+    /// The same cluster as a registry mirror of the origin: every object becomes a blob named by
+    /// the digest of its bytes (computed here, once: keep registry objects small).
+    pub fn registry(mut self) -> Self {
+        let contents = crate::content::Contents::new(self.geometry.block_bytes());
+        let block = self.geometry.block_bytes();
+        let digests = self
+            .objects
+            .iter()
+            .map(|o| {
+                let shape = o.shape();
+                let blocks = o.size.div_ceil(block);
+                let parts: Vec<bytes::Bytes> =
+                    (0..blocks).map(|b| contents.window(shape, b * block, block)).collect();
+                dart_core::registry::sha256_digest_parts(parts.iter().map(|p| &p[..]))
+            })
+            .collect();
+        self.blobs = Some(digests);
+        self
+    }
+
+    /// The upstream URL a client read of object `index` names: the registry blob URL in
+    /// registry mode, else [`crate::origin::object_url`] signed by `signer` until `expires_ms`.
+    pub fn object_url(&self, index: usize, signer: &str, expires_ms: u64) -> String {
+        match &self.blobs {
+            Some(digests) => crate::origin::blob_url(index, &digests[index]),
+            None => crate::origin::object_url(index, signer, expires_ms),
+        }
+    }
+
+    /// The client-plane request-target of a read of `url` (an [`Self::object_url`]).
+    pub fn client_target(&self, url: &str) -> String {
+        match &self.blobs {
+            Some(_) => {
+                let host = format!("http://{}", crate::origin::ORIGIN_HOST);
+                url.strip_prefix(&host).expect("a blob URL of the origin").to_owned()
+            }
+            None => format!("/dart/{url}"),
         }
     }
 

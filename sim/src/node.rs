@@ -49,7 +49,7 @@ pub fn node_of_addr(addr: &str) -> Option<usize> {
 /// index) ranks them: position 0 is the root that fetches from the origin.
 pub fn tree_order(cluster: &ClusterConfig, object: usize, block: u64) -> Vec<usize> {
     let engine = Engine::new(cluster.engine());
-    let key = engine.block_key(&engine.identify(&crate::origin::object_url(object, "x", 0)), block);
+    let key = engine.block_key(&engine.identify(&cluster.object_url(object, "x", 0)), block);
     let placement = Placement::new(static_view(cluster.nodes), &member_id(0), 2, 1);
     placement
         .ranked(key.chunk)
@@ -171,6 +171,8 @@ pub struct SimNode {
     access: dart_core::node::Access,
     peer: Option<(PeerConfig, View)>,
     rng: Rng,
+    /// How the client plane maps requests (the prefix API, or a registry mirror of the origin).
+    mode: UpstreamMode,
 }
 
 impl SimNode {
@@ -202,9 +204,19 @@ impl SimNode {
             access,
             peer,
             rng,
+            mode: UpstreamMode::prefix("dart"),
         };
         node.machine = Some(node.fresh_machine(Instant::ZERO));
         node
+    }
+
+    /// The same node as a registry mirror of the origin (`--registry http://origin.sim`).
+    pub fn registry_mode(mut self) -> Self {
+        let upstream = format!("http://{}", crate::origin::ORIGIN_HOST);
+        let registry = dart_core::registry::Registry::new(&upstream).expect("the origin's URL");
+        self.mode = UpstreamMode::Registry { registry, prefix: "dart".into() };
+        self.machine = Some(self.fresh_machine(Instant::ZERO));
+        self
     }
 
     /// A machine as the process starts it: a fresh engine whose breaker's jitter descends from
@@ -220,7 +232,7 @@ impl SimNode {
             engine.enable_p2p(P2p { placement, breaker });
         }
         let config = NodeConfig {
-            mode: UpstreamMode::prefix("dart"),
+            mode: self.mode.clone(),
             bounds: self.bounds,
             self_id: self.member_id(),
             advertise: member_addr(self.index),

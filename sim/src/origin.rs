@@ -100,9 +100,20 @@ pub fn object_url(index: usize, signer: &str, expires_ms: u64) -> String {
     format!("http://{ORIGIN_HOST}/o/{index}?sig={signer}&exp={expires_ms}")
 }
 
-/// Parses a URL made by [`object_url`]: the object index and expiry.
+/// The registry blob URL of object `index`, named by `digest` (registry-mirror mode).
+pub fn blob_url(index: usize, digest: &str) -> String {
+    format!("http://{ORIGIN_HOST}/v2/sim/o{index}/blobs/{digest}")
+}
+
+/// Parses a URL made by [`object_url`] (the object index and expiry) or by [`blob_url`] (the
+/// index; a blob URL never expires).
 pub fn parse_url(url: &str) -> Option<(usize, u64)> {
-    let rest = url.strip_prefix("http://")?.strip_prefix(ORIGIN_HOST)?.strip_prefix("/o/")?;
+    let path = url.strip_prefix("http://")?.strip_prefix(ORIGIN_HOST)?;
+    if let Some(blob) = path.strip_prefix("/v2/sim/o") {
+        let (index, _digest) = blob.split_once("/blobs/")?;
+        return Some((index.parse().ok()?, u64::MAX));
+    }
+    let rest = path.strip_prefix("/o/")?;
     let (index, query) = rest.split_once('?').unwrap_or((rest, ""));
     let exp = query
         .split('&')
@@ -448,6 +459,13 @@ mod tests {
         assert_eq!(parse_url(&url), Some((3, 5000)));
         assert_eq!(parse_url("http://origin.sim/o/2"), Some((2, u64::MAX)));
         assert_eq!(parse_url("http://elsewhere/o/2"), None);
+        let blob = blob_url(4, "sha256:0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            blob,
+            "http://origin.sim/v2/sim/o4/blobs/sha256:0123456789abcdef0123456789abcdef"
+        );
+        assert_eq!(parse_url(&blob), Some((4, u64::MAX)));
+        assert_eq!(parse_url("http://origin.sim/v2/sim/ox/blobs/d"), None);
         let mut o = origin(ObjectDef::plain(100, 1));
         let fresh =
             o.answer(Instant::from_secs(4), &object_url(0, "a", 5000), &OriginRequest::Probe);

@@ -12,7 +12,7 @@ use crate::calls::{Answer, Body, CallKind, Leg, Stage};
 use crate::fault::Lie;
 use crate::net::{Endpoint, PathState};
 use crate::node::{node_of_addr, ClientHead, ClientRequest};
-use crate::origin::{object_url, parse_url, HEAD_BYTES};
+use crate::origin::{parse_url, HEAD_BYTES};
 use crate::report::{BlockEvent, ReadOutcome};
 use crate::workload;
 use bytes::Bytes;
@@ -74,7 +74,7 @@ impl Sim {
             Some(k) => format!("c{k}"),
             None => format!("n{n}r{record}"),
         };
-        let url = object_url(object, &signer, expires);
+        let url = self.spec.cluster.object_url(object, &signer, expires);
         // What the head must say is settled when it names its version; until then, the current.
         let size = self.origin.current(object).shape.size;
         let expected = workload::expected(spec.range, size);
@@ -108,7 +108,7 @@ impl Sim {
                 version: None,
             },
         );
-        let target = format!("/dart/{url}");
+        let target = self.spec.cluster.client_target(&url);
         let request = Inbound { method: method.into(), target, headers, body: Default::default() };
         self.feed(n, Input::Request { id, plane: Plane::Client, request });
     }

@@ -136,12 +136,25 @@ impl Sim {
                 let rng: Rng = rng::child(&mut root, &format!("n{i}"));
                 let peer = cluster.peer.clone().map(|p| (p, view.clone()));
                 let (engine, access) = (cluster.engine(), cluster.access());
-                SimNode::new(i, engine, cluster.bounds, access, cluster.cache_blocks, peer, rng)
+                let node = SimNode::new(
+                    i,
+                    engine,
+                    cluster.bounds,
+                    access,
+                    cluster.cache_blocks,
+                    peer,
+                    rng,
+                );
+                if cluster.blobs.is_some() {
+                    node.registry_mode()
+                } else {
+                    node
+                }
             })
             .collect();
         let keys = Engine::new(cluster.engine());
         let object_ids: Vec<ObjectId> = (0..cluster.objects.len())
-            .map(|i| keys.identify(&crate::origin::object_url(i, "index", u64::MAX)))
+            .map(|i| keys.identify(&cluster.object_url(i, "index", u64::MAX)))
             .collect();
         let mut chunk_objects = BTreeMap::new();
         for (i, o) in cluster.objects.iter().enumerate() {
