@@ -165,6 +165,10 @@ fn answer(
         }
         "/v2/private/app/manifests/latest" => body::plain(200, MANIFEST),
         p if p == format!("/v2/lib/app/blobs/{good}") => ranged(req, &blob()),
+        p if p.starts_with("/v2/limited/") => {
+            body::plain(429, r#"{"errors":[{"code":"TOOMANYREQUESTS"}]}"#)
+        }
+        p if p.starts_with("/v2/broken/") => body::plain(500, "internal error"),
         p if p == format!("/v2/private/app/blobs/{good}") && header("authorization").is_none() => {
             let mut r = body::plain(401, r#"{"errors":[{"code":"UNAUTHORIZED"}]}"#);
             r.headers_mut().insert("www-authenticate", CHALLENGE.parse().expect("header"));
@@ -663,5 +667,19 @@ async fn a_bad_credentials_file_stops_the_start() {
             Err(e) => format!("{e:#}"),
         };
         assert!(err.contains(needle), "{name}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn upstream_statuses_keep_their_meaning_on_both_routes() {
+    let registry = Registry::start().await;
+    let node = Node::start("statuses", &registry).await;
+    let digest = &registry.good;
+    for (path, blob, manifest) in [("limited", 429, 429), ("broken", 502, 500), ("nope", 404, 404)]
+    {
+        let r = node.get(&format!("/v2/{path}/app/blobs/{digest}"), &[]).await;
+        assert_eq!(r.status, blob, "blob of {path}: {}", r.text());
+        let r = node.get(&format!("/v2/{path}/app/manifests/latest"), &[]).await;
+        assert_eq!(r.status, manifest, "manifest of {path}: {}", r.text());
     }
 }

@@ -1355,9 +1355,12 @@ impl Read {
             (ReadError::Origin(OriginError::Refused(_)), false) => 403,
             (_, true) if refused.is_some() => 502,
             (_, true) => 500,
-            // The origin's own refusal of the requester (or its answer that the object is gone)
-            // is the client's answer, as a proxy would pass it.
-            (ReadError::Origin(e), false) if matches!(e.status(), Some(401 | 403 | 404 | 410)) => {
+            // The origin's own refusal of the requester (or its answer that the object is gone,
+            // or that the requester must slow down: a registry's pull rate limit) is the
+            // client's answer, as a proxy would pass it.
+            (ReadError::Origin(e), false)
+                if matches!(e.status(), Some(401 | 403 | 404 | 410 | 429)) =>
+            {
                 e.status().expect("matched")
             }
             (
