@@ -129,6 +129,11 @@ impl View {
         self.ready.iter().map(|&i| &self.members[i])
     }
 
+    /// The `k`-th Ready member in id order (the index HRW rankings are over).
+    pub fn ready_member(&self, k: usize) -> &Member {
+        &self.members[self.ready[k]]
+    }
+
     /// Number of Ready members.
     pub fn ready_len(&self) -> usize {
         self.ready.len()

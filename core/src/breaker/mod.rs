@@ -260,6 +260,25 @@ impl<K: Ord + Clone> Breaker<K> {
         self.peers.find(addr).is_none_or(|i| self.peers.entry(i).would_admit(now, limit))
     }
 
+    /// [`Breaker::healthy`] for an address given in its borrowed form (`&str` for `String`
+    /// keys): routing asks it of every candidate ancestor, without building an owned key.
+    pub fn healthy_by<Q>(&self, addr: &Q, now: Instant) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let limit = self.config.half_open_probes;
+        self.peers.find_by(addr).is_none_or(|i| self.peers.entry(i).would_admit(now, limit))
+    }
+
+    /// The tracked peers a block request would not be admitted to at `now` (those for which
+    /// [`Breaker::healthy`] is false), in no particular order. Read-only: routing takes them once
+    /// per decision instead of looking every candidate up.
+    pub fn unhealthy(&self, now: Instant) -> impl Iterator<Item = &K> + '_ {
+        let limit = self.config.half_open_probes;
+        self.peers.iter().filter(move |(_, _, e)| !e.would_admit(now, limit)).map(|(_, k, _)| k)
+    }
+
     /// How many tracked peers are open at `now` (cooldown not yet elapsed). Read-only.
     pub fn open_count(&self, now: Instant) -> usize {
         self.peers.iter().filter(|(_, _, e)| e.state(now) == CircuitState::Open).count()

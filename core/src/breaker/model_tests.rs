@@ -587,6 +587,8 @@ impl Harness {
         for addr in 0..PEERS {
             prop_assert_eq!(b.state(&addr, now), m.state(addr, now), "state of {}", addr);
             prop_assert_eq!(b.healthy(&addr, now), m.healthy(addr, now), "health of {}", addr);
+            let refused = b.unhealthy(now).any(|a| *a == addr);
+            prop_assert_eq!(refused, !m.healthy(addr, now), "unhealthy lists {}", addr);
         }
         prop_assert_eq!(b.open_count(now), m.open_count(now));
         prop_assert_eq!(b.probes_in_flight(), m.probes_in_flight());

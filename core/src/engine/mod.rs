@@ -405,7 +405,10 @@ impl Engine {
             return Vec::new();
         }
         let readers = self.readers.as_ref().and_then(|c| c.peek(file, now));
-        let usable = |addr: &str| p2p.breaker.healthy(&addr.to_owned(), now);
+        // The peers the breaker would refuse now, taken once: usually none, so no candidate
+        // costs a look-up (the same verdicts as `healthy` per candidate).
+        let refused: Vec<&String> = p2p.breaker.unhealthy(now).collect();
+        let usable = |addr: &str| !refused.iter().any(|r| r.as_str() == addr);
         p2p.placement.upstreams_among(key.chunk, readers, usable)
     }
 

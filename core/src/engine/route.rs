@@ -61,18 +61,38 @@ pub struct Placement {
     /// Memo of HRW rankings (indices into the Ready list) by chunk: a miss, its store class and a
     /// relay of the same chunk all need the same ranking.
     rankings: std::cell::RefCell<std::collections::BTreeMap<ChunkKey, std::sync::Arc<[u32]>>>,
+    /// This node's index in the Ready list, if it is Ready.
+    self_ready: Option<u32>,
+    /// The last reader set seen and which Ready members it names: consecutive reads of one
+    /// object route over the same set, so the set is matched against the view once, not once
+    /// per candidate per block.
+    readers_memo: std::cell::RefCell<Option<(Vec<String>, std::sync::Arc<ReaderFlags>)>>,
+}
+
+/// Which Ready members a reader set names (by Ready index, with an address), and whether it
+/// names this node.
+#[derive(Debug)]
+struct ReaderFlags {
+    members: Vec<bool>,
+    names_self: bool,
 }
 
 impl Placement {
     /// A placement for `self_id` over `view`; fanout 0 is [`AUTO_FANOUT`] (see
     /// [`auto_fanout`]), replicas < 1 becomes 1.
     pub fn new(view: View, self_id: &str, fanout: usize, replicas: usize) -> Self {
+        let self_ready = view
+            .ready()
+            .position(|m| m.id == self_id)
+            .map(|k| u32::try_from(k).expect("fewer than 2^32 members"));
         Placement {
             view,
             self_id: self_id.to_owned(),
             fanout,
             replicas: replicas.max(1),
             rankings: Default::default(),
+            self_ready,
+            readers_memo: Default::default(),
         }
     }
 
@@ -96,6 +116,22 @@ impl Placement {
         let order = self.ranking(chunk);
         let ready: Vec<&str> = self.view.ready().map(|m| m.id.as_str()).collect();
         order.iter().map(|&i| ready[i as usize]).collect()
+    }
+
+    /// [`ReaderFlags`] of `readers` (any order), from the memo when it is the last set seen.
+    fn reader_flags(&self, readers: &[String]) -> std::sync::Arc<ReaderFlags> {
+        if let Some((set, flags)) = self.readers_memo.borrow().as_ref() {
+            if set.as_slice() == readers {
+                return flags.clone();
+            }
+        }
+        let mut sorted: Vec<&str> = readers.iter().map(String::as_str).collect();
+        sorted.sort_unstable();
+        let named = |id: &str| sorted.binary_search(&id).is_ok();
+        let members = self.view.ready().map(|m| !m.addr.is_empty() && named(&m.id)).collect();
+        let flags = std::sync::Arc::new(ReaderFlags { members, names_self: named(&self.self_id) });
+        *self.readers_memo.borrow_mut() = Some((readers.to_vec(), flags.clone()));
+        flags
     }
 
     fn ranking(&self, chunk: ChunkKey) -> std::sync::Arc<[u32]> {
@@ -171,38 +207,50 @@ impl Placement {
         readers: Option<&[String]>,
         usable: impl Fn(&str) -> bool,
     ) -> Vec<PeerRef> {
-        let mut ranked = self.ranked(chunk);
-        let as_peer = |id: &str| {
-            let m = self.view.get(id)?;
-            (!m.addr.is_empty() && m.id != self.self_id && usable(&m.addr))
-                .then(|| PeerRef { id: m.id.clone(), addr: m.addr.clone() })
+        // Ready members by their index in the Ready list (what rankings hold): no look-up by id
+        // and no string comparison against this node's id per candidate.
+        let order = self.ranking(chunk);
+        let member = |k: u32| self.view.ready_member(k as usize);
+        let is_self = |k: u32| Some(k) == self.self_ready;
+        let askable = |k: u32| {
+            let m = member(k);
+            !is_self(k) && !m.addr.is_empty() && usable(&m.addr)
         };
+        let as_peer = |k: u32| {
+            let m = member(k);
+            PeerRef { id: m.id.clone(), addr: m.addr.clone() }
+        };
+        let among: Vec<u32>;
+        let mut ranked: &[u32] = &order;
         if let Some(readers) = readers {
-            let known = |id: &str| self.view.get(id).is_some_and(|m| !m.addr.is_empty());
-            let is_reader = |id: &str| known(id) && readers.iter().any(|r| r == id);
+            let flags = self.reader_flags(readers);
+            let is_reader = |k: u32| flags.members[k as usize];
             // The chunk's home: the root of the tree over every member, as this node sees it.
-            let home =
-                ranked.iter().copied().find(|id| *id == self.self_id || as_peer(id).is_some());
-            let among: Vec<&str> =
-                ranked.iter().copied().filter(|id| is_reader(id) || Some(*id) == home).collect();
-            let readers_known = among.iter().filter(|id| is_reader(id)).count();
-            if readers_known >= 2 && readers.contains(&self.self_id) {
-                ranked = among;
+            let home = order.iter().copied().find(|&k| is_self(k) || askable(k));
+            among = order.iter().copied().filter(|&k| is_reader(k) || Some(k) == home).collect();
+            let readers_known = among.iter().filter(|&&k| is_reader(k)).count();
+            if readers_known >= 2 && flags.names_self {
+                ranked = &among;
             }
         }
-        if !ranked.contains(&self.self_id.as_str()) {
-            return ranked.first().and_then(|id| as_peer(id)).into_iter().collect();
+        if !ranked.iter().any(|&k| is_self(k)) {
+            return ranked
+                .first()
+                .filter(|&&k| askable(k))
+                .map(|&k| as_peer(k))
+                .into_iter()
+                .collect();
         }
-        let live: Vec<&str> = ranked
-            .iter()
-            .copied()
-            .filter(|id| *id == self.self_id || as_peer(id).is_some())
-            .collect();
-        let me = live.iter().position(|id| *id == self.self_id).expect("self is kept");
+        let live: Vec<u32> = ranked.iter().copied().filter(|&k| is_self(k) || askable(k)).collect();
+        let me = live.iter().position(|&k| is_self(k)).expect("self is kept");
         let fanout = if self.fanout == AUTO_FANOUT { auto_fanout(live.len()) } else { self.fanout };
         let tree = Tree::new(live.len(), fanout);
-        let out: Vec<PeerRef> =
-            tree.ancestors(me).filter_map(|i| as_peer(live[i])).take(UPSTREAMS_MAX).collect();
+        let out: Vec<PeerRef> = tree
+            .ancestors(me)
+            .filter(|&i| askable(live[i]))
+            .map(|i| as_peer(live[i]))
+            .take(UPSTREAMS_MAX)
+            .collect();
         debug_assert!(out.len() <= UPSTREAMS_MAX);
         out
     }
@@ -275,6 +323,83 @@ mod tests {
         View::new(
             (0..n).map(|i| Member::ready(&format!("node-{i:02}"), &format!("h{i}:9000"))).collect(),
         )
+    }
+
+    /// `upstreams_among` as it was before it worked on Ready-list indices (ids looked up in
+    /// the view, readers scanned linearly): the reference the faster one must equal.
+    fn reference_upstreams_among(
+        p: &Placement,
+        chunk: ChunkKey,
+        readers: Option<&[String]>,
+        usable: impl Fn(&str) -> bool,
+    ) -> Vec<PeerRef> {
+        let mut ranked = p.ranked(chunk);
+        let as_peer = |id: &str| {
+            let m = p.view.get(id)?;
+            (!m.addr.is_empty() && m.id != p.self_id && usable(&m.addr))
+                .then(|| PeerRef { id: m.id.clone(), addr: m.addr.clone() })
+        };
+        if let Some(readers) = readers {
+            let known = |id: &str| p.view.get(id).is_some_and(|m| !m.addr.is_empty());
+            let is_reader = |id: &str| known(id) && readers.iter().any(|r| r == id);
+            // The chunk's home: the root of the tree over every member, as this node sees it.
+            let home = ranked.iter().copied().find(|id| *id == p.self_id || as_peer(id).is_some());
+            let among: Vec<&str> =
+                ranked.iter().copied().filter(|id| is_reader(id) || Some(*id) == home).collect();
+            let readers_known = among.iter().filter(|id| is_reader(id)).count();
+            if readers_known >= 2 && readers.contains(&p.self_id) {
+                ranked = among;
+            }
+        }
+        if !ranked.contains(&p.self_id.as_str()) {
+            return ranked.first().and_then(|id| as_peer(id)).into_iter().collect();
+        }
+        let live: Vec<&str> =
+            ranked.iter().copied().filter(|id| *id == p.self_id || as_peer(id).is_some()).collect();
+        let me = live.iter().position(|id| *id == p.self_id).expect("self is kept");
+        let fanout = if p.fanout == AUTO_FANOUT { auto_fanout(live.len()) } else { p.fanout };
+        let tree = Tree::new(live.len(), fanout);
+        let out: Vec<PeerRef> =
+            tree.ancestors(me).filter_map(|i| as_peer(live[i])).take(UPSTREAMS_MAX).collect();
+        debug_assert!(out.len() <= UPSTREAMS_MAX);
+        out
+    }
+
+    #[test]
+    fn upstreams_among_equals_the_reference_over_random_views_readers_and_circuits() {
+        use rand::{Rng as _, SeedableRng as _};
+        let seed = 0x5eed_u64;
+        println!("seed {seed}");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for case in 0..400 {
+            let n = rng.random_range(1..40usize);
+            let mut members: Vec<Member> = (0..n)
+                .map(|i| {
+                    let addr =
+                        if rng.random_bool(0.1) { String::new() } else { format!("n{i}:9000") };
+                    Member { addr, ..Member::ready(&format!("n{i}"), "x") }
+                })
+                .collect();
+            if rng.random_bool(0.2) {
+                members.retain(|m| m.id != "n0");
+            }
+            let view = View::new(members);
+            let me = format!("n{}", rng.random_range(0..n + 2));
+            let fanout = [0, 1, 2, 3][rng.random_range(0..4)];
+            let p = Placement::new(view, &me, fanout, 1);
+            let readers: Option<Vec<String>> = rng.random_bool(0.6).then(|| {
+                (0..n + 2).filter(|_| rng.random_bool(0.4)).map(|i| format!("n{i}")).collect()
+            });
+            let dead: Vec<String> =
+                (0..n).filter(|_| rng.random_bool(0.2)).map(|i| format!("n{i}:9000")).collect();
+            let usable = |a: &str| !dead.iter().any(|d| d == a);
+            for c in 0..8u64 {
+                let chunk = ChunkKey(c.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ case);
+                let got = p.upstreams_among(chunk, readers.as_deref(), usable);
+                let want = reference_upstreams_among(&p, chunk, readers.as_deref(), usable);
+                assert_eq!(got, want, "case {case} chunk {c} me {me} readers {readers:?}");
+            }
+        }
     }
 
     #[test]
