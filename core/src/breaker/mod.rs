@@ -260,17 +260,6 @@ impl<K: Ord + Clone> Breaker<K> {
         self.peers.find(addr).is_none_or(|i| self.peers.entry(i).would_admit(now, limit))
     }
 
-    /// [`Breaker::healthy`] for an address given in its borrowed form (`&str` for `String`
-    /// keys): routing asks it of every candidate ancestor, without building an owned key.
-    pub fn healthy_by<Q>(&self, addr: &Q, now: Instant) -> bool
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: Ord + ?Sized,
-    {
-        let limit = self.config.half_open_probes;
-        self.peers.find_by(addr).is_none_or(|i| self.peers.entry(i).would_admit(now, limit))
-    }
-
     /// The tracked peers a block request would not be admitted to at `now` (those for which
     /// [`Breaker::healthy`] is false), in no particular order. Read-only: routing takes them once
     /// per decision instead of looking every candidate up.

@@ -54,15 +54,6 @@ impl<K: Ord + Clone> PeerTable<K> {
         self.index.get(key).copied()
     }
 
-    /// The slot holding the key that borrows as `key` (no owned key built to look it up).
-    pub(super) fn find_by<Q>(&self, key: &Q) -> Option<usize>
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: Ord + ?Sized,
-    {
-        self.index.get(key).copied()
-    }
-
     /// The entry in slot `i`, if occupied (a permit's slot may have been freed or reused).
     pub(super) fn get(&self, i: usize) -> Option<&Entry> {
         self.slots.get(i)?.as_ref().map(|slot| &slot.entry)
