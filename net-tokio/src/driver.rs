@@ -546,6 +546,14 @@ impl<D: Dialer> NodeDriver<D> {
             Event::Discovery { message, suppressed } => {
                 tracing::warn!(suppressed, "discovery: {message}");
             }
+            Event::TrackerJoinFailed { file, error, suppressed } => {
+                tracing::warn!(
+                    %file,
+                    %error,
+                    suppressed,
+                    "reader tree: JOIN failed; the object routes over every member"
+                );
+            }
             Event::Roster { .. } | Event::BlockFetched { .. } => {}
         }
     }

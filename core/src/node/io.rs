@@ -433,6 +433,17 @@ pub enum Event {
         /// Reports held back since the last one.
         suppressed: u64,
     },
+    /// A JOIN to an object's tracker failed: the object's reads route over every member until
+    /// a JOIN succeeds. At most one per minute is reported; `suppressed` counts those held back
+    /// since the last (every one counts in `NodeCounters::tracker_join_failed`).
+    TrackerJoinFailed {
+        /// The object (its file key's identity).
+        file: String,
+        /// Why.
+        error: String,
+        /// Reports held back since the last one.
+        suppressed: u64,
+    },
     /// Handling an input panicked; the requests it touched were failed and forgotten.
     Panicked {
         /// The requests failed because of it.

@@ -167,6 +167,9 @@ pub struct NodeCounters {
 ///   on it, and the shared-fetch index names only live fetches of its block and peer.
 /// - The engine's and the breaker's own invariants.
 pub struct Node {
+    /// When a failed JOIN was last reported ([`Event::TrackerJoinFailed`]) and how many were
+    /// held back since.
+    join_warnings: (Option<Instant>, u64),
     engine: Engine,
     config: NodeConfig,
     requests: BTreeMap<RequestId, Request>,
@@ -248,6 +251,7 @@ impl Node {
             working_io: None,
             counters: NodeCounters::default(),
             access: access::State::default(),
+            join_warnings: (None, 0),
         })
     }
 

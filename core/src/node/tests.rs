@@ -2544,6 +2544,42 @@ fn a_tracker_that_never_answers_is_given_up_at_two_seconds() {
     h.advance(Duration::from_millis(1));
     assert!(h.cancelled(join.id), "the JOIN bound");
     assert_eq!(h.node.counters().tracker_join_failed, 1);
+    let reported: Vec<_> = h
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(Event::TrackerJoinFailed { error, suppressed, .. }) => {
+                Some((error.clone(), *suppressed))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reported.len(), 1, "the failure is reported: {reported:?}");
+    assert_eq!(reported[0].1, 0);
+}
+
+#[test]
+fn failed_joins_are_reported_at_most_once_a_minute_with_the_count_held_back() {
+    let (node, _, _) = tracked_reader();
+    let mut h = Harness::new(node);
+    let reports = |h: &Harness| -> Vec<u64> {
+        h.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Event(Event::TrackerJoinFailed { suppressed, .. }) => Some(*suppressed),
+                _ => None,
+            })
+            .collect()
+    };
+    for (i, wait) in [0u64, 3, 3, 60].into_iter().enumerate() {
+        h.advance(Duration::from_secs(wait));
+        h.read(10 + i as u64, Some("bytes=0-9"));
+        let join = h.take_sends().into_iter().find(|s| s.purpose == Purpose::Tracker);
+        let join = join.expect("a JOIN after the hold-off");
+        answer_join(&mut h, &join, 503, Bytes::new());
+    }
+    assert_eq!(h.node.counters().tracker_join_failed, 4);
+    assert_eq!(reports(&h), vec![0, 2], "the first, then one a minute on naming the two held back");
 }
 
 fn post(h: &mut Harness, id: u64, path: &str, body: &str) {

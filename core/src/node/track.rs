@@ -9,7 +9,7 @@
 //! same: route over every Ready member.
 
 use super::exchange::{Expiry, Job};
-use super::io::{Endpoint, Headers, Inbound, IoEvent, IoId, Output, Plane, RequestId};
+use super::io::{Endpoint, Event, Headers, Inbound, IoEvent, IoId, Output, Plane, RequestId};
 use super::Node;
 use crate::codec::wire::{HEADER_NODE, HEADER_PEER_ADDR};
 use crate::hash::ChunkKey;
@@ -17,6 +17,9 @@ use crate::time::Instant;
 use crate::tracker::{self, Grant, JoinRequest, Registry};
 use bytes::{Bytes, BytesMut};
 use std::time::Duration;
+
+/// At most one failed JOIN is reported ([`Event::TrackerJoinFailed`]) per this long.
+const JOIN_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Where an object's tracker is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,8 +98,17 @@ impl Node {
     }
 
     fn join_ended(&mut self, file: &str, result: Result<Grant, String>, now: Instant) {
-        if result.is_err() {
+        if let Err(error) = &result {
             self.counters.tracker_join_failed += 1;
+            let (last, held) = &mut self.join_warnings;
+            if last.is_some_and(|at| now < at.saturating_add(JOIN_WARNING_EVERY)) {
+                *held += 1;
+            } else {
+                let suppressed = std::mem::take(held);
+                *last = Some(now);
+                let (file, error) = (file.to_owned(), error.clone());
+                self.event(Event::TrackerJoinFailed { file, error, suppressed });
+            }
         }
         self.engine.joined(file, result, now);
     }

@@ -642,6 +642,8 @@ impl Sim {
                     format_args!("discovery n{n} {message} ({suppressed} held back)"),
                 );
             }
+            // Counted in the node's counters; the trace already shows the JOIN's exchange.
+            Event::TrackerJoinFailed { .. } => {}
         }
     }
 
