@@ -603,13 +603,12 @@ fn every_flag_in_the_deployment_files_is_a_flag_of_the_binary() {
 type Samples = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
 fn exported() -> (Samples, BTreeSet<String>) {
-    let snapshot =
-        Box::new(|| Scrape {
-            open_circuits: Some(0),
-            tracker_files: Some(0),
-            registry_tokens: Some((0, 0)),
-            ..Scrape::default()
-        });
+    let snapshot = Box::new(|| Scrape {
+        open_circuits: Some(0),
+        tracker_files: Some(0),
+        registry_tokens: Some((0, 0)),
+        ..Scrape::default()
+    });
     let metrics = Metrics::new(snapshot, Arc::new(MemCache::default()));
     metrics.observe_fetch("peer", 0.02);
     metrics.observe_fetch("origin", 0.2);
