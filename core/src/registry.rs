@@ -19,11 +19,12 @@
 //! Manifests are proxied, not cached, because a tag moves and a manifest by digest is small;
 //! the bytes worth sharing between nodes are the layers.
 //!
-//! [`BlobCheck`] is the integrity check the earlier implementation lacked: a whole-blob read
-//! hashes every byte it serves and holds nothing back but the verdict, which is known when the
-//! last byte is in hand, before it is released. The node fails the response (the client sees a
-//! truncated body, never a complete wrong one) and drops every cached block of the object on a
-//! mismatch.
+//! The digest check is the integrity check the earlier implementation lacked: a whole-blob read
+//! is hashed as it is written (by the transport, off the node machine's thread: [`Hasher`],
+//! [`crate::node::Output::Hash`]), which holds the last part back until the node machine has
+//! compared the digest with [`expected`]. On a mismatch the node fails the response (the client
+//! sees a truncated body, never a complete wrong one) and drops every cached block of the
+//! object.
 
 pub mod auth;
 
@@ -140,66 +141,56 @@ pub fn repository(path: &str) -> Option<&str> {
         .filter(|name| !name.is_empty())
 }
 
-/// The running digest check of a whole blob as it is served.
-#[derive(Clone)]
-pub struct BlobCheck {
-    context: digest::Context,
-    /// The expected digest value (decoded hex).
-    want: Vec<u8>,
-    /// Bytes not seen yet.
-    left: u64,
-}
-
-/// The outcome of [`BlobCheck::update`].
+/// A digest algorithm a node can compute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// More bytes are due.
-    Pending,
-    /// Every byte is in and the digest matches.
-    Verified,
-    /// Every byte is in (or more than the length) and the digest does not match.
-    Mismatch,
+pub enum DigestAlgorithm {
+    /// `sha256:`.
+    Sha256,
+    /// `sha512:`.
+    Sha512,
 }
 
-impl BlobCheck {
-    /// A check of `length` bytes against `digest` (`sha256:` or `sha512:`, hex in either case);
-    /// `None` for an algorithm this node cannot compute (the blob is then served unchecked).
-    pub fn new(digest: &str, length: u64) -> Option<Self> {
-        let (algo, hex) = digest.split_once(':')?;
-        let algorithm = match algo {
-            "sha256" => &digest::SHA256,
-            "sha512" => &digest::SHA512,
-            _ => return None,
-        };
-        // A digest of the wrong length for its algorithm matches no content: the check fails.
-        let want = decode_hex(hex).unwrap_or_default();
-        Some(BlobCheck { context: digest::Context::new(algorithm), want, left: length })
+/// The algorithm and expected value of `digest` (`algo:hex`, hex in either case); `None` for an
+/// algorithm this node cannot compute. A right algorithm with malformed hex expects a value no
+/// content has.
+pub fn expected(digest: &str) -> Option<(DigestAlgorithm, Vec<u8>)> {
+    let (algo, hex) = digest.split_once(':')?;
+    let algorithm = match algo {
+        "sha256" => DigestAlgorithm::Sha256,
+        "sha512" => DigestAlgorithm::Sha512,
+        _ => return None,
+    };
+    Some((algorithm, decode_hex(hex).unwrap_or_default()))
+}
+
+/// An incremental digest, for the transport that hashes a checked response's parts as it writes
+/// them ([`crate::node::Output::Hash`]).
+#[derive(Clone)]
+pub struct Hasher(digest::Context);
+
+impl Hasher {
+    /// A fresh digest of `algorithm`.
+    pub fn new(algorithm: DigestAlgorithm) -> Self {
+        Hasher(digest::Context::new(match algorithm {
+            DigestAlgorithm::Sha256 => &digest::SHA256,
+            DigestAlgorithm::Sha512 => &digest::SHA512,
+        }))
     }
 
-    /// Feeds the next bytes served; the verdict is known with the last one.
-    pub fn update(&mut self, data: &[u8]) -> Verdict {
-        let n = data.len() as u64;
-        if n > self.left {
-            self.left = 0;
-            return Verdict::Mismatch;
-        }
-        self.context.update(data);
-        self.left -= n;
-        if self.left > 0 {
-            return Verdict::Pending;
-        }
-        let got = self.context.clone().finish();
-        if got.as_ref() == self.want.as_slice() {
-            Verdict::Verified
-        } else {
-            Verdict::Mismatch
-        }
+    /// Feeds the next bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    /// The digest value of everything fed.
+    pub fn finish(self) -> Vec<u8> {
+        self.0.finish().as_ref().to_vec()
     }
 }
 
-impl std::fmt::Debug for BlobCheck {
+impl std::fmt::Debug for Hasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlobCheck").field("left", &self.left).finish_non_exhaustive()
+        f.write_str("Hasher")
     }
 }
 

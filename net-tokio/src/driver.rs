@@ -64,6 +64,10 @@ pub enum Part {
     Abort,
     /// Passthrough: the rest of the body is this origin body, moved as is.
     Pipe(OriginBody, IoId),
+    /// Hash every data part from here on and hold the latest back ([`Output::Hash`]).
+    Hash(dart_core::registry::DigestAlgorithm),
+    /// Report the digest of every part so far ([`Output::Seal`]).
+    Seal,
 }
 
 /// An origin response body: streamed from the connection, or (a registry's first `401` kept
@@ -444,6 +448,8 @@ impl<D: Dialer> NodeDriver<D> {
                 }
                 Output::Respond { id, head } => send(inner, id, Part::Head(head), false),
                 Output::Body { id, data } => send(inner, id, Part::Data(data), false),
+                Output::Hash { id, algorithm } => send(inner, id, Part::Hash(algorithm), false),
+                Output::Seal { id } => send(inner, id, Part::Seal, false),
                 Output::End { id } => send(inner, id, Part::End, true),
                 Output::Abort { id } => send(inner, id, Part::Abort, true),
                 Output::Event(e) => {
@@ -958,7 +964,17 @@ impl<D: Dialer> NodeDriver<D> {
         let driver = guard.disarm();
         if head.body {
             let remaining = head.content_length();
-            let body = NodeBody { rx, driver, id, remaining, piped: None, done: false };
+            let body = NodeBody {
+                rx,
+                driver,
+                id,
+                remaining,
+                piped: None,
+                done: false,
+                hashing: None,
+                held: None,
+                ending: false,
+            };
             *resp.body_mut() = body.boxed();
         }
         resp
@@ -1088,6 +1104,25 @@ struct NodeBody<D: Dialer> {
     remaining: Option<u64>,
     piped: Option<(OriginBody, IoId)>,
     done: bool,
+    /// A checked response's running digest ([`Part::Hash`]), computed here, on the
+    /// connection's task, not under the node's lock.
+    hashing: Option<dart_core::registry::Hasher>,
+    /// The latest part of a checked response, written only once the next arrives or the node
+    /// ends the response after its verdict.
+    held: Option<Bytes>,
+    /// The node ended a checked response: the held part goes out, then the end.
+    ending: bool,
+}
+
+impl<D: Dialer> NodeBody<D> {
+    /// Hands `data` to the connection: counted against the length, acknowledged to the node.
+    fn release(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if let Some(r) = &mut self.remaining {
+            *r = r.saturating_sub(data.len() as u64);
+        }
+        self.driver.feed(Input::Drained { id: self.id });
+        Poll::Ready(Some(Ok(Frame::data(data))))
+    }
 }
 
 impl<D: Dialer> Body for NodeBody<D> {
@@ -1121,24 +1156,48 @@ impl<D: Dialer> Body for NodeBody<D> {
                     },
                 };
             }
+            if this.ending {
+                this.done = true;
+                return Poll::Ready(None);
+            }
             return match this.rx.poll_recv(cx) {
                 Poll::Pending => Poll::Pending,
-                Poll::Ready(Some(Part::Data(data))) => {
-                    if let Some(r) = &mut this.remaining {
-                        *r = r.saturating_sub(data.len() as u64);
+                Poll::Ready(Some(Part::Data(data))) => match &mut this.hashing {
+                    Some(hasher) => {
+                        hasher.update(&data);
+                        match this.held.replace(data) {
+                            Some(previous) => this.release(previous),
+                            None => continue,
+                        }
                     }
-                    this.driver.feed(Input::Drained { id: this.id });
-                    Poll::Ready(Some(Ok(Frame::data(data))))
+                    None => this.release(data),
+                },
+                Poll::Ready(Some(Part::Hash(algorithm))) => {
+                    this.hashing = Some(dart_core::registry::Hasher::new(algorithm));
+                    continue;
+                }
+                Poll::Ready(Some(Part::Seal)) => {
+                    let digest = this.hashing.take().map(|h| h.finish()).unwrap_or_default();
+                    this.driver.feed(Input::Sealed { id: this.id, digest });
+                    continue;
                 }
                 Poll::Ready(Some(Part::Pipe(incoming, io))) => {
                     this.piped = Some((incoming, io));
                     continue;
                 }
-                Poll::Ready(Some(Part::End)) => {
-                    this.done = true;
-                    Poll::Ready(None)
-                }
+                Poll::Ready(Some(Part::End)) => match this.held.take() {
+                    Some(last) => {
+                        this.ending = true;
+                        this.release(last)
+                    }
+                    None => {
+                        this.done = true;
+                        Poll::Ready(None)
+                    }
+                },
                 Poll::Ready(Some(Part::Abort)) => {
+                    // A held part (a checked response's last) never goes out.
+                    this.held = None;
                     this.done = true;
                     Poll::Ready(Some(Err("the response was cut short".into())))
                 }

@@ -118,6 +118,10 @@ pub struct ClientRequest {
     pub passthrough: bool,
     /// The version of the object its head named; every body byte must be of it.
     pub version: Option<usize>,
+    /// The digest of its body so far, when the machine asked the transport to hash it
+    /// ([`dart_core::node::Output::Hash`]). The simulator checks every byte itself, so it
+    /// delivers parts at once instead of holding the last back.
+    pub hasher: Option<dart_core::registry::Hasher>,
 }
 
 /// A peer's request (simulated call `call`) handed to this node's machine, and its answer so far.

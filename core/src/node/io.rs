@@ -279,6 +279,13 @@ pub enum Input {
         /// The request.
         id: RequestId,
     },
+    /// The answer to [`Output::Seal`]: the digest of every body part of this response.
+    Sealed {
+        /// The request.
+        id: RequestId,
+        /// The digest value.
+        digest: Vec<u8>,
+    },
     /// Progress of an exchange.
     Io {
         /// The exchange.
@@ -518,6 +525,23 @@ pub enum Output {
         id: RequestId,
         /// The bytes.
         data: Bytes,
+    },
+    /// The response's bytes must match a digest (a whole registry blob): hash every
+    /// [`Output::Body`] part of it, in order, off the machine's thread, and hold the most recent
+    /// part back (unwritten) until the next part arrives or the response ends: the verdict is
+    /// the machine's, and nothing of the last part may reach the requester before it.
+    Hash {
+        /// The request.
+        id: RequestId,
+        /// The algorithm.
+        algorithm: crate::registry::DigestAlgorithm,
+    },
+    /// Every body part of a hashed response was handed over: answer [`Input::Sealed`] with the
+    /// digest of them all (the held part included), then wait for [`Output::End`] (write the
+    /// held part, end) or [`Output::Abort`] (drop it, reset).
+    Seal {
+        /// The request.
+        id: RequestId,
     },
     /// The response is complete.
     End {

@@ -138,10 +138,13 @@ pub struct NodeCounters {
 ///    ([`Input::Request`], with an id the driver chose below [`NODE_REQUEST_IDS`] and registered
 ///    to receive the response parts), the requester going away ([`Input::Cancel`]), a body part taken by the transport
 ///    ([`Input::Drained`]), progress of an exchange ([`Input::Io`]), a store answer
-///    ([`Input::Store`]), or a discovery request ([`Input::FetchRoster`]).
+///    ([`Input::Store`]), the digest of a checked response ([`Input::Sealed`]), or a discovery
+///    request ([`Input::FetchRoster`]).
 /// 2. Drain [`poll_output`](Self::poll_output) until `None` and carry every [`Output`] out: send or
 ///    cancel an exchange, pipe a passthrough body, get or put a block, write a response head,
-///    body part, end or abort, record an event. Outputs for one request come in wire order.
+///    body part, end or abort, hash a checked response's parts holding the last one back and
+///    report their digest when sealed ([`Output::Hash`], [`Output::Seal`]), record an event.
+///    Outputs for one request come in wire order.
 /// 3. Sleep until [`poll_timeout`](Self::poll_timeout), then call
 ///    [`handle_timeout`](Self::handle_timeout) and drain again. After `handle_timeout(now)` and a
 ///    drain, `poll_timeout()` is `None` or later than `now` (no busy loop).
@@ -324,6 +327,7 @@ impl Node {
             Input::Request { id, plane, request } => self.on_request(id, plane, request, now),
             Input::Cancel { id } => self.on_cancel(id, now),
             Input::Drained { id } => self.on_drained(id, now),
+            Input::Sealed { id, digest } => self.on_sealed(id, digest, now),
             Input::Io { id, event } => {
                 self.working_io = Some(id);
                 self.on_io(id, event, now);
@@ -537,7 +541,7 @@ impl Node {
                     self.leave_exchange(io, rid, now);
                 }
             }
-            Wait::Ready => {}
+            Wait::Ready | Wait::Seal => {}
         }
         if req.cancelled {
             return;
@@ -641,6 +645,14 @@ impl Node {
                     }
                 }
                 Wait::Ready => {}
+                Wait::Seal => assert!(
+                    req.plane == Plane::Client
+                        && matches!(
+                            req.mirror,
+                            Some(requests::Mirror::Blob { expected: Some(_), .. })
+                        ),
+                    "{rid}: only a checked blob waits for its seal"
+                ),
             }
             if let Some(at) = req.answer_by {
                 assert!(self.answer_timers.contains(&(at, *rid)), "{rid}: answer-by not armed");

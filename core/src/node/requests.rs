@@ -14,7 +14,7 @@ use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::OriginError;
 use crate::engine::resolve::{ResolveError, UpstreamMode};
 use crate::engine::{Action, Method, Preconditions, Read, ReadRequest, ResponseHead};
-use crate::registry::{BlobCheck, Route, Verdict};
+use crate::registry::{DigestAlgorithm, Route};
 use crate::time::Instant;
 use bytes::Bytes;
 
@@ -62,12 +62,14 @@ const HOP_BY_HOP: [&str; 8] = [
 #[derive(Debug)]
 pub(super) enum Mirror {
     /// A blob read through the engine: its head names the digest (`Docker-Content-Digest`),
-    /// and a whole `GET` (a `200`) is checked against it as it is served.
+    /// and a whole `GET` (a `200`) is checked against it: the transport hashes the parts as it
+    /// writes them, holding the last one back ([`Output::Hash`]), and the verdict is taken here
+    /// when the transport reports the digest ([`Input::Sealed`]).
     Blob {
         /// The digest of the path.
         digest: String,
-        /// The running check, from the head of a `200` on.
-        check: Option<Box<BlobCheck>>,
+        /// The value a whole read's bytes must hash to, from the head of a `200` on.
+        expected: Option<Vec<u8>>,
     },
     /// Proxied to the upstream: its head is copied but for hop-by-hop fields.
     Proxy,
@@ -89,6 +91,8 @@ pub(super) enum Wait {
     Peers([Option<IoId>; 2]),
     /// A passthrough exchange (its head, then its piped body).
     Pipe(IoId),
+    /// The transport's digest of a checked response ([`Output::Seal`]), every part handed over.
+    Seal,
 }
 
 /// One live request.
@@ -205,7 +209,7 @@ impl Node {
         let url = match &self.config.mode {
             UpstreamMode::Registry { registry, .. } => match registry.route(&request.target) {
                 Route::Blob { url, digest } => {
-                    mirror = Some(Mirror::Blob { digest, check: None });
+                    mirror = Some(Mirror::Blob { digest, expected: None });
                     url
                 }
                 Route::Proxy { url } => return self.proxy(id, method, url, &request.headers, now),
@@ -402,17 +406,22 @@ impl Node {
             Action::Passthrough { url } => self.start_passthrough(rid, url, now),
             Action::Respond(head) => {
                 req.head_sent = true;
+                let mut hash = None;
                 let head = match req.plane {
                     Plane::Client => {
                         let mut client = client_head(&head, req.method);
-                        if let Some(Mirror::Blob { digest, check }) = req.mirror.as_mut() {
-                            mirror_blob_head(&mut client, &head, req.method, digest, check);
+                        if let Some(Mirror::Blob { digest, expected }) = req.mirror.as_mut() {
+                            hash =
+                                mirror_blob_head(&mut client, &head, req.method, digest, expected);
                         }
                         client
                     }
                     Plane::Peer => self.relay_head(&head),
                 };
                 self.send_requester(rid, Output::Respond { id: rid, head });
+                if let Some(algorithm) = hash {
+                    self.send_requester(rid, Output::Hash { id: rid, algorithm });
+                }
             }
             Action::Lookup { key, window } => {
                 let op = self.next_store_op();
@@ -471,16 +480,6 @@ impl Node {
                 }
             }
             Action::Emit(data) => {
-                if let Some(Mirror::Blob { check: slot @ Some(_), .. }) = req.mirror.as_mut() {
-                    match slot.as_mut().expect("matched Some").update(&data) {
-                        Verdict::Pending => {}
-                        Verdict::Verified => {
-                            *slot = None;
-                            self.counters.blob_digests_verified += 1;
-                        }
-                        Verdict::Mismatch => return self.blob_mismatch(rid, now),
-                    }
-                }
                 if !req.cancelled {
                     req.window += 1;
                     if req.window >= BODY_WINDOW {
@@ -492,12 +491,12 @@ impl Node {
                 }
             }
             Action::Finish => {
-                if let Some(Mirror::Blob { check: Some(check), .. }) = req.mirror.as_mut() {
-                    // Not settled by an Emit: an empty blob, whose zero bytes are all in.
-                    if check.update(&[]) == Verdict::Mismatch {
-                        return self.blob_mismatch(rid, now);
-                    }
-                    self.counters.blob_digests_verified += 1;
+                if matches!(req.mirror, Some(Mirror::Blob { expected: Some(_), .. }))
+                    && !req.cancelled
+                {
+                    // Every byte is with the transport; the last part waits for the verdict.
+                    req.wait = Wait::Seal;
+                    return self.emit(Output::Seal { id: rid });
                 }
                 let req = self.requests.remove(&rid).expect("a driven request");
                 if !req.cancelled {
@@ -681,7 +680,7 @@ impl Node {
         }
         let req = self.requests.remove(&rid).expect("a live request");
         match req.wait {
-            Wait::Ready => {}
+            Wait::Ready | Wait::Seal => {}
             Wait::Store(op) => {
                 self.store_ops.remove(&op);
             }
@@ -761,6 +760,25 @@ impl Node {
         let job = Job::Passthrough { request: rid, head_only };
         let io = self.start_exchange(Endpoint::Origin, url, headers, job, now);
         self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Pipe(io);
+    }
+
+    /// The transport's digest of checked response `rid`: the verdict. A match ends the
+    /// response (the transport writes the held part); anything else is a mismatch.
+    pub(super) fn on_sealed(&mut self, rid: RequestId, digest: Vec<u8>, now: Instant) {
+        let Some(req) = self.requests.get(&rid) else { return };
+        if req.wait != Wait::Seal {
+            return; // not asked for: a driver's stray answer changes nothing
+        }
+        let expected = match &req.mirror {
+            Some(Mirror::Blob { expected: Some(e), .. }) => e,
+            _ => unreachable!("only a checked blob waits for its seal"),
+        };
+        if *expected != digest {
+            return self.blob_mismatch(rid, now);
+        }
+        self.requests.remove(&rid);
+        self.counters.blob_digests_verified += 1;
+        self.emit(Output::End { id: rid });
     }
 
     /// Request `rid`, a whole registry blob, served bytes that do not match its digest. The
@@ -888,22 +906,26 @@ fn asks(action: &Action) -> bool {
 
 /// The head of a client read on the block path: exact `Content-Length` (never chunked), the
 /// object's validators and entity fields as the origin sent them.
-/// Adds a registry blob's fields to its client head and, for a whole `GET` (a `200`), starts
-/// its digest check.
+/// Adds a registry blob's fields to its client head and, for a whole `GET` (a `200`) of a
+/// digest this node can compute, sets what its bytes must hash to and returns the algorithm the
+/// transport hashes them with.
 fn mirror_blob_head(
     client: &mut Head,
     head: &ResponseHead,
     method: Method,
     digest: &str,
-    check: &mut Option<Box<BlobCheck>>,
-) {
+    expected: &mut Option<Vec<u8>>,
+) -> Option<DigestAlgorithm> {
     if !matches!(head.status, 200 | 206 | 304) {
-        return;
+        return None;
     }
     client.headers.push("docker-content-digest", digest);
-    if head.status == 200 && method == Method::Get {
-        *check = BlobCheck::new(digest, head.content_length).map(Box::new);
+    if head.status != 200 || method != Method::Get {
+        return None;
     }
+    let (algorithm, value) = crate::registry::expected(digest)?;
+    *expected = Some(value);
+    Some(algorithm)
 }
 
 fn client_head(head: &ResponseHead, method: Method) -> Head {

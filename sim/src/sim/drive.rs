@@ -106,6 +106,7 @@ impl Sim {
                 failure: None,
                 passthrough: false,
                 version: None,
+                hasher: None,
             },
         );
         let target = self.spec.cluster.client_target(&url);
@@ -306,6 +307,20 @@ impl Sim {
                 }
                 pending.push_back((Input::Drained { id }, Context::default()));
             }
+            Output::Hash { id, algorithm } => match self.nodes[n].clients.get_mut(&id) {
+                Some(c) => c.hasher = Some(dart_core::registry::Hasher::new(algorithm)),
+                None => self.unknown_request(n, id, "a hash"),
+            },
+            Output::Seal { id } => {
+                let Some(c) = self.nodes[n].clients.get_mut(&id) else {
+                    return self.unknown_request(n, id, "a seal");
+                };
+                let Some(hasher) = c.hasher.take() else {
+                    return self.violate(Some(n), format!("{id} sealed but never hashed"));
+                };
+                let digest = hasher.finish();
+                pending.push_back((Input::Sealed { id, digest }, Context::default()));
+            }
             Output::End { id } | Output::Abort { id } => {
                 let complete = matches!(out, Output::End { .. });
                 if self.nodes[n].clients.contains_key(&id) {
@@ -502,6 +517,9 @@ impl Sim {
 
     fn client_body(&mut self, n: usize, id: RequestId, data: Bytes) {
         let c = self.nodes[n].clients.get_mut(&id).expect("a live client");
+        if let Some(hasher) = &mut c.hasher {
+            hasher.update(&data);
+        }
         match &mut c.head {
             ClientHead::Block if c.method == Method::Get => {}
             ClientHead::Error { text, .. } => {
