@@ -62,6 +62,19 @@ fn run(cmd: &mut Command) -> String {
 /// A child process killed and reaped when dropped.
 struct Daemon(Child);
 
+impl Daemon {
+    /// Starts `cmd` with its stdout and stderr in the file `log`.
+    fn start(cmd: &mut Command, log: &Path) -> Daemon {
+        let out = std::fs::File::create(log).expect("a daemon log");
+        let child = cmd
+            .stdout(out.try_clone().expect("a daemon log"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        Daemon(child)
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -181,15 +194,10 @@ impl Registry {
         );
         std::fs::write(dir.join("config.yml"), config).expect("registry config");
         let log = dir.join("registry.log");
-        let out = std::fs::File::create(&log).expect("registry log");
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(dir.join("config.yml"))
-            .stdout(out.try_clone().expect("log"))
-            .stderr(out)
-            .spawn()
-            .expect("start docker-registry");
-        let daemon = Daemon(child);
+        let daemon = Daemon::start(
+            Command::new("docker-registry").arg("serve").arg(dir.join("config.yml")),
+            &log,
+        );
         wait_for("docker-registry", || std::net::TcpStream::connect(addr).is_ok()).await;
         Registry { addr, log, _daemon: daemon }
     }
@@ -461,15 +469,11 @@ async fn containerd_pull(work: &Path, node: &Node) -> (Duration, Vec<PathBuf>) {
         node.dart.client
     );
     std::fs::write(hosts.join("hosts.toml"), hosts_toml).expect("hosts.toml");
-    let log = std::fs::File::create(dir.join("containerd.log")).expect("log");
-    let child = Command::new("containerd")
-        .arg("--config")
-        .arg(dir.join("config.toml"))
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start containerd");
-    let _daemon = Daemon(child);
+    let config = dir.join("config.toml");
+    let _daemon = Daemon::start(
+        Command::new("containerd").arg("--config").arg(config),
+        &dir.join("containerd.log"),
+    );
     let ctr = || {
         let mut cmd = Command::new("ctr");
         cmd.arg("--address").arg(&socket).args(["--namespace", "dart-test"]);

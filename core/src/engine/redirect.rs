@@ -66,17 +66,12 @@ fn split_scheme(url: &str) -> Option<(&'static str, &str)> {
     Some((scheme, rest))
 }
 
-/// Scheme, host and port of `url`, lower-cased, with the default port made explicit.
-fn origin_of(url: &str) -> Option<(String, String)> {
-    let (scheme, rest) = split_scheme(url)?;
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h).to_ascii_lowercase();
-    let default = if scheme == "https" { ":443" } else { ":80" };
-    let has_port = host.rsplit_once(':').is_some_and(|(h, p)| {
-        !h.is_empty() && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':')
-    }) && !host.ends_with(']');
-    let host = if has_port { host } else { format!("{host}{default}") };
-    Some((scheme.to_owned(), host))
+/// Scheme, host and port of `url` (host lower-cased, the default port made explicit), read as
+/// the dialer reads them ([`crate::policy::url_host_port`]).
+fn origin_of(url: &str) -> Option<(&'static str, String, u16)> {
+    let (scheme, _) = split_scheme(url)?;
+    let (host, port) = crate::policy::url_host_port(url)?;
+    Some((scheme, host.to_ascii_lowercase(), port))
 }
 
 /// The header fields a redirected request from `from` to `to` carries: `headers` without
