@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# dart beside nginx (`slice 4m` + `proxy_cache`, the read-through range cache people already run),
+# on loopback, on this machine, in one run: same origin, same objects, same wrk load.
+#
+#   bench/vs-nginx.sh            (from the repository root; builds the release binary if missing)
+#
+# What runs (every process and file is made here and removed on exit):
+# - origin: nginx serving static files (sendfile), `worker_processes` = cores;
+# - nginx cache: nginx with `slice 4m`, `proxy_cache` keyed on URI + slice, `sendfile on`,
+#   `worker_processes` = cores, `access_log off` (configuration written below, in full);
+# - dart, RAM tier on (the default --mem-size 256MiB) and dart, RAM tier off (--mem-size 0: the
+#   disk tier only), both single nodes with 4 MiB blocks reading the origin through the prefix API.
+# Cases (wrk -t2 -c16, DURATION seconds each, requests per second):
+# - one hot range (1 MiB, 64 KiB) of OBJECT;
+# - random aligned ranges (1 MiB, 64 KiB) over OBJECT (256 MiB);
+# - random aligned 1 MiB ranges over BIG (1 GiB): a working set larger than dart's RAM tier;
+# - cold whole reads of fresh objects: MB/s through each cache and directly from the origin.
+# Every target is warmed by one whole read checked against the file's sha256, and each case's
+# first range is checked byte for byte on every target before wrk runs; a non-2xx answer during a
+# case fails the run. HOLD=1 stops after the warm-up, prints the URLs and waits (for a profiler);
+# ctrl-c ends it. Knobs: DURATION (5), CONNECTIONS (16), THREADS (2), OBJECT_MIB (256),
+# BIG_MIB (1024), COLD_OBJECTS (3), DART (binary path), NGINX, WRK.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-5}
+CONNECTIONS=${CONNECTIONS:-16}
+THREADS=${THREADS:-2}
+OBJECT_MIB=${OBJECT_MIB:-256}
+BIG_MIB=${BIG_MIB:-1024}
+COLD_OBJECTS=${COLD_OBJECTS:-3}
+DART=${DART:-${CARGO_TARGET_DIR:-target}/release/dart}
+CORES=$(nproc)
+
+fail() {
+  echo "vs-nginx: $*" >&2
+  exit 1
+}
+
+install_missing() {
+  local missing=()
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+  command -v wrk >/dev/null || missing+=(wrk)
+  [ ${#missing[@]} = 0 ] && return 0
+  [ "$(id -u)" = 0 ] || fail "missing ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
+  echo "installing ${missing[*]} with apt-get" >&2
+  # The install must not start nginx's service (it would listen on :80 everywhere).
+  local policy=/usr/sbin/policy-rc.d made=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made=1
+  fi
+  local ok=1
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || ok=0
+  [ -n "$made" ] && rm -f "$policy"
+  [ "$ok" = 1 ] || fail "could not install ${missing[*]} with apt-get"
+}
+install_missing
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+WRK=${WRK:-$(command -v wrk)}
+for tool in curl sha256sum dd awk; do command -v "$tool" >/dev/null || fail "missing $tool"; done
+if [ ! -x "$DART" ]; then
+  echo "building $DART (cargo build --release -p dart-node)" >&2
+  cargo build --release -p dart-node >&2 || fail "could not build dart"
+fi
+
+WORK=$(mktemp -d /tmp/dart-vs-nginx.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Four consecutive free-looking ports from a random base (loopback only).
+BASE=$((20000 + RANDOM % 20000))
+P_ORIGIN=$BASE P_NGINX=$((BASE + 1)) P_RAM=$((BASE + 2)) P_DISK=$((BASE + 3))
+
+echo "== objects: ${OBJECT_MIB} MiB, ${BIG_MIB} MiB and ${COLD_OBJECTS} cold ones of ${OBJECT_MIB} MiB (random bytes)" >&2
+mkdir -p "$WORK/www" "$WORK/nginx/cache" "$WORK/nginx/tmp" "$WORK/origin"
+head -c "$((OBJECT_MIB << 20))" /dev/urandom >"$WORK/www/obj.bin"
+head -c "$((BIG_MIB << 20))" /dev/urandom >"$WORK/www/big.bin"
+for i in $(seq "$COLD_OBJECTS"); do
+  head -c "$((OBJECT_MIB << 20))" /dev/urandom >"$WORK/www/cold$i.bin"
+done
+# nginx's workers may run as another user: let them read and write what they need.
+chmod -R a+rwX "$WORK"
+
+USER_LINE=
+[ "$(id -u)" = 0 ] && USER_LINE="user root root;"
+cat >"$WORK/origin/nginx.conf" <<EOF
+$USER_LINE
+worker_processes $CORES;
+daemon off;
+pid $WORK/origin/nginx.pid;
+error_log $WORK/origin/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  sendfile on;
+  keepalive_requests 1000000;
+  client_body_temp_path $WORK/origin;
+  proxy_temp_path $WORK/origin;
+  fastcgi_temp_path $WORK/origin;
+  uwsgi_temp_path $WORK/origin;
+  scgi_temp_path $WORK/origin;
+  server {
+    listen 127.0.0.1:$P_ORIGIN;
+    root $WORK/www;
+  }
+}
+EOF
+# The cache as its users run it: slice + proxy_cache, sendfile, a worker per core, no access log.
+# Not `tcp_nopush on`: with it, every small range waited on a 40 ms delayed ACK here (424 req/s for
+# a hot 64 KiB range against 32,233 without), which would flatter dart.
+cat >"$WORK/nginx/nginx.conf" <<EOF
+$USER_LINE
+worker_processes $CORES;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  sendfile on;
+  keepalive_requests 1000000;
+  client_body_temp_path $WORK/nginx/tmp;
+  proxy_temp_path $WORK/nginx/tmp;
+  fastcgi_temp_path $WORK/nginx/tmp;
+  uwsgi_temp_path $WORK/nginx/tmp;
+  scgi_temp_path $WORK/nginx/tmp;
+  proxy_cache_path $WORK/nginx/cache levels=1:2 keys_zone=dart_bench:64m max_size=8g inactive=1h use_temp_path=off;
+  upstream origin {
+    server 127.0.0.1:$P_ORIGIN;
+    keepalive 32;
+  }
+  server {
+    listen 127.0.0.1:$P_NGINX;
+    location / {
+      slice 4m;
+      proxy_cache dart_bench;
+      proxy_cache_key \$uri\$slice_range;
+      proxy_set_header Range \$slice_range;
+      proxy_cache_valid 200 206 1h;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_pass http://origin;
+    }
+  }
+}
+EOF
+"$NGINX" -c "$WORK/origin/nginx.conf" -e "$WORK/origin/error.log" &
+pids+=($!)
+"$NGINX" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
+pids+=($!)
+
+start_dart() {
+  local name=$1 port=$2 mem=$3
+  mkdir -p "$WORK/$name"
+  DART_LOG=warn "$DART" --listen "127.0.0.1:$port" --admin "" --cache-dir "$WORK/$name/cache" \
+    --cache-size 4GiB --mem-size "$mem" --allow-upstream 127.0.0.1 --public-upstream 127.0.0.1 \
+    >"$WORK/$name/out.log" 2>"$WORK/$name/err.log" &
+  pids+=($!)
+}
+start_dart dart-ram "$P_RAM" 256MiB
+start_dart dart-disk "$P_DISK" 0
+
+# URL of object `obj` through target `t` (origin, nginx, ram, disk).
+url() {
+  case $1 in
+  origin) echo "http://127.0.0.1:$P_ORIGIN/$2" ;;
+  nginx) echo "http://127.0.0.1:$P_NGINX/$2" ;;
+  ram) echo "http://127.0.0.1:$P_RAM/dart/http://127.0.0.1:$P_ORIGIN/$2" ;;
+  disk) echo "http://127.0.0.1:$P_DISK/dart/http://127.0.0.1:$P_ORIGIN/$2" ;;
+  esac
+}
+
+for _ in $(seq 100); do
+  ok=1
+  for t in origin nginx ram disk; do
+    curl -s -o /dev/null --max-time 1 -r 0-0 "$(url $t obj.bin)" || ok=0
+  done
+  [ "$ok" = 1 ] && break
+  sleep 0.2
+done
+[ "$ok" = 1 ] || fail "a server did not come up (logs in $WORK; kept: remove it by hand)"
+
+# One whole read, checked; prints seconds.
+whole_read() {
+  local t=$1 obj=$2 out="$WORK/body"
+  local secs
+  secs=$(curl -sS --fail -o "$out" -w '%{time_total}' "$(url "$t" "$obj")") || fail "$t: whole read of $obj failed"
+  [ "$(sha256sum <"$out" | cut -d' ' -f1)" = "$(sha256sum <"$WORK/www/$obj" | cut -d' ' -f1)" ] ||
+    fail "$t: wrong bytes for $obj"
+  rm -f "$out"
+  echo "$secs"
+}
+
+echo "== warm: one whole read of obj.bin and big.bin through each cache (checked)" >&2
+for t in nginx ram disk; do
+  whole_read "$t" obj.bin >/dev/null
+  whole_read "$t" big.bin >/dev/null
+done
+
+if [ "${HOLD:-0}" = 1 ]; then
+  for t in origin nginx ram disk; do echo "$t: $(url "$t" obj.bin) $(url "$t" big.bin)"; done
+  echo "dart pids: ${pids[*]:2}; waiting (ctrl-c ends)"
+  wait
+fi
+
+# Check one range of `obj` on every cache against the file.
+check_range() {
+  local obj=$1 start=$2 len=$3 want got t
+  want=$(dd if="$WORK/www/$obj" bs=65536 skip=$((start / 65536)) count=$((len / 65536)) 2>/dev/null | sha256sum | cut -d' ' -f1)
+  for t in nginx ram disk; do
+    got=$(curl -sS --fail -r "$start-$((start + len - 1))" "$(url "$t" "$obj")" | sha256sum | cut -d' ' -f1)
+    [ "$got" = "$want" ] || fail "$t: wrong bytes for $obj $start+$len"
+  done
+}
+
+# wrk over one case: a fixed range, or random ranges aligned to their length (seeded per thread,
+# the same sequence on every target). Prints requests per second.
+run_wrk() {
+  local t=$1 obj=$2 len=$3 mode=$4 size=$5 script="$WORK/case.lua" out="$WORK/wrk.out"
+  local u
+  u=$(url "$t" "$obj")
+  cat >"$script" <<EOF
+local counter = 0
+function setup(thread)
+  thread:set("id", counter)
+  counter = counter + 1
+end
+function init(args)
+  math.randomseed(3401901085 + id)
+end
+local len = $len
+local slots = math.floor($size / len)
+local random = "$mode" == "random"
+function request()
+  local start = 0
+  if random then start = math.random(0, slots - 1) * len end
+  wrk.headers["Range"] = "bytes=" .. start .. "-" .. (start + len - 1)
+  return wrk.format("GET")
+end
+EOF
+  "$WRK" -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" -s "$script" "$u" >"$out" 2>&1 ||
+    fail "$t: wrk failed: $(cat "$out")"
+  if grep -q "Non-2xx" "$out"; then fail "$t: non-2xx answers: $(cat "$out")"; fi
+  awk '/^Requests\/sec:/ {print $2}' "$out"
+}
+
+rows=()
+ratios_ram=()
+ratios_disk=()
+bench_case() {
+  local label=$1 obj=$2 len=$3 mode=$4 size=$5 n r d
+  check_range "$obj" 0 "$len"
+  echo "== $label" >&2
+  n=$(run_wrk nginx "$obj" "$len" "$mode" "$size")
+  r=$(run_wrk ram "$obj" "$len" "$mode" "$size")
+  d=$(run_wrk disk "$obj" "$len" "$mode" "$size")
+  rows+=("$(awk -v l="$label" -v n="$n" -v r="$r" -v d="$d" 'BEGIN {
+    printf "| %s | %.0f | %.0f | %.2f | %.0f | %.2f |", l, n, r, r / n, d, d / n }')")
+  ratios_ram+=("$(awk -v n="$n" -v r="$r" 'BEGIN {print r / n}')")
+  ratios_disk+=("$(awk -v n="$n" -v d="$d" 'BEGIN {print d / n}')")
+}
+
+obj_size=$((OBJECT_MIB << 20))
+big_size=$((BIG_MIB << 20))
+bench_case "one hot 1 MiB range" obj.bin 1048576 hot "$obj_size"
+bench_case "one hot 64 KiB range" obj.bin 65536 hot "$obj_size"
+bench_case "random aligned 1 MiB ranges" obj.bin 1048576 random "$obj_size"
+bench_case "random aligned 64 KiB ranges" obj.bin 65536 random "$obj_size"
+bench_case "random aligned 1 MiB ranges, ${BIG_MIB} MiB working set" big.bin 1048576 random "$big_size"
+
+echo "== cold whole reads (${COLD_OBJECTS} objects, each cold for every target)" >&2
+cold_mbs() {
+  local t=$1 i secs all=()
+  for i in $(seq "$COLD_OBJECTS"); do
+    secs=$(whole_read "$t" "cold$i.bin")
+    all+=("$secs")
+  done
+  printf '%s\n' "${all[@]}" | sort -n | awk -v mib="$OBJECT_MIB" '{a[NR] = $1} END {
+    printf "%.1f", mib * 1.048576 / a[int((NR + 1) / 2)] }'
+}
+c_origin=$(cold_mbs origin)
+c_nginx=$(cold_mbs nginx)
+c_ram=$(cold_mbs ram)
+c_disk=$(cold_mbs disk)
+rows+=("$(awk -v n="$c_nginx" -v r="$c_ram" -v d="$c_disk" 'BEGIN {
+  printf "| cold whole read (MB/s, median of reads) | %.1f | %.1f | %.2f | %.1f | %.2f |", n, r, r / n, d, d / n }')")
+ratios_ram+=("$(awk -v n="$c_nginx" -v r="$c_ram" 'BEGIN {print r / n}')")
+ratios_disk+=("$(awk -v n="$c_nginx" -v d="$c_disk" 'BEGIN {print d / n}')")
+
+geo() { printf '%s\n' "$@" | awk '{s += log($1); n++} END {printf "%.2f", exp(s / n)}'; }
+
+echo
+echo "dart $("$DART" --version 2>/dev/null | head -n1), nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $CORES cores, wrk -t$THREADS -c$CONNECTIONS ${DURATION}s per case"
+echo
+echo "| case | nginx req/s | dart (RAM tier on) req/s | dart / nginx | dart (disk tier only) req/s | dart / nginx |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+echo "| geometric mean of the ratios | | | $(geo "${ratios_ram[@]}") | | $(geo "${ratios_disk[@]}") |"
+echo
+awk -v o="$c_origin" -v r="$c_ram" -v d="$c_disk" -v n="$c_nginx" 'BEGIN {
+  printf "cold whole read, MB/s: origin direct %.1f; through dart (RAM on) %.1f = %.2fx direct; dart (disk only) %.1f = %.2fx; nginx %.1f = %.2fx\n",
+    o, r, r / o, d, d / o, n, n / o }'
