@@ -31,6 +31,13 @@ pub trait BlockCache: Send + Sync + 'static {
             None => self.get(key),
         })
     }
+    /// The answer to a look-up (of `window`, or of the whole block) when it needs no wait on the
+    /// disk (a RAM hit, a miss, a disk hit the page cache holds); `None` when only a blocking
+    /// read can tell. Called outside the node's lock, on an async worker.
+    fn get_cached(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
+        let _ = (key, window);
+        None
+    }
     /// Whether `get` and `put` may block on the disk (the driver then runs them on the blocking
     /// pool).
     fn blocking(&self) -> bool {
@@ -116,6 +123,11 @@ impl BlockCache for crate::store::BlockStore {
         )
     }
 
+    fn get_cached(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
+        let window = window.map(|w| (w.start, w.len(), w.block_len));
+        crate::store::BlockStore::get_cached(self, key, window)
+    }
+
     fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
         let held = crate::store::BlockStore::get_from_ram(self, key)?;
         Some(match window {
@@ -129,7 +141,7 @@ impl BlockCache for crate::store::BlockStore {
     }
 
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass) {
-        if let Err(e) = crate::store::BlockStore::put(self, key, data, class) {
+        if let Err(e) = crate::store::BlockStore::put_bytes(self, key, data, class) {
             // Best effort: the read already has its bytes.
             tracing::warn!(error = %e, block = %key, "cache insert failed");
         }

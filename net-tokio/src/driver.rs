@@ -482,6 +482,14 @@ impl<D: Dialer> NodeDriver<D> {
         for d in deferred {
             match d {
                 Deferred::StoreGet(op, key, window) => {
+                    // Bytes the page cache holds are a copy away: read here, on the worker, with
+                    // no hand-off (which costs more than the copy for a small range).
+                    let cached = || self.store.get_cached(&key, window);
+                    let cached = std::panic::catch_unwind(std::panic::AssertUnwindSafe(cached));
+                    if let Ok(Some(block)) = cached {
+                        self.feed(Input::Store { op, block });
+                        continue;
+                    }
                     // A store that panics is a miss, never a stuck read.
                     let get = || self.store_get(&key, window);
                     if self.rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {

@@ -398,6 +398,37 @@ impl Arena {
         Ok(Some(Bytes::from(buf)))
     }
 
+    /// [`Arena::read`] (touching recency) or, with `window` = `(start, len, block_len)`,
+    /// [`Arena::read_window`], answered only from the page cache: `None` when the bytes are not
+    /// all cached (or the read failed: the blocking read then meets the error and reports it),
+    /// `Some(None)` for a miss, `Some(Some(bytes))` for a hit.
+    pub(crate) fn read_cached(
+        &mut self,
+        key: &BlockKey,
+        window: Option<(u64, u64, u64)>,
+    ) -> Option<Option<Bytes>> {
+        let Some(&slot) = self.index.get(key) else {
+            return Some(None);
+        };
+        let (_, held) = self.slots[slot as usize].live.expect("indexed slot is live");
+        let (start, len) = match window {
+            None => (0, held),
+            Some((start, len, block_len)) => {
+                if held != block_len || start.saturating_add(len) > block_len {
+                    return Some(None);
+                }
+                (start, len)
+            }
+        };
+        let file = self.file.as_ref()?;
+        let mut buf = vec![0u8; len as usize];
+        if !self.io.read_cached_at(file, &mut buf, self.layout.data_offset(slot) + start) {
+            return None;
+        }
+        self.lru.touch(slot);
+        Some(Some(Bytes::from(buf)))
+    }
+
     /// Writes `data` under an absent `key`, evicting the LRU block if full. `data_sum` is
     /// [`slot_checksum`] of the bytes, required exactly when headers are kept. On error the slot
     /// goes back to the free list and `key` stays absent.

@@ -429,3 +429,17 @@ proptest! {
         drop(run.dir);
     }
 }
+
+/// A store whose I/O cannot read from the page cache (the fault-injecting double, like a kernel
+/// without `RWF_NOWAIT`) answers only what needs no disk, and leaves the rest to the blocking read,
+/// whose faults it then meets.
+#[test]
+fn without_page_cache_reads_a_disk_hit_waits_for_the_blocking_read() {
+    let dir = TestDir::new("cached-faulty");
+    let (store, _io) = open_faulty(&dir, 2, 2, 0);
+    put(&store, 1, BlockClass::Owned).unwrap();
+    assert_eq!(store.get_cached(&key(1), None), None);
+    assert_eq!(store.get_cached(&key(1), Some((0, 4, BLOCK))), None);
+    assert_eq!(store.get_cached(&key(7), None), Some(None), "a miss needs no disk");
+    assert!(store.get(&key(1)).is_some(), "the blocking read answers");
+}

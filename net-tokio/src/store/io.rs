@@ -22,6 +22,15 @@ pub trait StoreIo: Send + Sync + fmt::Debug + 'static {
         FileExt::read_exact_at(file, buf, offset)
     }
 
+    /// Fills `buf` from `file` at `offset` only if the page cache holds every byte, never waiting
+    /// for the disk (`preadv2` with `RWF_NOWAIT`, Linux 4.14+). `false` means "read it with
+    /// [`StoreIo::read_exact_at`]": not all cached, an error, or no such call here. The default is
+    /// always `false`, so a test double that injects faults keeps every read on `read_exact_at`.
+    fn read_cached_at(&self, file: &File, buf: &mut [u8], offset: u64) -> bool {
+        let _ = (file, buf, offset);
+        false
+    }
+
     /// Writes all of `buf` to `file` at `offset` (`FileExt::write_all_at`); a short write that
     /// cannot be completed is an error, with an unknown prefix of `buf` written.
     fn write_all_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -38,4 +47,14 @@ pub trait StoreIo: Send + Sync + fmt::Debug + 'static {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OsIo;
 
-impl StoreIo for OsIo {}
+impl StoreIo for OsIo {
+    #[cfg(target_os = "linux")]
+    fn read_cached_at(&self, file: &File, buf: &mut [u8], offset: u64) -> bool {
+        use rustix::io::{preadv2, ReadWriteFlags};
+        let want = buf.len();
+        // A short read means part of the range is not cached: the caller reads it all again the
+        // blocking way, which is rare enough not to be worth continuing here.
+        let read = preadv2(file, &mut [io::IoSliceMut::new(buf)], offset, ReadWriteFlags::NOWAIT);
+        matches!(read, Ok(n) if n == want)
+    }
+}

@@ -67,7 +67,12 @@ impl MemTier {
     /// Stores `data` under `key`, evicting the LRU slab if full. Write-once: a held key keeps its
     /// bytes and only has its recency refreshed. Returns whether the tier holds `key` afterwards
     /// (always, unless closed).
-    pub(crate) fn put(&mut self, key: BlockKey, data: &[u8]) -> bool {
+    ///
+    /// A block of at least half a slab is kept as a handle on the caller's buffer, not a copy:
+    /// such buffers are allocated for one block (a joined body, a disk read), so a slab still holds
+    /// at most about a block. A smaller block is copied, so that it cannot pin a larger buffer it
+    /// is a slice of (one part of an HTTP read buffer).
+    pub(crate) fn put(&mut self, key: BlockKey, data: &Bytes) -> bool {
         assert!(!data.is_empty() && data.len() <= self.block_bytes);
         if self.closed {
             return false;
@@ -84,7 +89,11 @@ impl MemTier {
                 victim
             }
         };
-        self.slabs[slot as usize] = Bytes::copy_from_slice(data);
+        self.slabs[slot as usize] = if data.len() >= self.block_bytes / 2 {
+            data.clone()
+        } else {
+            Bytes::copy_from_slice(data)
+        };
         self.keys[slot as usize] = Some(key);
         self.index.insert(key, slot);
         self.lru.push_front(slot);
@@ -158,13 +167,13 @@ mod tests {
             assert_eq!(m.len(), m.keys().len());
         };
         for i in 0..3 {
-            m.put(key(i), b"abc");
+            m.put(key(i), &Bytes::from_static(b"abc"));
             expected += 1;
             check(&m, expected);
         }
-        m.put(key(1), b"refresh");
+        m.put(key(1), &Bytes::from_static(b"refresh"));
         check(&m, 3);
-        m.put(key(9), b"evicts 0");
+        m.put(key(9), &Bytes::from_static(b"evicts 0"));
         check(&m, 3);
         assert!(!m.contains(&key(0)));
         assert!(m.remove(&key(1)));
@@ -175,17 +184,17 @@ mod tests {
         check(&m, 0);
         m.close();
         check(&m, 0);
-        assert!(!m.put(key(4), b"late"), "a closed tier keeps nothing");
+        assert!(!m.put(key(4), &Bytes::from_static(b"late")), "a closed tier keeps nothing");
         check(&m, 0);
     }
 
     #[test]
     fn mem_put_is_write_once_and_refreshes_recency() {
         let mut m = MemTier::new(2, 8);
-        m.put(key(1), b"first");
-        m.put(key(2), b"two");
-        m.put(key(1), b"second");
-        m.put(key(3), b"three");
+        m.put(key(1), &Bytes::from_static(b"first"));
+        m.put(key(2), &Bytes::from_static(b"two"));
+        m.put(key(1), &Bytes::from_static(b"second"));
+        m.put(key(3), &Bytes::from_static(b"three"));
         assert_eq!(m.get(&key(1)).unwrap(), &b"first"[..]);
         assert!(!m.contains(&key(2)), "2 was the LRU after 1's refresh");
     }
@@ -193,9 +202,9 @@ mod tests {
     #[test]
     fn mem_get_returns_a_copy_that_survives_slab_recycling() {
         let mut m = MemTier::new(1, 8);
-        m.put(key(1), b"one");
+        m.put(key(1), &Bytes::from_static(b"one"));
         let got = m.get(&key(1)).unwrap();
-        m.put(key(2), b"TWO!");
+        m.put(key(2), &Bytes::from_static(b"TWO!"));
         assert_eq!(got, &b"one"[..]);
         assert_eq!(m.get(&key(2)).unwrap(), &b"TWO!"[..]);
         assert_eq!(m.get(&key(1)), None);

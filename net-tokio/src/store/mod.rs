@@ -233,6 +233,42 @@ impl BlockStore {
         }
     }
 
+    /// [`BlockStore::get`] (`window` `None`) or [`BlockStore::get_window`] (`window` =
+    /// `(start, len, block_len)`) when it needs no wait: a RAM hit, a miss, or a disk hit whose
+    /// bytes the page cache holds (read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a
+    /// blocking read can answer: the bytes are not cached, or a write holds the arena. A whole
+    /// block read so is promoted into RAM, as by `get`.
+    pub fn get_cached(
+        &self,
+        key: &BlockKey,
+        window: Option<(u64, u64, u64)>,
+    ) -> Option<Option<Bytes>> {
+        if self.is_closed() {
+            return Some(None);
+        }
+        if let Some((start, len, block_len)) = window {
+            if len == 0 || start.checked_add(len).is_none_or(|end| end > block_len) {
+                return Some(None);
+            }
+        }
+        if let Some(mem) = &self.mem {
+            let hit = lock(mem).get(key);
+            if let Some(bytes) = hit {
+                self.disk.touch(key);
+                return Some(match window {
+                    None => Some(bytes),
+                    Some((start, len, block_len)) => (bytes.len() as u64 == block_len)
+                        .then(|| bytes.slice(start as usize..(start + len) as usize)),
+                });
+            }
+        }
+        let found = self.disk.get_cached(key, window)?;
+        if let (None, Some(bytes), Some(mem)) = (window, &found, &self.mem) {
+            lock(mem).put(*key, bytes);
+        }
+        Some(found)
+    }
+
     /// Bytes `start..start + len` of `key`'s block, if it is held with exactly `block_len` bytes.
     /// A RAM hit is a slice of the held block; a disk hit reads only those bytes (and, unlike
     /// [`BlockStore::get`], is not promoted into RAM: only whole-block reads are).
@@ -265,6 +301,17 @@ impl BlockStore {
     /// store, or a failed disk write (the block is then neither on disk nor newly in RAM, and the
     /// store is degraded).
     pub fn put(&self, key: BlockKey, data: &[u8], class: BlockClass) -> Result<bool, StoreError> {
+        self.put_bytes(key, &Bytes::copy_from_slice(data), class)
+    }
+
+    /// [`BlockStore::put`] of a shared buffer: the RAM tier keeps a handle on a block-sized
+    /// `data` instead of a copy (the read path's blocks arrive so).
+    pub fn put_bytes(
+        &self,
+        key: BlockKey,
+        data: &Bytes,
+        class: BlockClass,
+    ) -> Result<bool, StoreError> {
         if self.is_closed() {
             return Err(StoreError::Closed);
         }
@@ -277,7 +324,7 @@ impl BlockStore {
         }
         // Write-once across tiers: a RAM-only copy's bytes are the ones the disk gets.
         let in_ram = self.mem.as_ref().and_then(|mem| lock(mem).get(&key));
-        let data = in_ram.as_deref().unwrap_or(data);
+        let data = in_ram.as_ref().unwrap_or(data);
         let data_sum = self.verify.then(|| slot_checksum(&key, data));
         let outcome = self.disk.put(key, data, data_sum, class)?;
         if outcome == PutOutcome::Refused {

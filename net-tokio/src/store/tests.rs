@@ -764,3 +764,61 @@ fn racing_owned_and_borrowed_puts_of_one_key_leave_it_in_one_budget() {
         store.delete(&key(i));
     }
 }
+
+/// A disk hit the page cache holds is answered at once, with the bytes the blocking read gives;
+/// misses, windows of another block length and a closed store answer at once too. Linux only
+/// (`preadv2(RWF_NOWAIT)`); the bytes were just written, so the page cache holds them.
+#[cfg(target_os = "linux")]
+#[test]
+fn page_cache_reads_answer_as_the_blocking_reads_do() {
+    let dir = TestDir::new("cached");
+    let store = open(&dir, 2, 2, 0);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Borrowed);
+    store.put(key(3), b"short", BlockClass::Borrowed).unwrap();
+    for i in [1, 2] {
+        let whole = store.get_cached(&key(i), None);
+        assert_eq!(
+            whole,
+            Some(store.get(&key(i))),
+            "block {i}: the page cache of {} did not answer (RWF_NOWAIT unsupported there?)",
+            dir.path().display()
+        );
+        for (start, len) in [(0, BLOCK), (0, 1), (5, 7), (BLOCK - 1, 1)] {
+            let window = Some((start, len, BLOCK));
+            let blocking = store.get_window(&key(i), start, len, BLOCK);
+            assert!(blocking.is_some());
+            assert_eq!(
+                store.get_cached(&key(i), window),
+                Some(blocking),
+                "block {i} {start}+{len}"
+            );
+        }
+    }
+    assert_eq!(store.get_cached(&key(3), None).flatten().as_deref(), Some(&b"short"[..]));
+    assert_eq!(store.get_cached(&key(3), Some((0, 2, BLOCK))), Some(None), "held with 5 bytes");
+    assert_eq!(store.get_cached(&key(1), Some((BLOCK - 1, 2, BLOCK))), Some(None), "past the end");
+    assert_eq!(store.get_cached(&key(1), Some((0, 0, BLOCK))), Some(None), "an empty window");
+    assert_eq!(store.get_cached(&key(9), None), Some(None), "a miss needs no disk");
+    store.close();
+    assert_eq!(store.get_cached(&key(1), None), Some(None), "closed");
+}
+
+/// A whole block read from the page cache is promoted into RAM, as a blocking `get` promotes it;
+/// a window is not.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_whole_page_cache_read_is_promoted_into_ram_and_a_window_is_not() {
+    let dir = TestDir::new("cached-promote");
+    let store = open(&dir, 4, 2, 2);
+    put(&store, 1, BlockClass::Owned);
+    put(&store, 2, BlockClass::Owned);
+    put(&store, 3, BlockClass::Owned);
+    put(&store, 4, BlockClass::Owned);
+    // RAM holds 3 and 4 now (two slabs); 1 and 2 are on disk only.
+    assert_eq!(store.get_from_ram(&key(1)), None, "1 needs a disk read");
+    assert!(store.get_cached(&key(1), Some((0, 4, BLOCK))).flatten().is_some());
+    assert_eq!(store.get_from_ram(&key(1)), None, "a window is not promoted");
+    assert!(store.get_cached(&key(1), None).flatten().is_some());
+    assert_eq!(store.get_from_ram(&key(1)), Some(Some(Bytes::from(bytes(1, 0, BLOCK as usize)))));
+}

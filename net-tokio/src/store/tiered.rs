@@ -300,6 +300,27 @@ impl Tiered {
         read(&mut borrowed.arena)
     }
 
+    /// [`Tiered::get`] (`window` `None`) or [`Tiered::get_window`] (`window` =
+    /// `(start, len, block_len)`) answered without waiting: `None` when an arena's lock is held (a
+    /// write in progress) or the bytes are not all in the page cache; then the blocking read
+    /// answers. The estimator counts an answered borrowed look-up once, as the blocking read does.
+    pub(crate) fn get_cached(
+        &self,
+        key: &BlockKey,
+        window: Option<(u64, u64, u64)>,
+    ) -> Option<Option<Bytes>> {
+        {
+            let mut owned = self.owned.try_lock().ok()?;
+            if owned.contains(key) {
+                return owned.read_cached(key, window);
+            }
+        }
+        let mut borrowed = self.borrowed.try_lock().ok()?;
+        let found = borrowed.arena.read_cached(key, window)?;
+        borrowed.sketch.increment(key);
+        Some(found)
+    }
+
     /// Records a RAM-tier hit: refreshes the disk copy's recency and, unless the key is owned,
     /// feeds the estimator (issue #11 S1).
     pub(crate) fn touch(&self, key: &BlockKey) {
