@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# dart's memory: an idle node, and a herd of concurrent whole reads of one large object, cold.
+#
+#   bench/memory.sh [READERS] [SIZE_MIB]        (defaults: 64 1024; from the repository root)
+#
+# One nginx origin (static file, sendfile) and one dart node with default flags (RAM tier
+# --mem-size 256MiB, 4 MiB blocks, read-ahead off), both on loopback. It prints the node's
+# resident set (VmRSS, sampled every 100 ms from /proc) when idle, its peak during the herd, and
+# after it, with the kernel's own peak (VmHWM). Every reader must receive SIZE_MIB bytes; one
+# reader's body is checked against the file's sha256 (checking all of them would cost more CPU
+# than the herd). Installs nginx when missing (as root), else fails naming it. DART_FLAGS adds
+# flags to the node (e.g. "--mem-size 0").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+READERS=${1:-64}
+SIZE_MIB=${2:-1024}
+DART=${DART:-${CARGO_TARGET_DIR:-target}/release/dart}
+
+fail() {
+  echo "memory: $*" >&2
+  exit 1
+}
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  [ "$(id -u)" = 0 ] || fail "missing nginx: apt-get install nginx (or run as root)"
+  policy=/usr/sbin/policy-rc.d
+  made=
+  [ -e "$policy" ] || { printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made=1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null ||
+    { [ -n "$made" ] && rm -f "$policy"; fail "could not install nginx with apt-get"; }
+  [ -n "$made" ] && rm -f "$policy"
+fi
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+for tool in curl sha256sum awk; do command -v "$tool" >/dev/null || fail "missing $tool"; done
+if [ ! -x "$DART" ]; then
+  cargo build --release -p dart-node >&2 || fail "could not build dart"
+fi
+
+WORK=$(mktemp -d /tmp/dart-memory.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+BASE=$((20000 + RANDOM % 20000))
+P_ORIGIN=$BASE P_DART=$((BASE + 1))
+mkdir -p "$WORK/www" "$WORK/nginx"
+head -c "$((SIZE_MIB << 20))" /dev/urandom >"$WORK/www/obj.bin"
+sum=$(sha256sum <"$WORK/www/obj.bin" | cut -d' ' -f1)
+chmod -R a+rwX "$WORK"
+USER_LINE=
+[ "$(id -u)" = 0 ] && USER_LINE="user root root;"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+$USER_LINE
+worker_processes $(nproc);
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  sendfile on;
+  client_body_temp_path $WORK/nginx;
+  proxy_temp_path $WORK/nginx;
+  fastcgi_temp_path $WORK/nginx;
+  uwsgi_temp_path $WORK/nginx;
+  scgi_temp_path $WORK/nginx;
+  server {
+    listen 127.0.0.1:$P_ORIGIN;
+    root $WORK/www;
+  }
+}
+EOF
+"$NGINX" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
+pids+=($!)
+# shellcheck disable=SC2086
+DART_LOG=warn "$DART" --listen "127.0.0.1:$P_DART" --admin "" --cache-dir "$WORK/cache" \
+  --cache-size "$((SIZE_MIB * 2))MiB" --allow-upstream 127.0.0.1 --public-upstream 127.0.0.1 \
+  ${DART_FLAGS:-} >"$WORK/dart.out" 2>"$WORK/dart.err" &
+dart=$!
+pids+=($dart)
+url="http://127.0.0.1:$P_DART/dart/http://127.0.0.1:$P_ORIGIN/obj.bin"
+for _ in $(seq 100); do
+  curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$P_ORIGIN/obj.bin" -r 0-0 &&
+    curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$P_DART/" && break
+  sleep 0.1
+done
+
+kib() { awk -v k="$1" '$1 == k":" {print $2}' "/proc/$dart/status"; }
+sleep 1
+idle=$(kib VmRSS)
+
+# Sample the resident set while the herd runs.
+(
+  peak=0
+  while kill -0 "$dart" 2>/dev/null; do
+    r=$(kib VmRSS || echo 0)
+    [ "${r:-0}" -gt "$peak" ] && peak=$r && echo "$peak" >"$WORK/peak"
+    sleep 0.1
+  done
+) &
+sampler=$!
+
+start=$(date +%s.%N)
+readers=()
+for i in $(seq "$READERS"); do
+  if [ "$i" = 1 ]; then
+    curl -sS --fail -o "$WORK/body" -w '%{size_download}\n' "$url" >"$WORK/got.$i" &
+  else
+    curl -sS --fail -o /dev/null -w '%{size_download}\n' "$url" >"$WORK/got.$i" &
+  fi
+  readers+=($!)
+done
+failed=0
+for p in "${readers[@]}"; do wait "$p" || failed=1; done
+end=$(date +%s.%N)
+[ "$failed" = 0 ] || fail "a reader failed (node log: $(tail -n 3 "$WORK/dart.err"))"
+for i in $(seq "$READERS"); do
+  [ "$(cat "$WORK/got.$i")" = "$((SIZE_MIB << 20))" ] || fail "reader $i got $(cat "$WORK/got.$i") bytes"
+done
+[ "$(sha256sum <"$WORK/body" | cut -d' ' -f1)" = "$sum" ] || fail "reader 1 got wrong bytes"
+rm -f "$WORK/body"
+sleep 1
+after=$(kib VmRSS)
+hwm=$(kib VmHWM)
+kill "$sampler" 2>/dev/null || true
+wait "$sampler" 2>/dev/null || true
+peak=$(cat "$WORK/peak" 2>/dev/null || echo 0)
+
+awk -v n="$READERS" -v mib="$SIZE_MIB" -v idle="$idle" -v peak="$peak" -v after="$after" \
+  -v hwm="$hwm" -v s="$start" -v e="$end" -v flags="${DART_FLAGS:-defaults}" 'BEGIN {
+  printf "| readers | object | flags | idle RSS | peak RSS during the herd (sampled / VmHWM) | RSS after | herd wall time | bytes served |\n"
+  printf "|---|---|---|---|---|---|---|---|\n"
+  printf "| %d | %d MiB | %s | %.1f MiB | %.1f / %.1f MiB | %.1f MiB | %.1f s | %.1f GiB |\n",
+    n, mib, flags, idle / 1024, peak / 1024, hwm / 1024, after / 1024, e - s, n * mib / 1024
+}'
