@@ -86,7 +86,14 @@ impl ObjectId {
     }
 
     fn located(text: &str) -> Self {
-        let id: String = text.chars().filter(|&c| c != char::from(FIELD_SEP)).collect();
+        Self::located_owned(text.to_owned())
+    }
+
+    /// [`ObjectId::located`] of a string the caller built (no copy when it holds no 0x1F).
+    fn located_owned(mut id: String) -> Self {
+        if id.as_bytes().contains(&FIELD_SEP) {
+            id.retain(|c| c != char::from(FIELD_SEP));
+        }
         ObjectId { id, content_addressed: false }
     }
 }
@@ -196,11 +203,13 @@ fn from_parsed(parsed: &Parsed<'_>, layout: IdLayout) -> Option<ObjectId> {
     if parsed.scheme.is_empty() && parsed.host.is_empty() {
         return None;
     }
-    let mut canonical = parsed.scheme.to_ascii_lowercase();
+    let len = parsed.scheme.len() + 3 + parsed.host.len() + parsed.path.len();
+    let mut canonical = String::with_capacity(len);
+    canonical.extend(parsed.scheme.chars().map(|c| c.to_ascii_lowercase()));
     canonical.push_str("://");
     push_text(&mut canonical, &parsed.host, true);
     push_text(&mut canonical, &parsed.path, false);
-    let object = ObjectId::located(&canonical);
+    let object = ObjectId::located_owned(canonical);
     debug_assert!(object.id.contains("://"));
     Some(object)
 }

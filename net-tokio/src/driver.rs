@@ -347,10 +347,19 @@ impl<D: Dialer> NodeDriver<D> {
     /// Feeds one input as if the transport had observed it, and carries out what follows. The
     /// shell calls it for everything it sees; tests and debugging tools may too.
     pub fn feed(self: &Arc<Self>, input: Input) {
+        self.feed_all([input]);
+    }
+
+    /// Feeds `inputs` in order under one hold of the lock, as [`NodeDriver::feed`] feeds one.
+    pub fn feed_all(self: &Arc<Self>, inputs: impl IntoIterator<Item = Input>) {
         let deferred = {
             let mut inner = self.lock();
-            inner.node.handle_input(input, self.clock.now());
-            self.settle(&mut inner)
+            let mut deferred = Vec::new();
+            for input in inputs {
+                inner.node.handle_input(input, self.clock.now());
+                deferred.extend(self.settle(&mut inner));
+            }
+            deferred
         };
         self.carry_out(deferred);
     }
@@ -950,8 +959,9 @@ impl<D: Dialer> NodeDriver<D> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.lock().mailboxes.insert(id, Mailbox { tx, connection });
         let mut guard = CancelGuard { driver: Some(self.clone()), id };
-        self.feed(Input::WallClock { unix_ms: self.unix_ms() });
-        self.feed(Input::Request { id, plane, request });
+        // The wall clock and the request under one hold of the lock.
+        let wall = Input::WallClock { unix_ms: self.unix_ms() };
+        self.feed_all([wall, Input::Request { id, plane, request }]);
         let head = match rx.recv().await {
             Some(Part::Head(head)) => head,
             Some(_) | None => {
