@@ -714,25 +714,32 @@ impl ReaderCache {
     /// [`RENEW_FALLBACK`] for a lease of 0) has passed, no JOIN is in flight and none failed
     /// within [`RETRY_AFTER`]. A `join: true` answer records the JOIN as in flight.
     pub fn lookup(&mut self, file: &str, now: Instant) -> Lookup {
+        let join = self.note_read(file, now);
+        let readers = self.peek(file, now).map(<[String]>::to_vec);
+        Lookup { readers, join }
+    }
+
+    /// [`ReaderCache::lookup`] without the copy of the readers: only whether to JOIN now (with
+    /// the same effects: the file is cached, a lapsed grant dropped, a JOIN recorded in flight).
+    pub fn note_read(&mut self, file: &str, now: Instant) -> bool {
         self.clock = self.clock.max(now);
         let now = self.clock;
-        if !self.entries.contains_key(file) && !self.make_room(now) {
-            return Lookup { readers: None, join: false };
+        if !self.entries.contains_key(file) {
+            if !self.make_room(now) {
+                return false;
+            }
+            self.entries.insert(file.to_owned(), Entry { held: None, joining: Joining::Idle });
         }
-        let entry = self
-            .entries
-            .entry(file.to_owned())
-            .or_insert(Entry { held: None, joining: Joining::Idle });
+        let entry = self.entries.get_mut(file).expect("cached above");
         if entry.held.as_ref().is_some_and(|h| now >= h.expire_at) {
             entry.held = None;
         }
-        let readers = entry.held.as_ref().map(|h| h.readers.clone());
         let due = entry.held.as_ref().is_none_or(|h| now >= h.renew_at);
         let join = due && entry.may_join(now);
         if join {
             entry.joining = Joining::InFlight { since: now };
         }
-        Lookup { readers, join }
+        join
     }
 
     /// The readers of `file` while a grant is live, without side effects: no JOIN is asked for
@@ -773,6 +780,8 @@ impl ReaderCache {
                 };
                 let mut readers = sorted_ids(grant.readers.iter().map(String::as_str));
                 readers.truncate(READERS_MAX);
+                // Checked here, where the only held set is made, rather than after every step.
+                assert!(readers.windows(2).all(|w| w[0] < w[1]), "readers sorted, unique");
                 entry.held = Some(Held { readers, renew_at: now + renew, expire_at: now + expire });
                 Joining::Idle
             }
@@ -795,8 +804,8 @@ impl ReaderCache {
         assert!(self.entries.len() <= CACHE_MAX, "cache bound");
         for entry in self.entries.values() {
             if let Some(h) = &entry.held {
+                // Sorted and unique: asserted where the set is made (`joined`); it never changes.
                 assert!(h.readers.len() <= READERS_MAX);
-                assert!(h.readers.windows(2).all(|w| w[0] < w[1]), "readers sorted, unique");
                 assert!(h.renew_at <= h.expire_at);
             }
             match entry.joining {

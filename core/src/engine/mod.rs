@@ -270,7 +270,7 @@ impl Engine {
     /// has passed, the object is queued for a JOIN ([`Engine::take_joins`]).
     fn reading(&mut self, file: &str, now: Instant) {
         let Some(cache) = self.readers.as_mut() else { return };
-        if cache.lookup(file, now).join {
+        if cache.note_read(file, now) {
             debug_assert!(!self.joins.iter().any(|f| f == file), "one JOIN per object");
             self.joins.push(file.to_owned());
         }

@@ -74,6 +74,8 @@ pub struct Placement {
 #[derive(Debug)]
 struct ReaderFlags {
     members: Vec<bool>,
+    /// How many of `members` are set.
+    count: usize,
     names_self: bool,
 }
 
@@ -118,6 +120,13 @@ impl Placement {
         order.iter().map(|&i| ready[i as usize]).collect()
     }
 
+    /// The first of [`Placement::ranked`] (its id), without building the list.
+    pub fn first_ranked(&self, chunk: ChunkKey) -> Option<&str> {
+        let order = self.ranking(chunk);
+        let first = *order.first()?;
+        Some(self.view.ready_member(first as usize).id.as_str())
+    }
+
     /// [`ReaderFlags`] of `readers` (any order), from the memo when it is the last set seen.
     fn reader_flags(&self, readers: &[String]) -> std::sync::Arc<ReaderFlags> {
         if let Some((set, flags)) = self.readers_memo.borrow().as_ref() {
@@ -128,8 +137,11 @@ impl Placement {
         let mut sorted: Vec<&str> = readers.iter().map(String::as_str).collect();
         sorted.sort_unstable();
         let named = |id: &str| sorted.binary_search(&id).is_ok();
-        let members = self.view.ready().map(|m| !m.addr.is_empty() && named(&m.id)).collect();
-        let flags = std::sync::Arc::new(ReaderFlags { members, names_self: named(&self.self_id) });
+        let members: Vec<bool> =
+            self.view.ready().map(|m| !m.addr.is_empty() && named(&m.id)).collect();
+        let count = members.iter().filter(|&&set| set).count();
+        let names_self = named(&self.self_id);
+        let flags = std::sync::Arc::new(ReaderFlags { members, count, names_self });
         *self.readers_memo.borrow_mut() = Some((readers.to_vec(), flags.clone()));
         flags
     }
@@ -155,8 +167,9 @@ impl Placement {
 
     /// Owned iff this node is among the first `replicas` of the ranking over all Ready members.
     pub fn class_of(&self, chunk: ChunkKey) -> BlockClass {
-        let ranked = self.ranked(chunk);
-        if ranked.iter().take(self.replicas).any(|id| *id == self.self_id) {
+        // By Ready-list index, as `ranked` would give it by id: no list of ids is built.
+        let order = self.ranking(chunk);
+        if order.iter().take(self.replicas).any(|&k| Some(k) == self.self_ready) {
             BlockClass::Owned
         } else {
             BlockClass::Borrowed
@@ -220,35 +233,55 @@ impl Placement {
             let m = member(k);
             PeerRef { id: m.id.clone(), addr: m.addr.clone() }
         };
-        let among: Vec<u32>;
-        let mut ranked: &[u32] = &order;
+        // The members the tree is laid over, in ranking order: every Ready member, or the readers
+        // and the chunk's home (the root of the tree over every member, as this node sees it)
+        // when at least two readers are known and this node is one of them. One pass over the
+        // ranking, nothing collected but the live members ranked above this node.
+        let mut over_readers = None;
         if let Some(readers) = readers {
             let flags = self.reader_flags(readers);
-            let is_reader = |k: u32| flags.members[k as usize];
-            // The chunk's home: the root of the tree over every member, as this node sees it.
-            let home = order.iter().copied().find(|&k| is_self(k) || askable(k));
-            among = order.iter().copied().filter(|&k| is_reader(k) || Some(k) == home).collect();
-            let readers_known = among.iter().filter(|&&k| is_reader(k)).count();
-            if readers_known >= 2 && flags.names_self {
-                ranked = &among;
+            if flags.count >= 2 && flags.names_self {
+                let home = order.iter().copied().find(|&k| is_self(k) || askable(k));
+                over_readers = Some((flags, home));
             }
         }
-        if !ranked.iter().any(|&k| is_self(k)) {
-            return ranked
-                .first()
-                .filter(|&&k| askable(k))
-                .map(|&k| as_peer(k))
+        let in_tree = |k: u32| match &over_readers {
+            None => true,
+            Some((flags, home)) => flags.members[k as usize] || Some(k) == *home,
+        };
+        if !self.self_ready.is_some_and(in_tree) {
+            return order
+                .iter()
+                .copied()
+                .find(|&k| in_tree(k))
+                .filter(|&k| askable(k))
+                .map(as_peer)
                 .into_iter()
                 .collect();
         }
-        let live: Vec<u32> = ranked.iter().copied().filter(|&k| is_self(k) || askable(k)).collect();
-        let me = live.iter().position(|&k| is_self(k)).expect("self is kept");
-        let fanout = if self.fanout == AUTO_FANOUT { auto_fanout(live.len()) } else { self.fanout };
-        let tree = Tree::new(live.len(), fanout);
+        // `above`: the live members ranked above this node (its position in the live list is
+        // `above.len()`); `live`: how many there are in all (the tree's shape depends on it).
+        let mut above: Vec<u32> = Vec::new();
+        let mut me = None;
+        let mut live = 0;
+        for k in order.iter().copied().filter(|&k| in_tree(k)) {
+            if is_self(k) {
+                me = Some(live);
+            } else if !askable(k) {
+                continue;
+            } else if me.is_none() {
+                above.push(k);
+            }
+            live += 1;
+        }
+        let me = me.expect("self is in the tree");
+        debug_assert_eq!(me, above.len());
+        let fanout = if self.fanout == AUTO_FANOUT { auto_fanout(live) } else { self.fanout };
+        let tree = Tree::new(live, fanout);
         let out: Vec<PeerRef> = tree
             .ancestors(me)
-            .filter(|&i| askable(live[i]))
-            .map(|i| as_peer(live[i]))
+            .filter(|&i| askable(above[i]))
+            .map(|i| as_peer(above[i]))
             .take(UPSTREAMS_MAX)
             .collect();
         debug_assert!(out.len() <= UPSTREAMS_MAX);
@@ -398,6 +431,12 @@ mod tests {
                 let got = p.upstreams_among(chunk, readers.as_deref(), usable);
                 let want = reference_upstreams_among(&p, chunk, readers.as_deref(), usable);
                 assert_eq!(got, want, "case {case} chunk {c} me {me} readers {readers:?}");
+                // The index-based shortcuts agree with the ranking by id.
+                let ranked = p.ranked(chunk);
+                assert_eq!(p.first_ranked(chunk), ranked.first().copied());
+                let owned = ranked.iter().take(1).any(|id| *id == me);
+                let class = if owned { BlockClass::Owned } else { BlockClass::Borrowed };
+                assert_eq!(p.class_of(chunk), class, "case {case} chunk {c} me {me}");
             }
         }
     }

@@ -53,7 +53,7 @@ impl Node {
     pub fn tracker_host(&self, file: &str) -> Option<TrackerHost> {
         let p2p = self.engine.p2p()?;
         let key = ChunkKey::file_key(self.engine.config().namespace.as_str(), file);
-        let top = *p2p.placement.ranked(key).first()?;
+        let top = p2p.placement.first_ranked(key)?;
         if top == self.config.self_id {
             return Some(TrackerHost::Local);
         }
