@@ -649,6 +649,8 @@ pub struct Lookup {
 #[derive(Clone, Debug)]
 struct Held {
     readers: Vec<String>,
+    /// Which grant this is, unique within its cache ([`ReaderCache::peek_tagged`]).
+    tag: u64,
     /// From here a lookup asks for a re-JOIN.
     renew_at: Instant,
     /// From here the readers are no longer served.
@@ -699,6 +701,8 @@ impl Entry {
 #[derive(Clone, Debug, Default)]
 pub struct ReaderCache {
     entries: BTreeMap<String, Entry>,
+    /// The tag of the last grant held.
+    last_tag: u64,
     /// The latest `now` seen; every decision uses it.
     clock: Instant,
 }
@@ -745,9 +749,16 @@ impl ReaderCache {
     /// The readers of `file` while a grant is live, without side effects: no JOIN is asked for
     /// and nothing is recorded (for routing decisions that follow a [`ReaderCache::lookup`]).
     pub fn peek(&self, file: &str, now: Instant) -> Option<&[String]> {
+        self.peek_tagged(file, now).map(|(readers, _)| readers)
+    }
+
+    /// [`ReaderCache::peek`] with the grant's tag: two answers with one tag are the same set
+    /// (each grant held gets a new tag, and a held set never changes), so a caller may key a memo
+    /// on the tag instead of comparing the sets.
+    pub fn peek_tagged(&self, file: &str, now: Instant) -> Option<(&[String], u64)> {
         let now = self.clock.max(now);
         let held = self.entries.get(file)?.held.as_ref()?;
-        (now < held.expire_at).then_some(held.readers.as_slice())
+        (now < held.expire_at).then_some((held.readers.as_slice(), held.tag))
     }
 
     /// Whether a new file can be cached, sweeping spent entries first when past the threshold.
@@ -782,7 +793,10 @@ impl ReaderCache {
                 readers.truncate(READERS_MAX);
                 // Checked here, where the only held set is made, rather than after every step.
                 assert!(readers.windows(2).all(|w| w[0] < w[1]), "readers sorted, unique");
-                entry.held = Some(Held { readers, renew_at: now + renew, expire_at: now + expire });
+                self.last_tag += 1;
+                let tag = self.last_tag;
+                entry.held =
+                    Some(Held { readers, tag, renew_at: now + renew, expire_at: now + expire });
                 Joining::Idle
             }
             Err(_reason) => Joining::HeldOff { until: now + RETRY_AFTER },

@@ -404,12 +404,11 @@ impl Engine {
         if self.peers_distrusted(file, now) {
             return Vec::new();
         }
-        let readers = self.readers.as_ref().and_then(|c| c.peek(file, now));
+        let readers = self.readers.as_ref().and_then(|c| c.peek_tagged(file, now));
         // The peers the breaker would refuse now, taken once: usually none, so no candidate
         // costs a look-up (the same verdicts as `healthy` per candidate).
         let refused: Vec<&String> = p2p.breaker.unhealthy(now).collect();
-        let usable = |addr: &str| !refused.iter().any(|r| r.as_str() == addr);
-        p2p.placement.upstreams_among(key.chunk, readers, usable)
+        p2p.placement.upstreams_tagged(key.chunk, readers, &refused)
     }
 
     /// The usable ancestor of `key`'s tree at `addr`, if it still is one.

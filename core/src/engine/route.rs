@@ -67,6 +67,20 @@ pub struct Placement {
     /// object route over the same set, so the set is matched against the view once, not once
     /// per candidate per block.
     readers_memo: std::cell::RefCell<Option<(Vec<String>, std::sync::Arc<ReaderFlags>)>>,
+    /// The last answer of [`Placement::upstreams_tagged`] and what it was asked: the blocks of
+    /// one chunk are looked up one after another with the same readers and the same circuits.
+    upstreams_memo: std::cell::RefCell<Option<UpstreamsMemo>>,
+}
+
+/// An answer of [`Placement::upstreams_tagged`] with its question.
+#[derive(Clone, Debug)]
+struct UpstreamsMemo {
+    chunk: ChunkKey,
+    /// The reader set's tag, if the tree was asked over one.
+    readers: Option<u64>,
+    /// The addresses whose circuits refused.
+    refused: Vec<String>,
+    out: Vec<PeerRef>,
 }
 
 /// Which Ready members a reader set names (by Ready index, with an address), and whether it
@@ -95,6 +109,7 @@ impl Placement {
             rankings: Default::default(),
             self_ready,
             readers_memo: Default::default(),
+            upstreams_memo: Default::default(),
         }
     }
 
@@ -188,6 +203,33 @@ impl Placement {
     /// ask each other in a cycle.
     pub fn upstreams(&self, chunk: ChunkKey, usable: impl Fn(&str) -> bool) -> Vec<PeerRef> {
         self.upstreams_among(chunk, None, usable)
+    }
+
+    /// [`Placement::upstreams_among`] over a tagged reader set (the set and its
+    /// [`crate::tracker::ReaderCache::peek_tagged`] tag: one tag, one set) with every member
+    /// usable but the addresses in `refused` (the circuits that refuse now). Asked again with
+    /// the same chunk, tag and refusals, it answers from a memo of the last answer instead of
+    /// walking the ranking again.
+    pub fn upstreams_tagged(
+        &self,
+        chunk: ChunkKey,
+        readers: Option<(&[String], u64)>,
+        refused: &[&String],
+    ) -> Vec<PeerRef> {
+        let tag = readers.map(|(_, tag)| tag);
+        if let Some(m) = self.upstreams_memo.borrow().as_ref() {
+            let same_refused = m.refused.len() == refused.len()
+                && m.refused.iter().zip(refused).all(|(a, b)| a == *b);
+            if m.chunk == chunk && m.readers == tag && same_refused {
+                return m.out.clone();
+            }
+        }
+        let usable = |addr: &str| !refused.iter().any(|r| r.as_str() == addr);
+        let out = self.upstreams_among(chunk, readers.map(|(set, _)| set), usable);
+        let refused = refused.iter().map(|r| (*r).clone()).collect();
+        *self.upstreams_memo.borrow_mut() =
+            Some(UpstreamsMemo { chunk, readers: tag, refused, out: out.clone() });
+        out
     }
 
     /// [`Placement::upstreams`] with the tree laid over an object's readers (the tracker's reader
@@ -437,6 +479,48 @@ mod tests {
                 let owned = ranked.iter().take(1).any(|id| *id == me);
                 let class = if owned { BlockClass::Owned } else { BlockClass::Borrowed };
                 assert_eq!(p.class_of(chunk), class, "case {case} chunk {c} me {me}");
+            }
+        }
+    }
+
+    #[test]
+    fn upstreams_tagged_answers_as_upstreams_among_across_repeated_and_changed_questions() {
+        use rand::{Rng as _, SeedableRng as _};
+        let seed = 0x7a66_u64;
+        println!("seed {seed}");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for case in 0..100 {
+            let n = rng.random_range(1..30usize);
+            let view = View::new(
+                (0..n)
+                    .map(|i| Member {
+                        addr: format!("n{i}:9000"),
+                        ..Member::ready(&format!("n{i}"), "x")
+                    })
+                    .collect(),
+            );
+            let me = format!("n{}", rng.random_range(0..n));
+            let p = Placement::new(view, &me, [0, 1, 2][rng.random_range(0..3)], 1);
+            // A few reader sets, each with its own tag, and a few refusal sets, asked in a
+            // random order so that questions repeat and change.
+            let sets: Vec<Vec<String>> = (0..3)
+                .map(|_| (0..n).filter(|_| rng.random_bool(0.5)).map(|i| format!("n{i}")).collect())
+                .collect();
+            let deads: Vec<Vec<String>> = (0..3)
+                .map(|_| {
+                    (0..n).filter(|_| rng.random_bool(0.15)).map(|i| format!("n{i}:9000")).collect()
+                })
+                .collect();
+            for step in 0..40 {
+                let chunk = ChunkKey(rng.random_range(0..3u64));
+                let set = rng.random_range(0..4usize);
+                let readers = sets.get(set).map(|s| (s.as_slice(), set as u64));
+                let dead = &deads[rng.random_range(0..3usize)];
+                let refused: Vec<&String> = dead.iter().collect();
+                let got = p.upstreams_tagged(chunk, readers, &refused);
+                let usable = |a: &str| !dead.iter().any(|d| d == a);
+                let want = p.upstreams_among(chunk, readers.map(|(s, _)| s), usable);
+                assert_eq!(got, want, "case {case} step {step}");
             }
         }
     }
