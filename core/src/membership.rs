@@ -93,12 +93,36 @@ impl Member {
     }
 }
 
-/// An immutable canonical membership snapshot.
+/// An immutable canonical membership snapshot. Clones share one copy of the member list and
+/// one memo of HRW rankings (a simulated cluster of N nodes holds one of each, not N).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct View {
-    members: Vec<Member>,
-    ready: Vec<usize>,
+    members: std::sync::Arc<[Member]>,
+    ready: std::sync::Arc<[usize]>,
     epoch: u64,
+    rankings: Rankings,
+}
+
+/// Most chunks whose rankings a view keeps; past it the memo starts again.
+pub const RANKINGS_MAX: usize = 1024;
+
+/// HRW rankings of a view's Ready members by chunk key, shared by the view's clones. A memo of a
+/// pure function: it never makes two views differ (equal whatever it holds).
+#[derive(Clone, Default)]
+struct Rankings(
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, std::sync::Arc<[u32]>>>>,
+);
+
+impl PartialEq for Rankings {
+    fn eq(&self, _: &Rankings) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for Rankings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Rankings")
+    }
 }
 
 impl View {
@@ -114,7 +138,7 @@ impl View {
         let ready =
             (0..members.len()).filter(|&i| members[i].state == MemberState::Ready).collect();
         let epoch = epoch(members.iter().map(|m| (m.id.as_str(), m.weight)));
-        let view = View { members, ready, epoch };
+        let view = View { members: members.into(), ready, epoch, rankings: Rankings::default() };
         view.check_invariants();
         view
     }
@@ -132,6 +156,26 @@ impl View {
     /// The `k`-th Ready member in id order (the index HRW rankings are over).
     pub fn ready_member(&self, k: usize) -> &Member {
         &self.members[self.ready[k]]
+    }
+
+    /// The Ready members (their indices in [`View::ready`]) ranked for `key` by HRW, best
+    /// first; memoised, and shared by every clone of this view.
+    pub fn ranking(&self, key: u64) -> std::sync::Arc<[u32]> {
+        let lock = || self.rankings.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(order) = lock().get(&key) {
+            return order.clone();
+        }
+        let ready: Vec<(&str, f64)> = self.ready().map(|m| (m.id.as_str(), m.weight)).collect();
+        let order: std::sync::Arc<[u32]> = crate::hrw::rank(key, &ready)
+            .into_iter()
+            .map(|i| u32::try_from(i).expect("fewer than 2^32 members"))
+            .collect();
+        let mut memo = lock();
+        if memo.len() >= RANKINGS_MAX {
+            memo.clear();
+        }
+        memo.insert(key, order.clone());
+        order
     }
 
     /// Number of Ready members.

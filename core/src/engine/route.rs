@@ -5,7 +5,6 @@
 use super::{BlockClass, Engine, ObjectInfo};
 use crate::codec::wire::MAX_HOP;
 use crate::hash::{BlockKey, ChunkKey};
-use crate::hrw;
 use crate::membership::View;
 use crate::tree::Tree;
 use thiserror::Error;
@@ -47,9 +46,9 @@ pub struct PeerRef {
     pub addr: String,
 }
 
-/// Most chunk rankings a placement remembers; past it the memo is cleared (rankings are pure
-/// functions of the view, so forgetting costs only recomputation).
-pub const RANKINGS_MAX: usize = 1024;
+/// Most chunk rankings a view remembers (shared by its clones); past it the memo is cleared
+/// (rankings are pure functions of the view, so forgetting costs only recomputation).
+pub use crate::membership::RANKINGS_MAX;
 
 /// This node's place in a cluster: the view, its own id, and the tree parameters.
 #[derive(Clone, Debug)]
@@ -58,18 +57,23 @@ pub struct Placement {
     self_id: String,
     fanout: usize,
     replicas: usize,
-    /// Memo of HRW rankings (indices into the Ready list) by chunk: a miss, its store class and a
-    /// relay of the same chunk all need the same ranking.
-    rankings: std::cell::RefCell<std::collections::BTreeMap<ChunkKey, std::sync::Arc<[u32]>>>,
     /// This node's index in the Ready list, if it is Ready.
     self_ready: Option<u32>,
     /// The last reader set seen and which Ready members it names: consecutive reads of one
     /// object route over the same set, so the set is matched against the view once, not once
     /// per candidate per block.
-    readers_memo: std::cell::RefCell<Option<(Vec<String>, std::sync::Arc<ReaderFlags>)>>,
+    readers_memo: std::cell::RefCell<Option<(ReadersKey, std::sync::Arc<ReaderFlags>)>>,
     /// The last answer of [`Placement::upstreams_tagged`] and what it was asked: the blocks of
     /// one chunk are looked up one after another with the same readers and the same circuits.
     upstreams_memo: std::cell::RefCell<Option<UpstreamsMemo>>,
+}
+
+/// Which reader set a memo of [`ReaderFlags`] is of: a tagged set by its tag (no copy of the
+/// set is kept), an untagged one by its contents.
+#[derive(Clone, Debug)]
+enum ReadersKey {
+    Tag(u64),
+    Set(Vec<String>),
 }
 
 /// An answer of [`Placement::upstreams_tagged`] with its question.
@@ -106,7 +110,6 @@ impl Placement {
             self_id: self_id.to_owned(),
             fanout,
             replicas: replicas.max(1),
-            rankings: Default::default(),
             self_ready,
             readers_memo: Default::default(),
             upstreams_memo: Default::default(),
@@ -118,7 +121,8 @@ impl Placement {
         &self.view
     }
 
-    /// The same placement over another view (a membership change); the rankings are recomputed.
+    /// The same placement over another view (a membership change); the rankings are the new
+    /// view's.
     pub fn with_view(&self, view: View) -> Placement {
         Placement::new(view, &self.self_id, self.fanout, self.replicas)
     }
@@ -142,10 +146,16 @@ impl Placement {
         Some(self.view.ready_member(first as usize).id.as_str())
     }
 
-    /// [`ReaderFlags`] of `readers` (any order), from the memo when it is the last set seen.
-    fn reader_flags(&self, readers: &[String]) -> std::sync::Arc<ReaderFlags> {
-        if let Some((set, flags)) = self.readers_memo.borrow().as_ref() {
-            if set.as_slice() == readers {
+    /// [`ReaderFlags`] of `readers` (any order; `tag`: its grant's tag, if it has one), from the
+    /// memo when it is the last set seen.
+    fn reader_flags(&self, readers: &[String], tag: Option<u64>) -> std::sync::Arc<ReaderFlags> {
+        if let Some((key, flags)) = self.readers_memo.borrow().as_ref() {
+            let same = match (key, tag) {
+                (ReadersKey::Tag(memo), Some(tag)) => *memo == tag,
+                (ReadersKey::Set(set), None) => set.as_slice() == readers,
+                _ => false,
+            };
+            if same {
                 return flags.clone();
             }
         }
@@ -157,27 +167,16 @@ impl Placement {
         let count = members.iter().filter(|&&set| set).count();
         let names_self = named(&self.self_id);
         let flags = std::sync::Arc::new(ReaderFlags { members, count, names_self });
-        *self.readers_memo.borrow_mut() = Some((readers.to_vec(), flags.clone()));
+        let key = match tag {
+            Some(tag) => ReadersKey::Tag(tag),
+            None => ReadersKey::Set(readers.to_vec()),
+        };
+        *self.readers_memo.borrow_mut() = Some((key, flags.clone()));
         flags
     }
 
     fn ranking(&self, chunk: ChunkKey) -> std::sync::Arc<[u32]> {
-        if let Some(order) = self.rankings.borrow().get(&chunk) {
-            return order.clone();
-        }
-        let ready: Vec<(&str, f64)> =
-            self.view.ready().map(|m| (m.id.as_str(), m.weight)).collect();
-        let order: std::sync::Arc<[u32]> = hrw::rank(chunk.0, &ready)
-            .into_iter()
-            .map(|i| u32::try_from(i).expect("fewer than 2^32 members"))
-            .collect();
-        let mut memo = self.rankings.borrow_mut();
-        if memo.len() >= RANKINGS_MAX {
-            memo.clear();
-        }
-        memo.insert(chunk, order.clone());
-        debug_assert!(memo.len() <= RANKINGS_MAX);
-        order
+        self.view.ranking(chunk.0)
     }
 
     /// Owned iff this node is among the first `replicas` of the ranking over all Ready members.
@@ -225,7 +224,7 @@ impl Placement {
             }
         }
         let usable = |addr: &str| !refused.iter().any(|r| r.as_str() == addr);
-        let out = self.upstreams_among(chunk, readers.map(|(set, _)| set), usable);
+        let out = self.upstreams_over(chunk, readers.map(|(set, tag)| (set, Some(tag))), usable);
         let refused = refused.iter().map(|r| (*r).clone()).collect();
         *self.upstreams_memo.borrow_mut() =
             Some(UpstreamsMemo { chunk, readers: tag, refused, out: out.clone() });
@@ -262,6 +261,16 @@ impl Placement {
         readers: Option<&[String]>,
         usable: impl Fn(&str) -> bool,
     ) -> Vec<PeerRef> {
+        self.upstreams_over(chunk, readers.map(|set| (set, None)), usable)
+    }
+
+    /// [`Placement::upstreams_among`] with the reader set's tag, if it has one.
+    fn upstreams_over(
+        &self,
+        chunk: ChunkKey,
+        readers: Option<(&[String], Option<u64>)>,
+        usable: impl Fn(&str) -> bool,
+    ) -> Vec<PeerRef> {
         // Ready members by their index in the Ready list (what rankings hold): no look-up by id
         // and no string comparison against this node's id per candidate.
         let order = self.ranking(chunk);
@@ -280,8 +289,8 @@ impl Placement {
         // when at least two readers are known and this node is one of them. One pass over the
         // ranking, nothing collected but the live members ranked above this node.
         let mut over_readers = None;
-        if let Some(readers) = readers {
-            let flags = self.reader_flags(readers);
+        if let Some((readers, tag)) = readers {
+            let flags = self.reader_flags(readers, tag);
             if flags.count >= 2 && flags.names_self {
                 let home = order.iter().copied().find(|&k| is_self(k) || askable(k));
                 over_readers = Some((flags, home));
