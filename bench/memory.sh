@@ -19,33 +19,13 @@ SIZE_MIB=${2:-1024}
 HERDS=${3:-2}
 DART=${DART:-${CARGO_TARGET_DIR:-target}/release/dart}
 
-fail() {
-  echo "memory: $*" >&2
-  exit 1
-}
-if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-  [ "$(id -u)" = 0 ] || fail "missing nginx: apt-get install nginx (or run as root)"
-  policy=/usr/sbin/policy-rc.d
-  made=
-  [ -e "$policy" ] || { printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made=1; }
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null ||
-    { [ -n "$made" ] && rm -f "$policy"; fail "could not install nginx with apt-get"; }
-  [ -n "$made" ] && rm -f "$policy"
-fi
+NAME=memory
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+need_packages nginx
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 for tool in curl sha256sum awk; do command -v "$tool" >/dev/null || fail "missing $tool"; done
-if [ ! -x "$DART" ]; then
-  cargo build --release -p dart-node >&2 || fail "could not build dart"
-fi
-
-WORK=$(mktemp -d /tmp/dart-memory.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+need_dart
 
 BASE=$((20000 + RANDOM % 20000))
 P_ORIGIN=$BASE P_DART=$((BASE + 1))
@@ -54,29 +34,16 @@ for h in $(seq "$HERDS"); do
   head -c "$((SIZE_MIB << 20))" /dev/urandom >"$WORK/www/obj$h.bin"
 done
 chmod -R a+rwX "$WORK"
-USER_LINE=
-[ "$(id -u)" = 0 ] && USER_LINE="user root root;"
-cat >"$WORK/nginx/nginx.conf" <<EOF
-$USER_LINE
-worker_processes $(nproc);
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  sendfile on;
-  client_body_temp_path $WORK/nginx;
-  proxy_temp_path $WORK/nginx;
-  fastcgi_temp_path $WORK/nginx;
-  uwsgi_temp_path $WORK/nginx;
-  scgi_temp_path $WORK/nginx;
+{
+  nginx_conf_head "$WORK/nginx"
+  cat <<EOF
   server {
     listen 127.0.0.1:$P_ORIGIN;
     root $WORK/www;
   }
 }
 EOF
+} >"$WORK/nginx/nginx.conf"
 "$NGINX" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
 pids+=($!)
 # shellcheck disable=SC2086

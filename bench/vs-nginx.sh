@@ -32,45 +32,14 @@ COLD_OBJECTS=${COLD_OBJECTS:-3}
 DART=${DART:-${CARGO_TARGET_DIR:-target}/release/dart}
 CORES=$(nproc)
 
-fail() {
-  echo "vs-nginx: $*" >&2
-  exit 1
-}
-
-install_missing() {
-  local missing=()
-  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-  command -v wrk >/dev/null || missing+=(wrk)
-  [ ${#missing[@]} = 0 ] && return 0
-  [ "$(id -u)" = 0 ] || fail "missing ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
-  echo "installing ${missing[*]} with apt-get" >&2
-  # The install must not start nginx's service (it would listen on :80 everywhere).
-  local policy=/usr/sbin/policy-rc.d made=
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made=1
-  fi
-  local ok=1
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || ok=0
-  [ -n "$made" ] && rm -f "$policy"
-  [ "$ok" = 1 ] || fail "could not install ${missing[*]} with apt-get"
-}
-install_missing
+NAME=vs-nginx
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+need_packages nginx wrk
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 WRK=${WRK:-$(command -v wrk)}
 for tool in curl sha256sum dd awk; do command -v "$tool" >/dev/null || fail "missing $tool"; done
-if [ ! -x "$DART" ]; then
-  echo "building $DART (cargo build --release -p dart-node)" >&2
-  cargo build --release -p dart-node >&2 || fail "could not build dart"
-fi
-
-WORK=$(mktemp -d /tmp/dart-vs-nginx.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+need_dart
 
 # Four consecutive free-looking ports from a random base (loopback only).
 BASE=$((20000 + RANDOM % 20000))
@@ -86,49 +55,22 @@ done
 # nginx's workers may run as another user: let them read and write what they need.
 chmod -R a+rwX "$WORK"
 
-USER_LINE=
-[ "$(id -u)" = 0 ] && USER_LINE="user root root;"
-cat >"$WORK/origin/nginx.conf" <<EOF
-$USER_LINE
-worker_processes $CORES;
-daemon off;
-pid $WORK/origin/nginx.pid;
-error_log $WORK/origin/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  sendfile on;
-  keepalive_requests 1000000;
-  client_body_temp_path $WORK/origin;
-  proxy_temp_path $WORK/origin;
-  fastcgi_temp_path $WORK/origin;
-  uwsgi_temp_path $WORK/origin;
-  scgi_temp_path $WORK/origin;
+{
+  nginx_conf_head "$WORK/origin"
+  cat <<EOF
   server {
     listen 127.0.0.1:$P_ORIGIN;
     root $WORK/www;
   }
 }
 EOF
+} >"$WORK/origin/nginx.conf"
 # The cache as its users run it: slice + proxy_cache, sendfile, a worker per core, no access log.
 # Not `tcp_nopush on`: with it, every small range waited on a 40 ms delayed ACK here (424 req/s for
 # a hot 64 KiB range against 32,233 without), which would flatter dart.
-cat >"$WORK/nginx/nginx.conf" <<EOF
-$USER_LINE
-worker_processes $CORES;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  sendfile on;
-  keepalive_requests 1000000;
-  client_body_temp_path $WORK/nginx/tmp;
-  proxy_temp_path $WORK/nginx/tmp;
-  fastcgi_temp_path $WORK/nginx/tmp;
-  uwsgi_temp_path $WORK/nginx/tmp;
-  scgi_temp_path $WORK/nginx/tmp;
+{
+  nginx_conf_head "$WORK/nginx/tmp"
+  cat <<EOF
   proxy_cache_path $WORK/nginx/cache levels=1:2 keys_zone=dart_bench:64m max_size=8g inactive=1h use_temp_path=off;
   upstream origin {
     server 127.0.0.1:$P_ORIGIN;
@@ -149,6 +91,7 @@ http {
   }
 }
 EOF
+} >"$WORK/nginx/nginx.conf"
 "$NGINX" -c "$WORK/origin/nginx.conf" -e "$WORK/origin/error.log" &
 pids+=($!)
 "$NGINX" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
