@@ -24,6 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
 
+use super::bufpool::Buf;
 use super::io::StoreIo;
 use super::lru::SlotList;
 use super::{StoreError, WarmStart};
@@ -363,14 +364,14 @@ impl Arena {
         };
         let (_, len) = self.slots[slot as usize].live.expect("indexed slot is live");
         let file = self.file.as_ref().ok_or(StoreError::Closed)?;
-        let mut buf = vec![0u8; len as usize];
+        let mut buf = Buf::take(len as usize);
         self.io
-            .read_exact_at(file, &mut buf, self.layout.data_offset(slot))
+            .read_exact_at(file, buf.as_mut_slice(), self.layout.data_offset(slot))
             .map_err(io_error(&self.path))?;
         if touch {
             self.lru.touch(slot);
         }
-        Ok(Some(Bytes::from(buf)))
+        Ok(Some(buf.freeze()))
     }
 
     /// Bytes `start..start + len` of `key`'s slot, refreshing its recency, if it holds exactly
@@ -390,12 +391,12 @@ impl Arena {
             return Ok(None);
         }
         let file = self.file.as_ref().ok_or(StoreError::Closed)?;
-        let mut buf = vec![0u8; len as usize];
+        let mut buf = Buf::take(len as usize);
         self.io
-            .read_exact_at(file, &mut buf, self.layout.data_offset(slot) + start)
+            .read_exact_at(file, buf.as_mut_slice(), self.layout.data_offset(slot) + start)
             .map_err(io_error(&self.path))?;
         self.lru.touch(slot);
-        Ok(Some(Bytes::from(buf)))
+        Ok(Some(buf.freeze()))
     }
 
     /// [`Arena::read`] (touching recency) or, with `window` = `(start, len, block_len)`,
@@ -421,12 +422,13 @@ impl Arena {
             }
         };
         let file = self.file.as_ref()?;
-        let mut buf = vec![0u8; len as usize];
-        if !self.io.read_cached_at(file, &mut buf, self.layout.data_offset(slot) + start) {
+        let mut buf = Buf::take(len as usize);
+        let offset = self.layout.data_offset(slot) + start;
+        if !self.io.read_cached_at(file, buf.as_mut_slice(), offset) {
             return None;
         }
         self.lru.touch(slot);
-        Some(Some(Bytes::from(buf)))
+        Some(Some(buf.freeze()))
     }
 
     /// Writes `data` under an absent `key`, evicting the LRU block if full. `data_sum` is

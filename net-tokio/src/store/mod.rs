@@ -62,6 +62,7 @@
 #![forbid(unsafe_code)]
 
 mod arena;
+mod bufpool;
 mod config;
 mod dirlock;
 mod error;
