@@ -31,7 +31,7 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
 
 /// The class of a read of `len` bytes, if it takes a pooled buffer.
 fn class_of(len: usize) -> Option<usize> {
-    if len < (1 << MIN_SHIFT) / 2 || len > 1 << MAX_SHIFT {
+    if !((1 << MIN_SHIFT) / 2..=1 << MAX_SHIFT).contains(&len) {
         return None;
     }
     let shift = len.next_power_of_two().trailing_zeros().max(MIN_SHIFT);
