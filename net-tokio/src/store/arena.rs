@@ -359,10 +359,9 @@ impl Arena {
         key: &BlockKey,
         touch: bool,
     ) -> Result<Option<Bytes>, StoreError> {
-        let Some(&slot) = self.index.get(key) else {
+        let Some((slot, _, len)) = self.span(key, None) else {
             return Ok(None);
         };
-        let (_, len) = self.slots[slot as usize].live.expect("indexed slot is live");
         let file = self.file.as_ref().ok_or(StoreError::Closed)?;
         let mut buf = Buf::take(len as usize);
         self.io
@@ -383,13 +382,9 @@ impl Arena {
         len: u64,
         block_len: u64,
     ) -> Result<Option<Bytes>, StoreError> {
-        let Some(&slot) = self.index.get(key) else {
+        let Some((slot, start, len)) = self.span(key, Some((start, len, block_len))) else {
             return Ok(None);
         };
-        let (_, held) = self.slots[slot as usize].live.expect("indexed slot is live");
-        if held != block_len || start.saturating_add(len) > block_len {
-            return Ok(None);
-        }
         let file = self.file.as_ref().ok_or(StoreError::Closed)?;
         let mut buf = Buf::take(len as usize);
         self.io
@@ -397,6 +392,21 @@ impl Arena {
             .map_err(io_error(&self.path))?;
         self.lru.touch(slot);
         Ok(Some(buf.freeze()))
+    }
+
+    /// The slot holding `key` and the bytes (`start`, `len`) a read of the whole block, or of
+    /// `window` = `(start, len, block_len)`, covers; `None` for a miss, and for a window of a
+    /// block held with another length than `block_len` or reaching past its end.
+    fn span(&self, key: &BlockKey, window: Option<(u64, u64, u64)>) -> Option<(u32, u64, u64)> {
+        let &slot = self.index.get(key)?;
+        let (_, held) = self.slots[slot as usize].live.expect("indexed slot is live");
+        match window {
+            None => Some((slot, 0, held)),
+            Some((start, len, block_len)) => {
+                let fits = held == block_len && start.saturating_add(len) <= block_len;
+                fits.then_some((slot, start, len))
+            }
+        }
     }
 
     /// [`Arena::read`] (touching recency) or, with `window` = `(start, len, block_len)`,
@@ -408,18 +418,8 @@ impl Arena {
         key: &BlockKey,
         window: Option<(u64, u64, u64)>,
     ) -> Option<Option<Bytes>> {
-        let Some(&slot) = self.index.get(key) else {
+        let Some((slot, start, len)) = self.span(key, window) else {
             return Some(None);
-        };
-        let (_, held) = self.slots[slot as usize].live.expect("indexed slot is live");
-        let (start, len) = match window {
-            None => (0, held),
-            Some((start, len, block_len)) => {
-                if held != block_len || start.saturating_add(len) > block_len {
-                    return Some(None);
-                }
-                (start, len)
-            }
         };
         let file = self.file.as_ref()?;
         let mut buf = Buf::take(len as usize);

@@ -200,12 +200,8 @@ impl BlockStore {
         if self.is_closed() {
             return None;
         }
-        if let Some(mem) = &self.mem {
-            let hit = lock(mem).get(key);
-            if let Some(bytes) = hit {
-                self.disk.touch(key);
-                return Some(bytes);
-            }
+        if let Some(bytes) = self.ram_hit(key) {
+            return Some(bytes);
         }
         let bytes = self.disk.get(key)?;
         if let Some(mem) = &self.mem {
@@ -221,11 +217,8 @@ impl BlockStore {
         if self.is_closed() {
             return Some(None);
         }
-        if let Some(mem) = &self.mem {
-            if let Some(bytes) = lock(mem).get(key) {
-                self.disk.touch(key);
-                return Some(Some(bytes));
-            }
+        if let Some(bytes) = self.ram_hit(key) {
+            return Some(Some(bytes));
         }
         if self.disk.contains(key) {
             None
@@ -247,21 +240,14 @@ impl BlockStore {
         if self.is_closed() {
             return Some(None);
         }
-        if let Some((start, len, block_len)) = window {
-            if len == 0 || start.checked_add(len).is_none_or(|end| end > block_len) {
-                return Some(None);
-            }
+        if window.is_some_and(|(start, len, block_len)| !window_valid(start, len, block_len)) {
+            return Some(None);
         }
-        if let Some(mem) = &self.mem {
-            let hit = lock(mem).get(key);
-            if let Some(bytes) = hit {
-                self.disk.touch(key);
-                return Some(match window {
-                    None => Some(bytes),
-                    Some((start, len, block_len)) => (bytes.len() as u64 == block_len)
-                        .then(|| bytes.slice(start as usize..(start + len) as usize)),
-                });
-            }
+        if let Some(bytes) = self.ram_hit(key) {
+            return Some(match window {
+                None => Some(bytes),
+                Some((start, len, block_len)) => window_of(&bytes, start, len, block_len),
+            });
         }
         let found = self.disk.get_cached(key, window)?;
         if let (None, Some(bytes), Some(mem)) = (window, &found, &self.mem) {
@@ -280,18 +266,22 @@ impl BlockStore {
         len: u64,
         block_len: u64,
     ) -> Option<Bytes> {
-        if self.is_closed() || len == 0 || start.checked_add(len)? > block_len {
+        if self.is_closed() || !window_valid(start, len, block_len) {
             return None;
         }
-        if let Some(mem) = &self.mem {
-            let hit = lock(mem).get(key);
-            if let Some(bytes) = hit {
-                self.disk.touch(key);
-                let whole = bytes.len() as u64 == block_len;
-                return whole.then(|| bytes.slice(start as usize..(start + len) as usize));
-            }
+        if let Some(bytes) = self.ram_hit(key) {
+            return window_of(&bytes, start, len, block_len);
         }
         self.disk.get_window(key, start, len, block_len)
+    }
+
+    /// A RAM-tier hit of `key`, refreshing the disk copy's recency; `None` when the tier is off
+    /// or does not hold it.
+    fn ram_hit(&self, key: &BlockKey) -> Option<Bytes> {
+        // The tier's lock is released before the disk's is taken.
+        let bytes = lock(self.mem.as_ref()?).get(key)?;
+        self.disk.touch(key);
+        Some(bytes)
     }
 
     /// Stores `data` under `key` in the budget of `class`, and mirrors it into RAM.
@@ -443,4 +433,15 @@ impl BlockStore {
         assert!(stats.borrowed_blocks <= stats.borrowed_slots);
         assert!(stats.mem_blocks <= stats.mem_slots);
     }
+}
+
+/// Whether `start..start + len` is a readable window of a block of `block_len` bytes.
+fn window_valid(start: u64, len: u64, block_len: u64) -> bool {
+    len > 0 && start.checked_add(len).is_some_and(|end| end <= block_len)
+}
+
+/// Window `start..start + len` of a held block, if the block has exactly `block_len` bytes (a
+/// block of another length is a miss: the reader would refuse it).
+fn window_of(bytes: &Bytes, start: u64, len: u64, block_len: u64) -> Option<Bytes> {
+    (bytes.len() as u64 == block_len).then(|| bytes.slice(start as usize..(start + len) as usize))
 }
