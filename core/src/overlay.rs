@@ -9,8 +9,8 @@
 //! current neighbours and remembers, for a bounded time and number, the stats of departed ones
 //! that did worse than a newcomer, so leaving the set does not wipe a punishment.
 //!
-//! Set maintenance (which peers are neighbours, §3) is [`set`]; broadcast targets (§4) and
-//! wiring into the node (§5) are not built.
+//! Set maintenance (which peers are neighbours, §3) is [`set`]; broadcast targets (§4) are
+//! [`targets`]; wiring into the node (§5) is not built.
 //!
 //! # Driving contract
 //!
@@ -65,6 +65,7 @@
 //!   weight, floor 1) and the 10 s apply-score timer, which live weights make unnecessary.
 
 pub mod set;
+pub mod targets;
 #[cfg(test)]
 mod tests;
 
