@@ -337,6 +337,7 @@ impl<D: Dialer> NodeDriver<D> {
             access: inner.node.access_counters(),
             node: inner.node.counters(),
             tracker_files: inner.node.registry().map(|r| r.files()),
+            neighbours: inner.node.engine().neighbours().map(|n| n.report()),
             registry_tokens: self.client.registry_auth().map(|a| {
                 let ok = a.exchanges_ok.load(Ordering::Relaxed);
                 (ok, a.exchanges_failed.load(Ordering::Relaxed))

@@ -2,6 +2,7 @@
 //! occupancy are read at scrape time, so there is one source of truth for each figure.
 
 use crate::cache::BlockCache;
+use dart_core::engine::neighbours::NeighbourReport;
 use dart_core::engine::EngineStats;
 use dart_core::node::{AccessCounters, NodeCounters};
 use dart_core::peer_auth::AuthRefusal;
@@ -28,7 +29,7 @@ pub struct Metrics {
 }
 
 /// What one scrape reads from the node machine.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Scrape {
     /// The engine's counters.
     pub stats: EngineStats,
@@ -43,6 +44,8 @@ pub struct Scrape {
     /// Registry token exchanges ended: (with a token, without); `None` without
     /// `--registry-auth`.
     pub registry_tokens: Option<(u64, u64)>,
+    /// The scored neighbours (`None` while they are off).
+    pub neighbours: Option<Vec<NeighbourReport>>,
 }
 
 /// Reads the node machine's counters at scrape time.
@@ -100,6 +103,46 @@ fn gauges(
         ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+/// The scored neighbours: one series per current neighbour (a departed one's series go with
+/// it), their count, and the blocks asked of them before the origin.
+fn encode_neighbours(
+    enc: &mut DescriptorEncoder,
+    neighbours: &[NeighbourReport],
+    s: &EngineStats,
+) -> fmt::Result {
+    plain_gauge(enc, "dart_neighbours", "Scored neighbours kept.", neighbours.len())?;
+    let g = ConstGauge::new(0i64);
+    let help = "A neighbour's score, 0..=128 (64 new; below 16 it is not asked).";
+    let mut family = enc.encode_descriptor("dart_neighbour_score", help, None, g.metric_type())?;
+    for n in neighbours {
+        let labels = [("peer", n.id.as_str())];
+        ConstGauge::new(i64::from(n.score)).encode(family.encode_family(&labels)?)?;
+    }
+    let c = ConstCounter::new(0u64);
+    let help = "Exchanges with a neighbour that were scored (block fetches and pings).";
+    let mut family =
+        enc.encode_descriptor("dart_neighbour_requests", help, None, c.metric_type())?;
+    for n in neighbours {
+        let labels = [("peer", n.id.as_str())];
+        ConstCounter::new(n.requests).encode(family.encode_family(&labels)?)?;
+    }
+    let help = "Scored exchanges with a neighbour that failed.";
+    let mut family =
+        enc.encode_descriptor("dart_neighbour_failures", help, None, c.metric_type())?;
+    for n in neighbours {
+        let labels = [("peer", n.id.as_str())];
+        ConstCounter::new(n.failures).encode(family.encode_family(&labels)?)?;
+    }
+    let relay = [("asked", s.neighbour_asks), ("held", s.neighbour_hits)];
+    counter(
+        enc,
+        "dart_neighbour_relay",
+        "Blocks asked of a neighbour (cache-only) before the origin, and those it held.",
+        "result",
+        &relay,
+    )
 }
 
 impl prometheus_client::collector::Collector for Collected {
@@ -267,6 +310,9 @@ impl prometheus_client::collector::Collector for Collected {
         )?;
         if let Some(open) = open {
             plain_gauge(&mut enc, "dart_peer_circuits_open", "Peers whose circuit is open.", open)?;
+        }
+        if let Some(neighbours) = &scrape.neighbours {
+            encode_neighbours(&mut enc, neighbours, &s)?;
         }
         let c = self.cache.stats();
         let blocks =

@@ -193,6 +193,12 @@ pub struct NodeFlags {
     /// HRW owners per chunk (their copies are charged to the owned budget).
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
+    /// Scored neighbours kept among the members (docs/overlay.md): pinged every 30s with a
+    /// roster fetch, scored by every exchange with them, and asked for a block (cache-only)
+    /// before a node that is not the block's home reads the origin. 0 turns them off; at most
+    /// 64. Needs --peers or --discover.
+    #[arg(long, default_value_t = dart_core::overlay::set::KEEP_DEFAULT)]
+    pub neighbours: usize,
     /// Consecutive soft failures that open a peer's circuit; 0 disables the breaker.
     #[arg(long, default_value_t = 5)]
     pub breaker_failures: u32,

@@ -298,6 +298,17 @@ pub async fn start_on<S: Seam>(
     // and required a valid --self-id with it.
     let reader_tree =
         flags.reader_tree != Some(false) && node.enable_reader_tree(flags.tracker_tick);
+    if flags.neighbours > 0 {
+        let config = dart_core::overlay::set::Config {
+            keep: flags.neighbours,
+            ..dart_core::overlay::set::Config::default()
+        };
+        let mut root =
+            dart_core::rng::from_seed(dart_core::hash::fnv1a64(flags.self_id.as_bytes()));
+        let rng = dart_core::rng::child(&mut root, "neighbours");
+        // Without a peer path there is nobody to keep: the flag's default does nothing then.
+        node.enable_neighbours(config, rng, dart_core::time::Instant::ZERO);
+    }
     // Blocks a warm start kept carry no version: the machine decides what to serve of them.
     node.recovered_blocks(store.kept_keys());
     let (stop, stop_rx) = watch::channel(false);
@@ -534,6 +545,13 @@ fn advertised(flags: &NodeFlags, bound: SocketAddr) -> anyhow::Result<String> {
 
 /// Validates the peer flags and builds the engine's peer half and, with `--discover`, the seeds.
 fn p2p_setup(flags: &NodeFlags) -> anyhow::Result<(Option<P2p>, Option<Seeds>)> {
+    if flags.neighbours > dart_core::overlay::set::KEEP_MAX {
+        anyhow::bail!(
+            "--neighbours {} is above the most a node keeps ({})",
+            flags.neighbours,
+            dart_core::overlay::set::KEEP_MAX
+        );
+    }
     if !flags.peers.is_empty() && !flags.discover.is_empty() {
         anyhow::bail!("--peers and --discover are mutually exclusive: give a fixed list or seeds");
     }

@@ -66,6 +66,7 @@ pub fn all() -> Vec<Scenario> {
         some_read(),
         some_read_tracked(),
         some_read_staggered(),
+        dead_home_late_readers(),
         registry_herd(),
         registry_dead_root(),
     ]
@@ -305,8 +306,13 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
         );
         check.note(format!(
             "slowest read {worst:?} vs {base_worst:?} without the fault; origin {} range requests vs {}; \
-             {blamed} timeouts charged to honest relays; {} stale refetches",
-            r.origin.range_requests, base.origin.range_requests, r.stale_refetches
+             {blamed} timeouts charged to honest relays; {} stale refetches; {} blocks asked of a \
+             neighbour before the origin, {} held",
+            r.origin.range_requests,
+            base.origin.range_requests,
+            r.stale_refetches,
+            engine_total(r, |e| e.neighbour_asks),
+            engine_total(r, |e| e.neighbour_hits),
         ));
     })
 }
@@ -674,9 +680,11 @@ fn lying_peer() -> Scenario {
                     e.reason,
                     TransitionReason::HardFailure(HardReason::Validation)
                         | TransitionReason::ProbeFailed
+                        // A neighbour's ping (a roster fetch) to the liar, while half-open.
+                        | TransitionReason::RosterFailed
                 )
             }),
-            "on a validation failure",
+            "on a validation failure (or a failed probe of the open circuit)",
         );
         let refused: u64 = r
             .peer_answers
@@ -1721,6 +1729,73 @@ fn some_read_staggered() -> Scenario {
         safety_reads_finish(run, check, &[]);
         let (origin, ..) = some_read_figures(run, check);
         check.that(origin <= 1.25, format!("origin {origin:.2} x the object (at most 1.25)"));
+    })
+}
+
+/// A third of the members read an object (one chunk; the blocks spread over the cluster), its
+/// home dies, the next-ranked member restarts with an empty cache, then it and another third read
+/// the object: the new home holds nothing, and asks a neighbour for each block before the origin.
+fn dead_home_late_readers_spec(seed: u64, scale: Scale) -> (SimSpec, usize) {
+    let nodes = pick(scale, 12, 40) as usize;
+    let size = pick(scale, 4, 64) * MIB;
+    let block = pick(scale, 128 << 10, MIB);
+    let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+    let order = tree_order(&spec.cluster, 0, 0);
+    let (home, successor) = (order[0], order[1]);
+    // A third of the others read first; the successor and another third 20 s later. The
+    // successor restarts with an empty cache in between: when it reads, it is the new home and
+    // holds nothing, so without neighbours it reads the whole object from the origin again.
+    use rand::seq::SliceRandom as _;
+    let mut others: Vec<usize> = (0..nodes).filter(|n| *n != home && *n != successor).collect();
+    others.shuffle(&mut rng::from_seed(seed ^ 0x4E16));
+    let third = nodes / 3;
+    let early = &others[..third];
+    let late: Vec<usize> =
+        others[third..2 * third].iter().copied().chain(std::iter::once(successor)).collect();
+    spec.workload.liveness.clear();
+    spec.workload.safety.retain(|read| early.contains(&read.node) || late.contains(&read.node));
+    for read in &mut spec.workload.safety {
+        if late.contains(&read.node) {
+            read.at += secs(20);
+        }
+    }
+    spec.plan = FaultPlan {
+        faults: vec![
+            fault(secs(10), secs(60), FaultKind::BlackHole { node: home }),
+            fault(secs(12), secs(2), FaultKind::Crash { node: successor, keep_cache: false }),
+        ],
+    };
+    (spec, home)
+}
+
+fn dead_home_late_readers() -> Scenario {
+    Scenario::new(
+        "dead-home-late-readers",
+        "a third of the members read an object, its home dies, the next-ranked member restarts empty and reads it with another third: the new home asks a neighbour for each block before the origin",
+        |seed, scale| dead_home_late_readers_spec(seed, scale).0,
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let home = tree_order(&run.spec.cluster, 0, 0)[0];
+        safety_reads_finish(run, check, &[home]);
+        let object = run.spec.cluster.objects[0].size as f64;
+        let origin = r.origin.body_bytes as f64 / object;
+        // The same run with the neighbours off, side by side.
+        let mut off = run.spec.clone();
+        off.cluster.peer.get_or_insert_with(PeerConfig::default).neighbours = None;
+        let off = dart_sim::run(off, r.seed);
+        let origin_off = off.origin.body_bytes as f64 / object;
+        let (asks, held) =
+            (engine_total(r, |e| e.neighbour_asks), engine_total(r, |e| e.neighbour_hits));
+        check.that(
+            origin <= origin_off,
+            format!("origin {origin:.2} x the object with neighbours ≤ {origin_off:.2} without"),
+        );
+        check.that(origin <= 2.0, format!("origin {origin:.2} x the object ≤ 2 (once per wave)"));
+        check.note(format!(
+            "origin {origin:.2} x the object with neighbours, {origin_off:.2} without; {asks} blocks \
+             asked of a neighbour before the origin, {held} held"
+        ));
     })
 }
 

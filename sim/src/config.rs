@@ -32,6 +32,8 @@ pub struct PeerConfig {
     /// The reader tree's tracker tick (`None`: the reader tree is off and every object's trees
     /// span every Ready member).
     pub reader_tree: Option<Duration>,
+    /// The scored neighbours (`None`: off; the node's default is on, keeping 5).
+    pub neighbours: Option<dart_core::overlay::set::Config>,
 }
 
 /// Live membership in the simulator: each node starts knowing only itself and runs the core's
@@ -64,6 +66,7 @@ impl Default for PeerConfig {
             breaker: BreakerConfig::default(),
             discovery: None,
             reader_tree: Some(Duration::ZERO),
+            neighbours: Some(dart_core::overlay::set::Config::default()),
         }
     }
 }

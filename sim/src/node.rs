@@ -253,6 +253,10 @@ impl SimNode {
             };
             node.enable_discovery(seeds, d.timing, now).expect("a peer path, an id, an address");
         }
+        if let Some(config) = self.peer.as_ref().and_then(|(p, _)| p.neighbours) {
+            let rng = rng::child(&mut self.rng, "neighbours");
+            assert!(node.enable_neighbours(config, rng, now), "a peer path");
+        }
         if let Some(tick) = self.peer.as_ref().and_then(|(p, _)| p.reader_tree) {
             assert!(node.enable_reader_tree(tick), "a peer path and an id");
         }

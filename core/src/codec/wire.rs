@@ -27,6 +27,10 @@ pub const HEADER_UPSTREAM_STATUS: &str = "x-dart-upstream-status";
 /// `504` + `X-DART-Upstream-Status: 504` just before, so the requester fails over without
 /// blaming it.
 pub const HEADER_BUDGET: &str = "x-dart-budget-ms";
+/// Header asking a relay to serve only a block it holds, never to fetch it (`1`), while
+/// `X-DART-Origin` still names the object so the relay answers with the version it holds
+/// (a neighbour's ask before the origin, docs/overlay.md).
+pub const HEADER_HELD_ONLY: &str = "x-dart-held-only";
 /// Header carrying the requester's advertised peer address.
 pub const HEADER_PEER_ADDR: &str = "x-dart-peer-addr";
 /// Header carrying the sender's membership epoch on roster responses (decimal u64).

@@ -8,6 +8,7 @@
 pub mod flight;
 pub mod hedge;
 pub mod meta;
+pub mod neighbours;
 pub mod origin;
 mod read;
 pub mod redirect;
@@ -158,6 +159,10 @@ pub struct EngineStats {
     pub hedge_primary_won: u64,
     /// Hedged blocks the backup won.
     pub hedge_backup_won: u64,
+    /// Blocks a read asked a neighbour for before paying the origin (spec/overlay.md §5).
+    pub neighbour_asks: u64,
+    /// Of those, blocks the neighbour held (origin reads saved).
+    pub neighbour_hits: u64,
     /// Reads that went on with stale validators because the revalidating probe found the origin
     /// unavailable (stale-if-error).
     pub stale_served: u64,
@@ -202,6 +207,8 @@ pub struct Engine {
     /// Objects whose content failed a whole-object check at this node lately, until when:
     /// their reads and relays skip the peer path and read the origin ([`Engine::distrust_peers`]).
     distrusted: BTreeMap<String, Instant>,
+    /// The scored neighbours, when on ([`Engine::enable_neighbours`]).
+    neighbours: Option<neighbours::Neighbours>,
 }
 
 /// How long an object whose content failed its check is read from the origin only.
@@ -231,6 +238,7 @@ impl Engine {
             readers: None,
             joins: Vec::new(),
             distrusted: BTreeMap::new(),
+            neighbours: None,
         }
     }
 
@@ -341,6 +349,54 @@ impl Engine {
         self.hedges.try_hedge()
     }
 
+    /// Turns on the scored neighbours (spec/overlay.md §3, §5) with `rng` as their randomness;
+    /// the first update is due at `now`. False without the peer path.
+    pub fn enable_neighbours(
+        &mut self,
+        config: crate::overlay::set::Config,
+        rng: crate::rng::Rng,
+        now: Instant,
+    ) -> bool {
+        if self.p2p.is_none() {
+            return false;
+        }
+        self.neighbours = Some(neighbours::Neighbours::new(config, rng, now));
+        true
+    }
+
+    /// The scored neighbours, when on.
+    pub fn neighbours(&self) -> Option<&neighbours::Neighbours> {
+        self.neighbours.as_ref()
+    }
+
+    /// The scored neighbours and the view they are drawn from, when both are on.
+    pub(crate) fn neighbours_mut(&mut self) -> Option<(&mut neighbours::Neighbours, &P2p)> {
+        Some((self.neighbours.as_mut()?, self.p2p.as_ref()?))
+    }
+
+    /// The neighbour a read should ask for `key` (cache-only) before it reads the origin: a
+    /// reliable one drawn by weight whose circuit admits, unless this node is the home of the
+    /// block's chunk (the best-ranked member of the whole view, which reads the origin by
+    /// design: no neighbour can hold a block before it), or the object's peers are distrusted.
+    pub(crate) fn neighbour_relay(
+        &mut self,
+        key: BlockKey,
+        file: &str,
+        now: Instant,
+    ) -> Option<route::PeerRef> {
+        if self.peers_distrusted(file, now) {
+            return None;
+        }
+        let p2p = self.p2p.as_ref()?;
+        let placement = &p2p.placement;
+        if placement.first_ranked(key.chunk).is_none_or(|id| id == placement.self_id()) {
+            return None;
+        }
+        let refused: Vec<&String> = p2p.breaker.unhealthy(now).collect();
+        let neighbours = self.neighbours.as_mut()?;
+        neighbours.choose(placement.view(), |_, addr| !refused.iter().any(|r| *r == addr))
+    }
+
     /// Turns on the peer path: misses go to this node's tree ancestors before the origin.
     pub fn enable_p2p(&mut self, p2p: P2p) {
         self.p2p = Some(p2p);
@@ -360,6 +416,13 @@ impl Engine {
     /// `url` is `Some` for fetch-on-behalf (with the hop to send upstream), `None` for cache-only.
     pub fn begin_relay(&mut self, key: BlockKey, url: Option<String>, next_hop: u64) -> Read {
         Read::relay(self, key, url, next_hop)
+    }
+
+    /// Starts serving a peer's held-only request (`X-DART-Held-Only`) for `key` of the object
+    /// at `url`, after [`route::relay_check`] accepted it: the block is served if held and the
+    /// object's version is known here (or the object is immutable), never fetched.
+    pub fn begin_relay_held(&mut self, key: BlockKey, url: String, hop: u64) -> Read {
+        Read::relay_held(self, key, url, hop)
     }
 
     /// A read-ahead read of block `key` of the object at `url`: a relay read that serves nobody
@@ -584,6 +647,10 @@ impl Engine {
         if let Some(p2p) = &self.p2p {
             // The view is immutable and checked when built (`View::new`).
             p2p.breaker.check_invariants();
+        }
+        if let Some(n) = &self.neighbours {
+            assert!(self.p2p.is_some(), "neighbours only with the peer path");
+            n.check_invariants();
         }
         assert!(self.objects.len() <= OBJECTS_MAX);
         assert_eq!(self.objects.len(), self.object_order.len());

@@ -27,6 +27,8 @@ struct Node {
     cache: BTreeMap<BlockKey, Bytes>,
     fault: Fault,
     relay_requests: usize,
+    /// Of those, held-only requests (serve what you hold, never fetch).
+    held_only_requests: usize,
 }
 
 struct Cluster {
@@ -62,7 +64,13 @@ impl Cluster {
                 let breaker = crate::breaker::Breaker::new(config).expect("breaker config");
                 let placement = Placement::new(view.clone(), &id(i), fanout, 1);
                 engine.enable_p2p(P2p { placement, breaker });
-                Node { engine, cache: BTreeMap::new(), fault: Fault::None, relay_requests: 0 }
+                Node {
+                    engine,
+                    cache: BTreeMap::new(),
+                    fault: Fault::None,
+                    relay_requests: 0,
+                    held_only_requests: 0,
+                }
             })
             .collect();
         Cluster {
@@ -122,6 +130,7 @@ impl Cluster {
                     peer,
                     key,
                     url,
+                    held_only,
                     hop,
                     expected_len,
                     permit,
@@ -129,7 +138,8 @@ impl Cluster {
                     ..
                 } => {
                     // Peers answer at once here: no hedge is ever due.
-                    let answer = self.serve_peer(&peer.addr, key, &url, hop, expected_len);
+                    let answer =
+                        self.serve_peer(&peer.addr, key, &url, held_only, hop, expected_len);
                     if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
                         // The peer's 200 head arrived: commit ours and forward as bytes arrive.
                         read.handle_peer_started(&mut self.nodes[at].engine, contender);
@@ -182,6 +192,7 @@ impl Cluster {
         to: &str,
         key: BlockKey,
         url: &str,
+        held_only: bool,
         hop: u64,
         expected: u64,
     ) -> PeerAnswer {
@@ -196,15 +207,22 @@ impl Cluster {
             }
             Fault::None => {}
         }
-        let plan = match relay_check(&self.nodes[j].engine, key, Some(url), hop) {
+        // An empty URL is a cache-only request (no `X-DART-Origin` on the wire).
+        let url = (!url.is_empty()).then_some(url);
+        let plan = match relay_check(&self.nodes[j].engine, key, url, hop) {
             Ok(plan) => plan,
             Err(_) => return PeerAnswer::Failed(Observation::Miss),
         };
-        let next_hop = match plan {
-            route::RelayPlan::FetchOnBehalf { next_hop } => next_hop,
-            route::RelayPlan::CacheOnly => unreachable!("url given"),
+        let read = match (plan, url) {
+            (route::RelayPlan::FetchOnBehalf { .. }, Some(url)) if held_only => {
+                self.nodes[j].held_only_requests += 1;
+                self.nodes[j].engine.begin_relay_held(key, url.to_owned(), hop)
+            }
+            (route::RelayPlan::FetchOnBehalf { next_hop }, url) => {
+                self.nodes[j].engine.begin_relay(key, url.map(str::to_owned), next_hop)
+            }
+            (route::RelayPlan::CacheOnly, _) => self.nodes[j].engine.begin_relay(key, None, hop),
         };
-        let read = self.nodes[j].engine.begin_relay(key, Some(url.to_owned()), next_hop);
         match self.drive(j, read) {
             End::Finish(bytes) => PeerAnswer::Block(Bytes::from(bytes)),
             End::Fail(f) if f.committed => PeerAnswer::Failed(Observation::BodyInterrupted),
@@ -214,6 +232,26 @@ impl Cluster {
                 (status, _) => PeerAnswer::Failed(Observation::UnexpectedStatus(status)),
             },
         }
+    }
+
+    /// Turns on node `at`'s neighbours, keeping `keep`, and runs their first update.
+    fn enable_neighbours(&mut self, at: usize, keep: usize) {
+        let config = crate::overlay::set::Config { keep, ..Default::default() };
+        let rng = crate::rng::from_seed(at as u64);
+        let engine = &mut self.nodes[at].engine;
+        assert!(engine.enable_neighbours(config, rng, self.now));
+        let (neighbours, p2p) = engine.neighbours_mut().expect("on");
+        let ping = neighbours.handle_timeout(p2p.placement.view(), &id(at), self.now);
+        assert!(ping.is_none(), "the first ping is one interval away");
+        assert_eq!(neighbours.set().len(), keep.min(self.nodes.len() - 1));
+    }
+
+    /// Puts the origin's block `block` into node `at`'s store.
+    fn plant(&mut self, at: usize, block: u64) {
+        let e = &self.nodes[at].engine;
+        let key = e.block_key(&e.identify(&self.url), block);
+        let data = Bytes::from(self.expected(block * 4, block * 4 + 3));
+        self.nodes[at].cache.insert(key, data);
     }
 
     fn expected(&self, a: u64, b: u64) -> Vec<u8> {
@@ -344,7 +382,7 @@ fn genuine_relay_failures_still_open_the_circuit() {
     let e = &c.nodes[tail].engine;
     let key = e.block_key(&e.identify(&c.url), 0);
     for _ in 0..3 {
-        let answer = c.serve_peer(&addr(middle), key, &c.url.clone(), 0, 4);
+        let answer = c.serve_peer(&addr(middle), key, &c.url.clone(), false, 0, 4);
         assert_eq!(answer, PeerAnswer::Failed(Observation::UnexpectedStatus(500)));
         let b = &mut c.nodes[tail].engine.p2p_mut().expect("p2p").breaker;
         let permit = b.begin_data(&addr(middle), c.now).permit().expect("admitted while closed");
@@ -506,4 +544,101 @@ fn a_relay_does_not_serve_a_cached_block_of_the_wrong_length_when_it_knows_the_s
     assert_eq!(c.drive(root, read), End::Finish(c.expected(0, 3)), "refetched, not the bad copy");
     assert_eq!(c.nodes[root].engine.stats().cache_corrupt, 1);
     assert_eq!(c.origin.fetches.len(), 1);
+}
+
+/// Declares the test object immutable at every node (any copy of a block is the block).
+fn immutable(c: &mut Cluster) {
+    for n in &mut c.nodes {
+        n.engine.config.immutable_prefixes = vec!["http://origin.example/".into()];
+    }
+}
+
+#[test]
+fn a_substitute_root_asks_a_neighbour_before_the_origin_and_uses_the_block_it_holds() {
+    let mut c = Cluster::new(5, 1, 8, Mode::Honours);
+    immutable(&mut c);
+    let ranked = c.ranked(0);
+    let (home, substitute) = (ranked[0], ranked[1]);
+    c.nodes[home].fault = Fault::Dead;
+    // The dead home passed both blocks down before it died: every other member holds them.
+    for &n in &ranked[2..] {
+        c.plant(n, 0);
+        c.plant(n, 1);
+    }
+    c.enable_neighbours(substitute, 4);
+    assert_eq!(c.read(substitute, None), End::Finish(c.expected(0, 7)));
+    assert!(c.origin.fetches.is_empty(), "the origin paid nothing: {:?}", c.origin.fetches);
+    let stats = c.nodes[substitute].engine.stats();
+    assert_eq!((stats.neighbour_asks, stats.neighbour_hits), (2, 2));
+    let cache_only: usize = ranked[2..].iter().map(|&n| c.nodes[n].held_only_requests).sum();
+    assert_eq!(cache_only, 2, "the neighbour was asked for what it holds only");
+    assert_eq!(c.nodes[home].relay_requests, 1, "the dead home: one dial, then its circuit");
+}
+
+#[test]
+fn a_neighbour_that_does_not_hold_the_block_costs_one_ask_and_is_not_blamed() {
+    let mut c = Cluster::new(5, 1, 8, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (home, substitute) = (ranked[0], ranked[1]);
+    c.nodes[home].fault = Fault::Dead;
+    c.enable_neighbours(substitute, 4);
+    assert_eq!(c.read(substitute, None), End::Finish(c.expected(0, 7)));
+    assert_eq!(c.origin.fetches.len(), 2, "both blocks from the origin");
+    let stats = c.nodes[substitute].engine.stats();
+    assert_eq!((stats.neighbour_asks, stats.neighbour_hits), (2, 0));
+    // A 404 is neither good nor bad: no neighbour lost score for it.
+    let report = c.nodes[substitute].engine.neighbours().expect("on").report();
+    for n in report.iter().filter(|n| n.id != id(home)) {
+        assert_eq!(n.score, crate::overlay::SCORE_INITIAL, "{n:?}");
+        assert_eq!(n.failures, 0, "{n:?}");
+    }
+}
+
+#[test]
+fn the_home_of_a_chunk_never_asks_a_neighbour() {
+    let mut c = Cluster::new(5, 1, 8, Mode::Honours);
+    let home = c.ranked(0)[0];
+    c.enable_neighbours(home, 4);
+    assert_eq!(c.read(home, None), End::Finish(c.expected(0, 7)));
+    assert!(c.nodes.iter().all(|n| n.relay_requests == 0));
+    assert_eq!(c.nodes[home].engine.stats().neighbour_asks, 0);
+}
+
+#[test]
+fn a_distrusted_object_never_asks_a_neighbour() {
+    let mut c = Cluster::new(5, 1, 8, Mode::Honours);
+    let ranked = c.ranked(0);
+    let leaf = ranked[4];
+    for &n in &ranked[..4] {
+        c.plant(n, 0);
+        c.plant(n, 1);
+    }
+    c.enable_neighbours(leaf, 4);
+    let id = c.nodes[leaf].engine.identify(&c.url);
+    let now = c.now;
+    c.nodes[leaf].engine.distrust_peers(&id, now);
+    assert_eq!(c.read(leaf, None), End::Finish(c.expected(0, 7)));
+    assert!(c.nodes.iter().all(|n| n.relay_requests == 0), "no peer, no neighbour");
+    assert_eq!(c.origin.fetches.len(), 2);
+}
+
+#[test]
+fn a_neighbour_never_serves_a_held_block_of_an_object_whose_version_it_does_not_know() {
+    // A mutable object: the holders' blocks came from somewhere (an earlier process, an evicted
+    // entry) and nothing says which version they are. They decline; the origin pays.
+    let mut c = Cluster::new(5, 1, 8, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (home, substitute) = (ranked[0], ranked[1]);
+    c.nodes[home].fault = Fault::Dead;
+    for &n in &ranked[2..] {
+        c.plant(n, 0);
+        c.plant(n, 1);
+    }
+    c.enable_neighbours(substitute, 4);
+    assert_eq!(c.read(substitute, None), End::Finish(c.expected(0, 7)));
+    assert_eq!(c.origin.fetches.len(), 2, "both blocks from the origin");
+    let stats = c.nodes[substitute].engine.stats();
+    assert_eq!((stats.neighbour_asks, stats.neighbour_hits), (2, 0));
+    let declined: u64 = ranked[2..].iter().map(|&n| c.nodes[n].engine.stats().relay_declined).sum();
+    assert_eq!(declined, 2);
 }

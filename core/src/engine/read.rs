@@ -231,6 +231,10 @@ pub enum Action {
         key: BlockKey,
         /// Upstream URL, for the peer to relay on our behalf.
         url: String,
+        /// Ask the peer for a block it holds only (`X-DART-Held-Only`): it must not fetch, and
+        /// its answer is used only if it names the version this read serves (a neighbour's
+        /// ask before the origin).
+        held_only: bool,
         /// Relay depth to send.
         hop: u64,
         /// The block's geometry length; read at most one byte more.
@@ -364,6 +368,9 @@ struct Job {
     hedged: bool,
     /// A relay that answered "my upstream is slow" was asked once more for this block.
     asked_again: bool,
+    /// A neighbour was asked for this block before the origin (its address), or the engine
+    /// had none to ask (`Some(None)`).
+    neighbour: Option<Option<String>>,
 }
 
 impl Job {
@@ -485,7 +492,16 @@ impl Read {
 
     pub(super) fn relay(engine: &mut Engine, key: BlockKey, url: Option<String>, hop: u64) -> Read {
         let fetch = url.is_some();
-        let url = url.unwrap_or_default();
+        Read::relay_as(engine, key, url.unwrap_or_default(), fetch, hop)
+    }
+
+    /// A relay of `key` of the object at `url` that serves only a block it holds
+    /// (`X-DART-Held-Only`), and only while it knows the object's version.
+    pub(super) fn relay_held(engine: &mut Engine, key: BlockKey, url: String, hop: u64) -> Read {
+        Read::relay_as(engine, key, url, false, hop)
+    }
+
+    fn relay_as(engine: &mut Engine, key: BlockKey, url: String, fetch: bool, hop: u64) -> Read {
         let object = engine.identify(&url);
         let mut read = Read::blank(url, object, Kind::Relay { key, fetch, hop });
         read.out.push_back(Action::Lookup { key, window: None });
@@ -741,6 +757,11 @@ impl Read {
             }
             (cached, _) => cached,
         };
+        // A held-only relay names the version it holds: one whose object it does not know
+        // (evicted, or held from an earlier process) is not served for a mutable object.
+        let unversioned =
+            !fetch && !self.url.is_empty() && known.is_none() && !engine.is_immutable(&self.object);
+        let cached = if unversioned { None } else { cached };
         match cached {
             Some(data) => self.relay_serve(engine, data),
             None if !fetch => {
@@ -791,6 +812,7 @@ impl Read {
                 race: [None, None],
                 hedged: false,
                 asked_again: false,
+                neighbour: None,
             },
             now,
         );
@@ -837,6 +859,7 @@ impl Read {
                 peer,
                 key: job.key,
                 url: self.url.clone(),
+                held_only: false,
                 hop: self.hop(),
                 expected_len: job.expected,
                 permit,
@@ -931,6 +954,16 @@ impl Read {
             self.state = State::AwaitLookup(job);
             return;
         }
+        if job.neighbour.is_none() {
+            // About to pay the origin: a neighbour may hold the block (spec/overlay.md §5).
+            let asked = self.ask_neighbour(engine, &mut job, now);
+            let done = asked.is_some();
+            job.neighbour = Some(asked);
+            if done {
+                self.state = State::AwaitPeer(job);
+                return;
+            }
+        }
         let start = job.seg.block_index * engine.config.geometry.block_bytes();
         self.out.push_back(Action::FetchOrigin {
             key: job.key,
@@ -942,6 +975,39 @@ impl Read {
             class: engine.class_of(&job.key),
         });
         self.state = State::AwaitFetch(job);
+    }
+
+    /// Asks one reliable neighbour for the block it holds (held-only: it never fetches, so it
+    /// cannot ask this node back, and it names the version it holds), before the origin;
+    /// answers the address asked, or `None` when there is no neighbour to ask
+    /// (`Engine::neighbour_relay`) or its circuit refused.
+    fn ask_neighbour(
+        &mut self,
+        engine: &mut Engine,
+        job: &mut Job,
+        now: Instant,
+    ) -> Option<String> {
+        debug_assert!(!job.in_flight(), "the origin is next: nothing is in flight");
+        let peer = engine.neighbour_relay(job.key, &self.object.id, now)?;
+        let permit = engine.admit(&peer.addr, now)?;
+        job.tried_peer = true;
+        engine.stats.neighbour_asks += 1;
+        engine.on_peer_fetch();
+        let addr = peer.addr.clone();
+        job.race[Contender::Primary.index()] = Some(addr.clone());
+        self.out.push_back(Action::FetchPeer {
+            contender: Contender::Primary,
+            hedge_after: None,
+            peer,
+            key: job.key,
+            url: self.url.clone(),
+            held_only: true,
+            hop: self.hop(),
+            expected_len: job.expected,
+            permit,
+            cut_through: self.is_relay() && engine.config.cut_through,
+        });
+        Some(addr)
     }
 
     /// Whether this relay read may commit its head on its origin window's head and stream the
@@ -1041,6 +1107,9 @@ impl Read {
                     }
                 }
                 self.cancel_race(&mut job);
+                if job.neighbour.as_ref().is_some_and(|n| n.as_deref() == Some(asked.as_str())) {
+                    engine.stats.neighbour_hits += 1;
+                }
                 if job.hedged {
                     match contender {
                         Contender::Primary => engine.stats.hedge_primary_won += 1,
@@ -1099,6 +1168,9 @@ impl Read {
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
                 settle(engine, permit, Outcome::Answered, now);
+                if job.neighbour.as_ref().is_some_and(Option::is_some) {
+                    engine.stats.neighbour_hits += 1;
+                }
                 self.count(&mut engine.stats.block_source_peer);
                 if !shared {
                     engine.stats.peer_bytes += data.len() as u64;
@@ -1305,6 +1377,7 @@ impl Read {
                     race: [None, None],
                     hedged: false,
                     asked_again: false,
+                    neighbour: None,
                 });
             }
             None => self.finish(),

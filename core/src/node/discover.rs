@@ -43,8 +43,33 @@ impl Node {
         }
         let me = Member::ready(&self.config.self_id, &self.config.advertise);
         self.directory = Some(Directory::new(me, seeds, timing, now));
-        self.apply_view();
+        self.apply_view(now);
         Ok(())
+    }
+
+    /// Turns the scored neighbours on at `now` (spec/overlay.md §3, §5): `keep` of the view's
+    /// members are kept, scored by every exchange with them, pinged with a roster fetch, and
+    /// asked for a block before the origin ([`crate::engine::neighbours`]). `rng` is their
+    /// randomness (a child of the node's seed). False without the peer path.
+    pub fn enable_neighbours(
+        &mut self,
+        config: crate::overlay::set::Config,
+        rng: crate::rng::Rng,
+        now: Instant,
+    ) -> bool {
+        self.engine.enable_neighbours(config, rng, now)
+    }
+
+    /// Runs the neighbours' due update and ping (from [`Node::handle_timeout`]).
+    pub(super) fn neighbours_due(&mut self, now: Instant) {
+        let self_id = self.config.self_id.clone();
+        let Some((neighbours, p2p)) = self.engine.neighbours_mut() else { return };
+        if neighbours.poll_timeout() > now {
+            return;
+        }
+        if let Some(peer) = neighbours.handle_timeout(p2p.placement.view(), &self_id, now) {
+            self.ping_neighbour(peer, now);
+        }
     }
 
     /// The directory, when discovery is on.
@@ -76,7 +101,7 @@ impl Node {
             }
             Start::Ask(addrs) => self.ask_rosters(addrs, now),
         }
-        self.apply_view();
+        self.apply_view(now);
     }
 
     pub(super) fn seeds_resolved(
@@ -96,7 +121,7 @@ impl Node {
         let dir = self.directory.as_mut().expect("checked above");
         let ask = dir.seeds_resolved(result, now);
         self.ask_rosters(ask, now);
-        self.apply_view();
+        self.apply_view(now);
     }
 
     fn ask_rosters(&mut self, addrs: Vec<String>, now: Instant) {
@@ -125,7 +150,7 @@ impl Node {
             );
         }
         self.ask_rosters(answered.ask, now);
-        self.apply_view();
+        self.apply_view(now);
     }
 
     fn discovery_error(&mut self, message: String, now: Instant) {
@@ -136,12 +161,16 @@ impl Node {
     }
 
     /// Moves placement onto the directory's new view, if it changed.
-    pub(super) fn apply_view(&mut self) {
+    pub(super) fn apply_view(&mut self, now: Instant) {
         let Some(view) = self.directory.as_mut().and_then(Directory::take_view) else { return };
         let Some(p2p) = self.engine.p2p_mut() else { return };
         let (joined, left) = diff(p2p.placement.view(), &view);
         let (epoch, members) = (view.epoch(), view.members().len());
         p2p.placement = p2p.placement.with_view(view);
+        let self_id = self.config.self_id.clone();
+        if let Some((neighbours, p2p)) = self.engine.neighbours_mut() {
+            neighbours.on_view(p2p.placement.view(), &self_id, now);
+        }
         if !joined.is_empty() || !left.is_empty() {
             self.event(Event::View { epoch, members, joined, left });
         }

@@ -72,6 +72,9 @@ pub(super) struct PeerJob {
     /// The member the fetch asks (never joined by a relay serving that member).
     pub member: String,
     pub expected: u64,
+    /// A held-only ask (`X-DART-Held-Only`): its answer must name the version the read
+    /// serves, for an object that may change.
+    pub held_only: bool,
     /// The body so far, at most `expected + 1` bytes.
     pub copy: BodyBuf,
 }
@@ -97,6 +100,8 @@ pub(super) enum Job {
         /// The driver's ticket (an [`Event::Roster`] answers it), or `None`: discovery asked.
         ticket: Option<u64>,
         addr: String,
+        /// The neighbour this fetch pings (its outcome is scored), if it is a ping.
+        ping: Option<String>,
         permit: Option<Permit<String>>,
         responder: Option<String>,
         body: BytesMut,

@@ -337,7 +337,7 @@ impl Node {
             Input::Resolved { ticket, result } => self.seeds_resolved(ticket, result, now),
             Input::WallClock { unix_ms } => self.access.set_wall(now, unix_ms),
             Input::FetchBlock { ticket, addr, key, url, hop, expected } => {
-                let fetch = peer::PeerFetch { key, url, hop, expected };
+                let fetch = peer::PeerFetch { key, url, hop, expected, held_only: false };
                 self.fetch_block(ticket, addr, fetch, now);
             }
         }
@@ -356,7 +356,8 @@ impl Node {
         let answer = self.answer_timers.first().map(|&(t, _)| t);
         let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
         let discovery = self.directory.as_ref().and_then(|d| d.poll_timeout());
-        [exchange, stall, hedge, answer, breaker, discovery].into_iter().flatten().min()
+        let neighbours = self.engine.neighbours().map(|n| n.poll_timeout());
+        [exchange, stall, hedge, answer, breaker, discovery, neighbours].into_iter().flatten().min()
     }
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
@@ -370,6 +371,7 @@ impl Node {
 
     fn fire_timers(&mut self, now: Instant) {
         self.discovery_due(now);
+        self.neighbours_due(now);
         // Each due exchange is removed or re-armed later than now, so this loop ends.
         while let Some(&(at, io)) = self.timers.first() {
             if at > now {

@@ -14,8 +14,8 @@ use super::{Node, LEARNED_MAX, ROSTER_FETCHES_MAX};
 use crate::breaker::{Observation, Permit};
 use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MAX};
 use crate::codec::wire::{
-    block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HOP,
-    HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, ROSTER_PATH,
+    block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HELD_ONLY,
+    HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, ROSTER_PATH,
 };
 use crate::engine::route::{relay_check, RelayPlan};
 use crate::engine::{Contender, Method, PeerAnswer};
@@ -36,6 +36,8 @@ pub(super) struct PeerFetch {
     pub url: String,
     pub hop: u64,
     pub expected: u64,
+    /// Ask for a block the peer holds only (`X-DART-Held-Only`).
+    pub held_only: bool,
 }
 
 /// Whether `value` may travel in a header field (visible ASCII, space and tab; no controls).
@@ -108,6 +110,14 @@ impl Node {
                 return self.reply(id, Plane::Peer, 400, msg, Headers::new());
             }
         };
+        let held_only = match request.headers.get(HEADER_HELD_ONLY) {
+            None => false,
+            Some(b"1") => true,
+            Some(_) => {
+                let msg = "dart: bad held-only header (1 or absent)";
+                return self.reply(id, Plane::Peer, 400, msg, Headers::new());
+            }
+        };
         if let Some(url) = origin.as_deref() {
             if let Some(refusal) = self.upstream_refusal(url) {
                 let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
@@ -125,7 +135,11 @@ impl Node {
             }
         };
         let requester = request.headers.get_str(HEADER_NODE).map(str::to_owned);
-        let read = self.engine.begin_relay(key, url, next_hop);
+        let read = match url {
+            // Held-only: serve what is held, named by its version; never fetch (the hop stays).
+            Some(url) if held_only => self.engine.begin_relay_held(key, url, hop),
+            url => self.engine.begin_relay(key, url, next_hop),
+        };
         self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), budget, requester, now);
     }
 
@@ -156,7 +170,8 @@ impl Node {
             }
             None => {
                 let object = self.requests.get(&rid).map(|r| r.read.object().id.clone());
-                let on_behalf = !fetch.url.is_empty() && header_safe(fetch.url.as_bytes());
+                let on_behalf =
+                    !fetch.url.is_empty() && header_safe(fetch.url.as_bytes()) && !fetch.held_only;
                 let key = fetch.key;
                 let io = self.send_peer_fetch(
                     Some(reader),
@@ -277,6 +292,9 @@ impl Node {
         if !fetch.url.is_empty() && header_safe(fetch.url.as_bytes()) {
             headers.push(HEADER_ORIGIN, fetch.url.as_str());
         }
+        if fetch.held_only {
+            headers.push(HEADER_HELD_ONLY, "1");
+        }
         if !self.config.self_id.is_empty() {
             headers.push(HEADER_NODE, self.config.self_id.as_str());
         }
@@ -290,6 +308,7 @@ impl Node {
             addr,
             member,
             expected: fetch.expected,
+            held_only: fetch.held_only,
             copy: BodyBuf::default(),
         };
         self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now)
@@ -307,9 +326,17 @@ impl Node {
         }
         let read = job.readers.first().and_then(|r| self.requests.get(&r.rid));
         let read = read.and_then(|r| r.read.version());
-        let Some(known) = read.or_else(|| self.engine.meta_of(identity)) else { return false };
         let answer = crate::engine::ObjectMeta::from_fields(|n| headers.get(n));
-        known.same_version(&answer) == Some(false)
+        let Some(known) = read.or_else(|| self.engine.meta_of(identity)) else {
+            // A held-only answer is used only when both sides name one version.
+            return job.held_only;
+        };
+        match known.same_version(&answer) {
+            Some(same) => !same,
+            // Neither says: a fetch-on-behalf answer is trusted by its length, as before; a
+            // held-only one (the neighbour's copy may be of any version it ever held) is not.
+            None => job.held_only,
+        }
     }
 
     /// Whether peer exchange `io` is a cut-through stream whose head relay `rid` already
@@ -456,6 +483,9 @@ impl Node {
             Err(o) => *o,
         };
         self.event(Event::PeerAnswer { addr: job.addr.clone(), observation });
+        if let Some((neighbours, _)) = self.engine.neighbours_mut() {
+            neighbours.observe(&job.member, observation, elapsed);
+        }
         if observation == Observation::Served {
             // Only fetches that held the block teach the hedge delay.
             self.engine.record_peer_latency(elapsed);
@@ -570,6 +600,22 @@ impl Node {
     /// Fetches `addr`'s roster. Roster requests bypass the breaker's admission (discovery must
     /// reach peers whose circuit is open) but their outcome is recorded.
     pub(super) fn fetch_roster(&mut self, ticket: Option<u64>, addr: String, now: Instant) {
+        self.fetch_roster_for(ticket, None, addr, now);
+    }
+
+    /// Pings neighbour `peer` (spec/overlay.md §3): the ping is a roster fetch, whose outcome
+    /// is scored on the neighbour and taught to discovery like any roster answer.
+    pub(super) fn ping_neighbour(&mut self, peer: crate::engine::route::PeerRef, now: Instant) {
+        self.fetch_roster_for(None, Some(peer.id), peer.addr, now);
+    }
+
+    fn fetch_roster_for(
+        &mut self,
+        ticket: Option<u64>,
+        ping: Option<String>,
+        addr: String,
+        now: Instant,
+    ) {
         let refused = if self.engine.p2p().is_none() {
             Some("the peer path is off")
         } else if self.roster_fetches >= ROSTER_FETCHES_MAX {
@@ -578,6 +624,9 @@ impl Node {
             None
         };
         if let Some(why) = refused {
+            if let (Some(id), Some((neighbours, _))) = (&ping, self.engine.neighbours_mut()) {
+                neighbours.observe(id, Observation::DialFailed, std::time::Duration::ZERO);
+            }
             return self.roster_answered(ticket, &addr, Err(why.to_owned()), now);
         }
         let p2p = self.engine.p2p_mut().expect("checked above");
@@ -591,7 +640,7 @@ impl Node {
         }
         let url = format!("http://{addr}{ROSTER_PATH}");
         let body = BytesMut::new();
-        let job = Job::Roster { ticket, addr, permit: Some(permit), responder: None, body };
+        let job = Job::Roster { ticket, addr, ping, permit: Some(permit), responder: None, body };
         self.roster_fetches += 1;
         self.start_exchange(Endpoint::Peer, url, headers, job, now);
     }
@@ -655,11 +704,16 @@ impl Node {
             self.emit(Output::Cancel(io));
         }
         self.roster_fetches -= 1;
-        let Job::Roster { ticket, permit, addr, .. } = x.job else { unreachable!("a roster job") };
+        let Job::Roster { ticket, permit, addr, ping, .. } = x.job else {
+            unreachable!("a roster job")
+        };
         let observation = match &result {
             Ok(_) => Observation::Served,
             Err((o, _)) => *o,
         };
+        if let (Some(id), Some((neighbours, _))) = (&ping, self.engine.neighbours_mut()) {
+            neighbours.observe(id, observation, now.saturating_duration_since(x.sent));
+        }
         if let (Some(permit), Some(p2p)) = (permit, self.engine.p2p_mut()) {
             p2p.breaker.complete(permit, observation.outcome(), now);
         }

@@ -436,12 +436,14 @@ impl Node {
                 peer,
                 key,
                 url,
+                held_only,
                 hop,
                 expected_len,
                 permit,
                 cut_through,
             } => {
-                let fetch = super::peer::PeerFetch { key, url, hop, expected: expected_len };
+                let fetch =
+                    super::peer::PeerFetch { key, url, hop, expected: expected_len, held_only };
                 self.fetch_peer(
                     rid,
                     contender,

@@ -715,6 +715,124 @@ fn a_roster_fetch_reports_the_responder_and_records_the_outcome() {
     assert_eq!(h.node.engine().p2p().expect("p2p").breaker.counters().answered, 1);
 }
 
+#[test]
+fn a_neighbour_is_pinged_with_a_roster_fetch_and_scored_by_its_outcome() {
+    let mut node = reader_of("p:9000");
+    let config = crate::overlay::set::Config::default();
+    assert!(node.enable_neighbours(config, crate::rng::from_seed(7), Instant::ZERO));
+    let mut h = Harness::new(node);
+    h.advance(Duration::ZERO);
+    assert!(h.take_sends().is_empty(), "the first update sends nothing");
+    let score = |h: &Harness| {
+        let n = h.node.engine().neighbours().expect("on").report();
+        assert_eq!(n.len(), 1, "the only other member is the neighbour: {n:?}");
+        (n[0].id.clone(), n[0].score, n[0].requests, n[0].failures)
+    };
+    assert_eq!(score(&h), ("parent".into(), 64, 0, 0));
+    h.advance(crate::engine::neighbours::PING_INTERVAL);
+    let ping = h.take_sends();
+    assert_eq!(ping.len(), 1, "one ping per interval");
+    assert_eq!(ping[0].url, "http://p:9000/peer/v1/roster");
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    h.io(
+        ping[0].id,
+        IoEvent::Head { status: 200, headers: Headers::new().with("x-dart-node", "parent") },
+    );
+    h.io(ping[0].id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(ping[0].id, IoEvent::End);
+    assert_eq!(score(&h), ("parent".into(), 72, 1, 0), "an answered ping is a success");
+    h.advance(crate::engine::neighbours::PING_INTERVAL);
+    let ping = h.take_sends();
+    h.io(ping[0].id, IoEvent::Failed(IoError::Connect("connection refused".into())));
+    assert_eq!(score(&h), ("parent".into(), 64, 2, 1), "a refused dial is a plain failure");
+    assert!(h.node.poll_timeout().is_some_and(|t| t > h.now));
+}
+
+fn held_only_request(h: &mut Harness, id: u64, url: &str, block: u64, held_only: &'static str) {
+    let e = engine();
+    let key = e.block_key(&e.identify(url), block);
+    let headers = Headers::new()
+        .with("x-dart-origin", url)
+        .with("x-dart-hop", "0")
+        .with("x-dart-held-only", held_only);
+    h.get(id, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+}
+
+#[test]
+fn a_held_only_relay_serves_what_it_holds_named_by_its_version_and_never_fetches() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    let e = engine();
+    let id = e.identify(URL);
+    let meta = crate::engine::ObjectMeta::from_fields(|n| (n == "etag").then_some(&b"\"v1\""[..]));
+    let outcome = crate::engine::origin::ProbeOutcome::Size(SIZE);
+    h.node.engine_mut().record_probe(&id, outcome, meta, Instant::ZERO);
+    h.store.insert(e.block_key(&id, 1), content(BLOCK, BLOCK));
+    held_only_request(&mut h, 7, URL, 1, "1");
+    let head = h.head_of(7).expect("an answer");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.headers.get_str("etag"), Some("\"v1\""), "named by the version it holds");
+    assert_eq!(h.body_of(7), content(BLOCK, BLOCK).to_vec());
+    // Not held: 404, and nothing is fetched for it.
+    held_only_request(&mut h, 8, URL, 2, "1");
+    assert_eq!(status_of(&h, 8), Some(404));
+    // Held, but of an object whose version this node does not know: not served.
+    let other = "http://origin/o/other";
+    let other_id = e.identify(other);
+    h.store.insert(e.block_key(&other_id, 0), content(0, BLOCK));
+    held_only_request(&mut h, 9, other, 0, "1");
+    assert_eq!(status_of(&h, 9), Some(404));
+    assert!(h.take_sends().is_empty(), "a held-only relay never fetches");
+    held_only_request(&mut h, 10, URL, 1, "yes");
+    assert_eq!(status_of(&h, 10), Some(400), "a bad held-only header is refused");
+}
+
+#[test]
+fn a_neighbours_held_block_is_used_only_when_it_names_the_version_the_read_serves() {
+    let mut node = reader_of("p:9000");
+    let config = crate::overlay::set::Config::default();
+    assert!(node.enable_neighbours(config, crate::rng::from_seed(3), Instant::ZERO));
+    let mut h = Harness::new(node);
+    h.advance(Duration::ZERO);
+    h.publish(1);
+    let miss = |h: &mut Harness| {
+        // The tree parent does not hold the block: 404 (not a failure).
+        let ask = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Peer);
+        let ask = ask.expect("the parent is asked");
+        assert_eq!(ask.headers.get_str("x-dart-held-only"), None);
+        h.io(ask.id, IoEvent::Connected);
+        h.io(ask.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    };
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.sends().into_iter().find(|r| r.endpoint == Endpoint::Origin).expect("a probe");
+    h.outputs.retain(|o| !matches!(o, Output::Send(r) if r.id == probe.id));
+    h.answer_origin(&probe);
+    miss(&mut h);
+    let held = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Peer);
+    let held = held.expect("the neighbour is asked before the origin");
+    assert_eq!(held.headers.get_str("x-dart-held-only"), Some("1"));
+    assert_eq!(held.headers.get_str("x-dart-origin"), Some(URL));
+    // It names no version: another one, for all the read knows. Refused; the origin pays.
+    h.io(held.id, IoEvent::Connected);
+    let plain = Headers::new().with("content-length", BLOCK.to_string());
+    h.io(held.id, IoEvent::Head { status: 200, headers: plain });
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content_of(1, 0, 10).to_vec());
+    assert_eq!(h.node.stats().neighbour_hits, 0);
+    assert_eq!(h.node.stats().peer_version_mismatch, 1);
+    // Block 1: the neighbour names the read's version: its block is used, the origin is not asked.
+    h.read(2, Some("bytes=1024-1033"));
+    miss(&mut h);
+    let held = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Peer).expect("asked");
+    h.io(held.id, IoEvent::Connected);
+    let named = Headers::new().with("content-length", BLOCK.to_string()).with("etag", "\"v1\"");
+    h.io(held.id, IoEvent::Head { status: 200, headers: named });
+    h.io(held.id, IoEvent::Body(content_of(1, BLOCK, BLOCK)));
+    h.io(held.id, IoEvent::End);
+    assert!(h.take_sends().iter().all(|r| r.endpoint != Endpoint::Origin), "no origin fetch");
+    assert_eq!(h.body_of(2), content_of(1, BLOCK, 10).to_vec());
+    assert_eq!(h.node.stats().neighbour_hits, 1);
+}
+
 /// A reader with discovery on: it knows only itself until a round teaches it more.
 fn discovering(seeds: crate::discovery::Seeds) -> Harness {
     let mut node = reader_of("p:9000");
