@@ -239,6 +239,8 @@ pub struct DirectoryStats {
     pub refused: u64,
     /// Answers or callers that named this node's own id from elsewhere (a duplicate id).
     pub self_conflicts: u64,
+    /// Members dropped at once because they announced their departure ([`Directory::left`]).
+    pub left: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -478,6 +480,23 @@ impl Directory {
             return false;
         }
         self.credit(id, addr, 1.0, now)
+    }
+
+    /// Member `id` announced it is leaving from `addr` (a drain, spec/overlay.md §5): it is
+    /// dropped from the view at once instead of after `forget_after`. Only the member recorded
+    /// at that address leaves (an announcement from an old address of a member that moved is
+    /// ignored); a later direct contact brings it back like any member. Returns whether it left.
+    pub fn left(&mut self, id: &str, addr: &str) -> bool {
+        let recorded = self.members.get(id).is_some_and(|k| k.addr == addr);
+        if !recorded {
+            return false;
+        }
+        self.members.remove(id);
+        self.heard.remove(addr);
+        self.stats.left += 1;
+        self.publish();
+        assert!(self.view.get(id).is_none(), "a member that left is out of the view");
+        true
     }
 
     /// Reports a discovery error at `now`: `Some(suppressed)` when it should be told (with how
