@@ -338,6 +338,7 @@ impl<D: Dialer> NodeDriver<D> {
             node: inner.node.counters(),
             tracker_files: inner.node.registry().map(|r| r.files()),
             neighbours: inner.node.engine().neighbours().map(|n| n.report()),
+            broadcast_targets: inner.node.broadcast_targets().map(<[String]>::len),
             registry_tokens: self.client.registry_auth().map(|a| {
                 let ok = a.exchanges_ok.load(Ordering::Relaxed);
                 (ok, a.exchanges_failed.load(Ordering::Relaxed))
@@ -566,6 +567,12 @@ impl<D: Dialer> NodeDriver<D> {
             }
             Event::View { epoch, members, joined, left } => {
                 tracing::info!(epoch, members, ?joined, ?left, "membership view changed");
+            }
+            Event::BroadcastTargets { targets } => {
+                tracing::debug!(targets, "broadcast targets published");
+            }
+            Event::Left { announced, answered } => {
+                tracing::info!(announced, answered, "departure announced to the broadcast targets");
             }
             Event::Discovery { message, suppressed } => {
                 tracing::warn!(suppressed, "discovery: {message}");
@@ -902,6 +909,28 @@ impl<D: Dialer> NodeDriver<D> {
     }
 
     /// Every event the node emits from now on (tests, diagnostics).
+    /// Announces the node's departure to its broadcast targets ([`Input::Drain`]) and waits
+    /// for [`Event::Left`]: the machine bounds every announcement by
+    /// [`dart_core::node::LEAVE_BOUND`], so it comes within that; `bound` is only a safety net
+    /// should the driver stop meanwhile. Answers (targets told, answered), or `None` when
+    /// `bound` passed first.
+    pub async fn announce_departure(
+        self: &Arc<Self>,
+        bound: std::time::Duration,
+    ) -> Option<(usize, usize)> {
+        let mut events = self.tap_events();
+        self.feed(Input::Drain);
+        let left = async {
+            while let Some(e) = events.recv().await {
+                if let Event::Left { announced, answered } = e {
+                    return Some((announced, answered));
+                }
+            }
+            None
+        };
+        tokio::time::timeout(bound, left).await.ok().flatten()
+    }
+
     pub fn tap_events(&self) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().taps.push(tx);

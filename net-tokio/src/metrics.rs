@@ -46,6 +46,8 @@ pub struct Scrape {
     pub registry_tokens: Option<(u64, u64)>,
     /// The scored neighbours (`None` while they are off).
     pub neighbours: Option<Vec<NeighbourReport>>,
+    /// Broadcast targets published (`None` while they are off).
+    pub broadcast_targets: Option<usize>,
 }
 
 /// Reads the node machine's counters at scrape time.
@@ -313,6 +315,10 @@ impl prometheus_client::collector::Collector for Collected {
         }
         if let Some(neighbours) = &scrape.neighbours {
             encode_neighbours(&mut enc, neighbours, &s)?;
+        }
+        if let Some(targets) = scrape.broadcast_targets {
+            let help = "Ping-verified broadcast targets a departure is announced to.";
+            plain_gauge(&mut enc, "dart_broadcast_targets", help, targets)?;
         }
         let c = self.cache.stats();
         let blocks =

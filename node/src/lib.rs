@@ -73,6 +73,15 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
     );
     println!("{}", node.banner);
     shutdown_signal().await;
+    // Tell the broadcast targets first, while the listeners still answer: they drop this node
+    // from their views now instead of after --forget-after.
+    let margin = std::time::Duration::from_millis(100);
+    let bound = dart_core::node::LEAVE_BOUND + margin;
+    if let Some((announced, answered)) = node.driver.announce_departure(bound).await {
+        if announced > 0 {
+            println!("dart: departure announced to {answered} of {announced} broadcast targets");
+        }
+    }
     println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
     match node.shutdown().await {
         Drained::Clean => println!("dart: stopped (drained cleanly)"),
@@ -293,6 +302,11 @@ pub async fn start_on<S: Seam>(
         // at once.
         node.enable_discovery(seeds, timing, dart_core::time::Instant::ZERO)
             .context("turning discovery on")?;
+        let mut root =
+            dart_core::rng::from_seed(dart_core::hash::fnv1a64(flags.self_id.as_bytes()));
+        let rng = dart_core::rng::child(&mut root, "broadcast");
+        // Discovery checked the peer path and the id.
+        node.enable_broadcast_targets(rng, dart_core::time::Instant::ZERO);
     }
     // On by default with a peer path; `p2p_setup` refused an explicit --reader-tree without one
     // and required a valid --self-id with it.

@@ -62,6 +62,7 @@ pub fn all() -> Vec<Scenario> {
         reference(),
         discovery_boot(),
         member_dies(),
+        member_drains(),
         pod_ip_reuse(),
         some_read(),
         some_read_tracked(),
@@ -1560,6 +1561,60 @@ fn member_dies() -> Scenario {
             "the dead root left the last view {:?} after it died; origin {:.2} x the object before it came back (dead-root with discovery on)",
             latest.saturating_sub(died),
             safety_bytes as f64 / object as f64
+        ));
+    })
+}
+
+/// A member is stopped gracefully: it announces its departure to its broadcast targets, which
+/// drop it at once; everyone else forgets it as they would a dead member.
+fn member_drains() -> Scenario {
+    Scenario::new(
+        "member-drains",
+        "with discovery on, a member is stopped gracefully mid-read: its broadcast targets drop it from their views at once, the others within forget-after + one interval",
+        |seed, scale| {
+            // Smaller than member-dies at full scale: every member asks every other each round.
+            let nodes = pick(scale, 12, 30) as usize;
+            let size = pick(scale, 4, 128) * MIB;
+            let block = pick(scale, 128 << 10, 4 * MIB);
+            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+            with_discovery(&mut spec, SimSeeds::Dns, false);
+            for r in &mut spec.workload.safety {
+                r.at += secs(1);
+            }
+            // Not the tree root: a node whose own reads have ended by then.
+            let leaver = tree_order(&spec.cluster, 0, 0)[nodes / 2];
+            spec.workload.safety.retain(|r| r.node != leaver);
+            spec.workload.liveness.retain(|r| r.node != leaver);
+            spec.phases.safety = secs(80);
+            let at = secs(10) + ms(seed % 100);
+            spec.plan = FaultPlan { faults: vec![fault(at, secs(1), FaultKind::Drain { node: leaver })] };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let nodes = run.spec.cluster.nodes;
+        let leaver = tree_order(&run.spec.cluster, 0, 0)[nodes / 2];
+        safety_reads_finish(run, check, &[leaver]);
+        let drained = run.spec.plan.faults[0].at;
+        let id = format!("n{leaver}");
+        let latest = check_departure(r, check, &id, drained, &[leaver]);
+        let soon = drained + dart_core::node::LEAVE_BOUND;
+        let fast: Vec<usize> = (0..nodes)
+            .filter(|&n| n != leaver)
+            .filter(|&n| matches!(left_view(r, n, &id, drained, soon), Ok(Some(_))))
+            .collect();
+        let keep = dart_core::overlay::targets::KEEP_DEFAULT;
+        check.that(
+            fast.len() >= keep.min(nodes - 1),
+            format!("{} members dropped it within the leave bound (at least {keep}, its targets)", fast.len()),
+        );
+        check.note(format!(
+            "{} of {} members dropped the drained member within {:?} of its SIGTERM (its broadcast targets); the last {:?} after",
+            fast.len(),
+            nodes - 1,
+            dart_core::node::LEAVE_BOUND,
+            latest.saturating_sub(drained)
         ));
     })
 }

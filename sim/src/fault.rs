@@ -70,6 +70,13 @@ pub enum FaultKind {
         /// The node.
         node: usize,
     },
+    /// The node is stopped gracefully (SIGTERM): at the start it announces its departure to its
+    /// broadcast targets ([`dart_core::node::Input::Drain`]); at the end its process exits (its
+    /// cache is lost). It starts again, empty, only when the faults heal (a redeployed pod).
+    Drain {
+        /// The node.
+        node: usize,
+    },
     /// The node's machine vanishes: dials to it never complete, pooled connections go silent.
     BlackHole {
         /// The node.
@@ -347,6 +354,7 @@ fn milder(kind: FaultKind) -> Vec<FaultKind> {
         | FaultKind::CutOrigin { .. }
         | FaultKind::Isolate { .. }
         | FaultKind::BlackHole { .. }
+        | FaultKind::Drain { .. }
         | FaultKind::Crash { .. }
         | FaultKind::Stall { .. }
         | FaultKind::Slow { .. }
@@ -369,6 +377,7 @@ impl fmt::Display for FaultKind {
             }
             FaultKind::Isolate { node } => write!(f, "isolate n{node}"),
             FaultKind::BlackHole { node } => write!(f, "black-hole n{node}"),
+            FaultKind::Drain { node } => write!(f, "drain n{node} (announce, then exit)"),
             FaultKind::Crash { node, keep_cache } => {
                 write!(
                     f,

@@ -252,6 +252,8 @@ impl SimNode {
                 crate::config::SimSeeds::Dns => Seeds::Dns { name: DNS_NAME.into(), port: 9000 },
             };
             node.enable_discovery(seeds, d.timing, now).expect("a peer path, an id, an address");
+            let rng = rng::child(&mut self.rng, "broadcast");
+            assert!(node.enable_broadcast_targets(rng, now), "a peer path and an id");
         }
         if let Some(config) = self.peer.as_ref().and_then(|(p, _)| p.neighbours) {
             let rng = rng::child(&mut self.rng, "neighbours");

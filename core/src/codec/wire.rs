@@ -39,6 +39,8 @@ pub const HEADER_EPOCH: &str = "x-dart-epoch";
 pub const BLOCK_PATH_PREFIX: &str = "/peer/v1/block/";
 /// Exact path of the membership roster exchange.
 pub const ROSTER_PATH: &str = "/peer/v1/roster";
+/// Exact path of a member's departure announcement (`POST`, JSON `{"id", "addr"}`).
+pub const LEAVE_PATH: &str = "/peer/v1/leave";
 /// Relay depth at which the engine declines to relay further (held = false, no origin contact);
 /// each relay sends `hop + 1`.
 pub const MAX_HOP: u64 = 64;

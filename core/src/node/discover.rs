@@ -171,6 +171,7 @@ impl Node {
         if let Some((neighbours, p2p)) = self.engine.neighbours_mut() {
             neighbours.on_view(p2p.placement.view(), &self_id, now);
         }
+        self.designate(now);
         if !joined.is_empty() || !left.is_empty() {
             self.event(Event::View { epoch, members, joined, left });
         }

@@ -102,10 +102,14 @@ pub(super) enum Job {
         addr: String,
         /// The neighbour this fetch pings (its outcome is scored), if it is a ping.
         ping: Option<String>,
+        /// The broadcast target this fetch pings (its round's token and the member id).
+        target_ping: Option<(crate::overlay::targets::RoundToken, String)>,
         permit: Option<Permit<String>>,
         responder: Option<String>,
         body: BytesMut,
     },
+    /// A departure announcement to a broadcast target (`POST /peer/v1/leave`).
+    Leave,
     /// A JOIN to an object's tracker (spec/tracker.md §4).
     Tracker {
         file: String,
@@ -142,6 +146,7 @@ impl Exchange {
             Job::Passthrough { request, .. } => Some(*request),
             Job::Origin { owner: Owner::Flight(_), .. }
             | Job::Roster { .. }
+            | Job::Leave
             | Job::Tracker { .. }
             | Job::Check { .. } => None,
         }
@@ -161,7 +166,7 @@ impl Exchange {
             Job::Origin { key: FlightKey::Block(..), .. } => Purpose::Window,
             Job::Peer(_) => Purpose::PeerBlock,
             Job::Passthrough { .. } => Purpose::Passthrough,
-            Job::Roster { .. } => Purpose::Roster,
+            Job::Roster { .. } | Job::Leave => Purpose::Roster,
             Job::Tracker { .. } => Purpose::Tracker,
             Job::Check { .. } => Purpose::Check,
         }
@@ -174,6 +179,7 @@ impl Exchange {
             | Job::Peer(_)
             | Job::Passthrough { .. }
             | Job::Roster { .. }
+            | Job::Leave
             | Job::Tracker { .. }
             | Job::Check { .. } => None,
         }
@@ -186,6 +192,7 @@ impl Exchange {
             Job::Origin { .. }
             | Job::Passthrough { .. }
             | Job::Check { .. }
+            | Job::Leave
             | Job::Tracker { .. } => None,
         }
     }
@@ -294,6 +301,10 @@ impl Node {
                 head_bound.min(crate::tracker::JOIN_BOUND),
                 request.min(crate::tracker::JOIN_BOUND),
             ),
+            Job::Leave => (
+                head_bound.min(super::broadcast::LEAVE_BOUND),
+                request.min(super::broadcast::LEAVE_BOUND),
+            ),
             _ => (head_bound, request),
         };
         let mut headers = headers;
@@ -324,6 +335,7 @@ impl Node {
             Job::Origin { .. }
             | Job::Peer(_)
             | Job::Roster { .. }
+            | Job::Leave
             | Job::Tracker { .. }
             | Job::Check { .. } => Some(request),
         };
@@ -437,6 +449,7 @@ impl Node {
             Job::Peer(_) => self.peer_io(io, event, now),
             Job::Passthrough { .. } => self.passthrough_io(io, event, now),
             Job::Roster { .. } => self.roster_io(io, event, now),
+            Job::Leave => self.leave_io(io, event, now),
             Job::Tracker { .. } => self.tracker_io(io, event, now),
             Job::Check { .. } => self.check_io(io, event, now),
         }
@@ -452,6 +465,7 @@ impl Node {
             Job::Peer(_) => self.peer_expired(io, expiry, now),
             Job::Passthrough { .. } => self.passthrough_expired(io, expiry, now),
             Job::Roster { .. } => self.roster_expired(io, expiry, now),
+            Job::Leave => self.leave_expired(io, expiry, now),
             Job::Tracker { .. } => self.tracker_expired(io, expiry, now),
             Job::Check { .. } => self.check_expired(io, expiry, now),
         }

@@ -317,6 +317,11 @@ pub enum Input {
         /// The block's length; the body is read to at most one byte more.
         expected: u64,
     },
+    /// The node is about to stop: it announces its departure to its broadcast targets
+    /// (`POST /peer/v1/leave`), and reports [`Event::Left`] once every announcement ended (at
+    /// once without targets). A second drain does nothing. The shell feeds it on SIGTERM and
+    /// waits for the event at most [`crate::node::LEAVE_BOUND`] before it stops.
+    Drain,
     /// The wall clock read `unix_ms` (Unix time in milliseconds) at the `now` of this call. Peer
     /// MACs carry and check wall-clock timestamps; the node extrapolates from the last reading
     /// with its monotonic clock. Feed it at start and whenever convenient (the shells feed it
@@ -370,6 +375,18 @@ pub enum FetchKind {
 pub enum Event {
     /// A peer's circuit changed state.
     Circuit(BreakerEvent<String>),
+    /// The published broadcast targets changed; this many now.
+    BroadcastTargets {
+        /// Targets published.
+        targets: usize,
+    },
+    /// A drain's departure announcements ended ([`Input::Drain`]).
+    Left {
+        /// Targets told.
+        announced: usize,
+        /// Of those, the ones that answered.
+        answered: usize,
+    },
     /// A request served one block.
     Block {
         /// The request.

@@ -8,6 +8,7 @@
 mod access;
 mod body;
 mod bounds;
+mod broadcast;
 mod discover;
 mod exchange;
 mod flights;
@@ -23,6 +24,7 @@ pub use access::{
     Access, AccessCounters, Credential, DEFAULT_CHECK_TTL, DEFAULT_STALE_GRACE, VERIFIED_MAX,
 };
 pub use bounds::{Bounds, BoundsError, BOUND_MAX};
+pub use broadcast::{BROADCAST_KEY, DESIGNATED_PER_TARGET, LEAVE_BOUND};
 pub use discover::DiscoveryError;
 pub use io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, Input, IoError, IoEvent, IoId,
@@ -203,6 +205,8 @@ pub struct Node {
     learned: BTreeMap<String, String>,
     /// Live membership, when discovery is on.
     directory: Option<crate::discovery::Directory>,
+    /// The broadcast targets and a drain's announcements, when on.
+    broadcast: Option<broadcast::Broadcast>,
     /// The reader sets of the objects this node is the tracker of, when the reader tree is on.
     registry: Option<crate::tracker::Registry>,
     /// The seed resolution in flight.
@@ -244,6 +248,7 @@ impl Node {
             recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),
             directory: None,
+            broadcast: None,
             registry: None,
             resolve_ticket: 0,
             out: VecDeque::new(),
@@ -334,6 +339,7 @@ impl Node {
             }
             Input::Store { op, block } => self.on_store(op, block, now),
             Input::FetchRoster { ticket, addr } => self.fetch_roster(Some(ticket), addr, now),
+            Input::Drain => self.drain(now),
             Input::Resolved { ticket, result } => self.seeds_resolved(ticket, result, now),
             Input::WallClock { unix_ms } => self.access.set_wall(now, unix_ms),
             Input::FetchBlock { ticket, addr, key, url, hop, expected } => {
@@ -357,7 +363,11 @@ impl Node {
         let breaker = self.engine.p2p().and_then(|p| p.breaker.poll_timeout());
         let discovery = self.directory.as_ref().and_then(|d| d.poll_timeout());
         let neighbours = self.engine.neighbours().map(|n| n.poll_timeout());
-        [exchange, stall, hedge, answer, breaker, discovery, neighbours].into_iter().flatten().min()
+        let broadcast = self.broadcast_timeout();
+        [exchange, stall, hedge, answer, breaker, discovery, neighbours, broadcast]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Fires every bound due at `now`. Afterwards `poll_timeout()` is `None` or later than `now`.
@@ -372,6 +382,7 @@ impl Node {
     fn fire_timers(&mut self, now: Instant) {
         self.discovery_due(now);
         self.neighbours_due(now);
+        self.broadcast_due(now);
         // Each due exchange is removed or re-armed later than now, so this loop ends.
         while let Some(&(at, io)) = self.timers.first() {
             if at > now {
@@ -492,6 +503,9 @@ impl Node {
         if let exchange::Job::Tracker { file, .. } = &x.job {
             self.tracker_quarantined(file, now);
         }
+        if let exchange::Job::Leave = &x.job {
+            self.leave_quarantined();
+        }
         if let exchange::Job::Check { credential } = &x.job {
             if let Some(check) = self.access.checks.remove(credential) {
                 return check.waiters;
@@ -558,6 +572,7 @@ impl Node {
     /// Asserts every invariant listed on the type. The simulator calls it after every step.
     pub fn check_invariants(&self) {
         self.engine.check_invariants();
+        self.broadcast_check();
         if let Some(registry) = &self.registry {
             registry.check_invariants();
         }

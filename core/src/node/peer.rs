@@ -15,7 +15,8 @@ use crate::breaker::{Observation, Permit};
 use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MAX};
 use crate::codec::wire::{
     block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HELD_ONLY,
-    HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, ROSTER_PATH,
+    HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, LEAVE_PATH,
+    ROSTER_PATH,
 };
 use crate::engine::route::{relay_check, RelayPlan};
 use crate::engine::{Contender, Method, PeerAnswer};
@@ -62,6 +63,9 @@ impl Node {
         }
         if path == ROSTER_PATH {
             return self.serve_roster(id, &request, now);
+        }
+        if path == LEAVE_PATH {
+            return self.serve_leave(id, &request, now);
         }
         if path.starts_with(TRACKER_PATH_PREFIX) {
             return self.serve_tracker(id, &request, path, now);
@@ -600,19 +604,32 @@ impl Node {
     /// Fetches `addr`'s roster. Roster requests bypass the breaker's admission (discovery must
     /// reach peers whose circuit is open) but their outcome is recorded.
     pub(super) fn fetch_roster(&mut self, ticket: Option<u64>, addr: String, now: Instant) {
-        self.fetch_roster_for(ticket, None, addr, now);
+        self.fetch_roster_for(ticket, None, None, addr, now);
     }
 
     /// Pings neighbour `peer` (spec/overlay.md §3): the ping is a roster fetch, whose outcome
     /// is scored on the neighbour and taught to discovery like any roster answer.
     pub(super) fn ping_neighbour(&mut self, peer: crate::engine::route::PeerRef, now: Instant) {
-        self.fetch_roster_for(None, Some(peer.id), peer.addr, now);
+        self.fetch_roster_for(None, Some(peer.id), None, peer.addr, now);
+    }
+
+    /// Pings broadcast target `id` at `addr` for round `token`: a roster fetch naming this node
+    /// (which also announces it to the target), taught to discovery like any roster answer.
+    pub(super) fn fetch_roster_target(
+        &mut self,
+        token: crate::overlay::targets::RoundToken,
+        id: String,
+        addr: String,
+        now: Instant,
+    ) {
+        self.fetch_roster_for(None, None, Some((token, id)), addr, now);
     }
 
     fn fetch_roster_for(
         &mut self,
         ticket: Option<u64>,
         ping: Option<String>,
+        target_ping: Option<(crate::overlay::targets::RoundToken, String)>,
         addr: String,
         now: Instant,
     ) {
@@ -627,6 +644,9 @@ impl Node {
             if let (Some(id), Some((neighbours, _))) = (&ping, self.engine.neighbours_mut()) {
                 neighbours.observe(id, Observation::DialFailed, std::time::Duration::ZERO);
             }
+            if let Some((token, id)) = &target_ping {
+                self.target_pinged(*token, id, false, now);
+            }
             return self.roster_answered(ticket, &addr, Err(why.to_owned()), now);
         }
         let p2p = self.engine.p2p_mut().expect("checked above");
@@ -640,7 +660,15 @@ impl Node {
         }
         let url = format!("http://{addr}{ROSTER_PATH}");
         let body = BytesMut::new();
-        let job = Job::Roster { ticket, addr, ping, permit: Some(permit), responder: None, body };
+        let job = Job::Roster {
+            ticket,
+            addr,
+            ping,
+            target_ping,
+            permit: Some(permit),
+            responder: None,
+            body,
+        };
         self.roster_fetches += 1;
         self.start_exchange(Endpoint::Peer, url, headers, job, now);
     }
@@ -704,7 +732,7 @@ impl Node {
             self.emit(Output::Cancel(io));
         }
         self.roster_fetches -= 1;
-        let Job::Roster { ticket, permit, addr, ping, .. } = x.job else {
+        let Job::Roster { ticket, permit, addr, ping, target_ping, .. } = x.job else {
             unreachable!("a roster job")
         };
         let observation = match &result {
@@ -713,6 +741,11 @@ impl Node {
         };
         if let (Some(id), Some((neighbours, _))) = (&ping, self.engine.neighbours_mut()) {
             neighbours.observe(id, observation, now.saturating_duration_since(x.sent));
+        }
+        if let Some((token, id)) = &target_ping {
+            // Answered by the member pinged (not another process at its old address).
+            let ok = matches!(&result, Ok((_, Some(responder))) if responder == id);
+            self.target_pinged(*token, id, ok, now);
         }
         if let (Some(permit), Some(p2p)) = (permit, self.engine.p2p_mut()) {
             p2p.breaker.complete(permit, observation.outcome(), now);

@@ -876,6 +876,89 @@ fn discovery_places_over_the_members_a_round_meets_and_nothing_it_only_hears_of(
 }
 
 #[test]
+fn a_member_that_announces_its_departure_leaves_the_view_at_once() {
+    let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
+    h.advance(Duration::ZERO);
+    let ask = h.take_sends().remove(0);
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    h.io(
+        ask.id,
+        IoEvent::Head { status: 200, headers: Headers::new().with("x-dart-node", "parent") },
+    );
+    h.io(ask.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(ask.id, IoEvent::End);
+    assert_eq!(view_ids(&h), ["parent", "reader"]);
+    let post = |h: &mut Harness, id: u64, method: &str, body: &'static str| {
+        let request = Inbound {
+            method: method.into(),
+            target: crate::codec::wire::LEAVE_PATH.into(),
+            headers: Headers::new(),
+            body: Bytes::from_static(body.as_bytes()),
+        };
+        h.feed(Input::Request { id: RequestId(id), plane: Plane::Peer, request });
+        status_of(h, id)
+    };
+    assert_eq!(post(&mut h, 1, "GET", ""), Some(405));
+    assert_eq!(post(&mut h, 2, "POST", "{\"id\":\"parent\"}"), Some(400), "no address");
+    assert_eq!(post(&mut h, 3, "POST", "not json"), Some(400));
+    assert_eq!(post(&mut h, 4, "POST", r#"{"id":"parent","addr":"elsewhere:9000"}"#), Some(200));
+    assert_eq!(
+        view_ids(&h),
+        ["parent", "reader"],
+        "an announcement from another address is ignored"
+    );
+    assert_eq!(post(&mut h, 5, "POST", r#"{"id":"parent","addr":"p:9000"}"#), Some(200));
+    assert_eq!(view_ids(&h), ["reader"], "out of the view at once, not after forget-after");
+    h.node.check_invariants();
+}
+
+#[test]
+fn a_drain_without_broadcast_targets_reports_at_once_that_nobody_was_told() {
+    let mut node = reader_of("p:9000");
+    assert!(node.enable_broadcast_targets(crate::rng::from_seed(1), Instant::ZERO));
+    let mut h = Harness::new(node);
+    h.feed(Input::Drain);
+    let left = h
+        .outputs
+        .iter()
+        .any(|o| matches!(o, Output::Event(Event::Left { announced: 0, answered: 0 })));
+    assert!(left, "{:?}", h.outputs);
+}
+
+#[test]
+fn a_drain_announces_the_departure_to_each_ping_verified_target_and_reports_when_done() {
+    let mut node = reader_of("p:9000");
+    assert!(node.enable_broadcast_targets(crate::rng::from_seed(1), Instant::ZERO));
+    let mut h = Harness::new(node);
+    h.advance(Duration::ZERO);
+    // The designated member is pinged with a roster fetch naming this node.
+    let ping = h.take_sends().remove(0);
+    assert_eq!(ping.url, "http://p:9000/peer/v1/roster");
+    assert_eq!(ping.headers.get_str("x-dart-node"), Some("reader"));
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    h.io(
+        ping.id,
+        IoEvent::Head { status: 200, headers: Headers::new().with("x-dart-node", "parent") },
+    );
+    h.io(ping.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(ping.id, IoEvent::End);
+    assert_eq!(h.node.broadcast_targets(), Some(&["parent".to_owned()][..]));
+    h.feed(Input::Drain);
+    let leave = h.take_sends().remove(0);
+    assert_eq!((leave.method, leave.url.as_str()), ("POST", "http://p:9000/peer/v1/leave"));
+    assert_eq!(&leave.body[..], br#"{"id":"reader","addr":"reader:9000"}"#);
+    h.feed(Input::Drain);
+    assert!(h.take_sends().is_empty(), "a second drain sends nothing");
+    h.io(leave.id, IoEvent::Head { status: 200, headers: Headers::new() });
+    h.io(leave.id, IoEvent::End);
+    let left = h
+        .outputs
+        .iter()
+        .any(|o| matches!(o, Output::Event(Event::Left { announced: 1, answered: 1 })));
+    assert!(left, "{:?}", h.outputs);
+}
+
+#[test]
 fn a_seed_name_that_does_not_answer_in_time_lets_the_round_go_on_and_its_late_answer_is_ignored() {
     let seeds = crate::discovery::Seeds::Dns { name: "dart.svc".into(), port: 9000 };
     let mut h = discovering(seeds);

@@ -662,6 +662,12 @@ impl Sim {
             }
             // Counted in the node's counters; the trace already shows the JOIN's exchange.
             Event::TrackerJoinFailed { .. } => {}
+            Event::BroadcastTargets { targets } => {
+                self.trace.line(self.now, format_args!("targets n{n} {targets}"));
+            }
+            Event::Left { announced, answered } => {
+                self.trace.line(self.now, format_args!("left n{n} {answered}/{announced}"));
+            }
         }
     }
 

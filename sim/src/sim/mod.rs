@@ -395,6 +395,15 @@ impl Sim {
             FaultKind::Isolate { node: k } | FaultKind::BlackHole { node: k } => {
                 self.net.darken(node(k), on)
             }
+            FaultKind::Drain { node: k } => {
+                if on {
+                    if self.nodes[k % nodes].is_up() {
+                        self.feed(k % nodes, dart_core::node::Input::Drain);
+                    }
+                } else {
+                    self.crash(k % nodes, false);
+                }
+            }
             FaultKind::Crash { node: k, keep_cache } => {
                 if on {
                     self.crash(k % nodes, keep_cache);
@@ -496,6 +505,10 @@ impl Sim {
     fn heal(&mut self) {
         for i in 0..self.fault_active.len() {
             self.fault(i, false);
+            if let FaultKind::Drain { node } = self.spec.plan.faults[i].kind {
+                // Redeployed: a new process (with an empty cache) joins when the faults heal.
+                self.restart(node % self.spec.cluster.nodes);
+            }
         }
         let healed = self.net.is_healed() && self.origin.is_healed();
         if !healed || self.nodes.iter().any(|n| !n.is_up()) {
