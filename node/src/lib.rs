@@ -61,6 +61,15 @@ fn init_tracing(default_level: &str) {
         .try_init();
 }
 
+/// A line on stdout that never panics: a closed stdout (a supervisor gone, a pipe nobody reads)
+/// must not turn a clean shutdown into a crash.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
     // Before start, which sizes the connection limits to it; logged once the flags are valid.
     let files = limits::raise_open_file_limit();
@@ -71,7 +80,7 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
         hard = ?files.hard,
         "open-file soft limit (raised to the hard limit)"
     );
-    println!("{}", node.banner);
+    say!("{}", node.banner);
     shutdown_signal().await;
     // Tell the broadcast targets first, while the listeners still answer: they drop this node
     // from their views now instead of after --forget-after.
@@ -79,13 +88,13 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
     let bound = dart_core::node::LEAVE_BOUND + margin;
     if let Some((announced, answered)) = node.driver.announce_departure(bound).await {
         if announced > 0 {
-            println!("dart: departure announced to {answered} of {announced} broadcast targets");
+            say!("dart: departure announced to {answered} of {announced} broadcast targets");
         }
     }
-    println!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
+    say!("dart: shutting down (draining for up to {}s)", flags.drain_secs);
     match node.shutdown().await {
-        Drained::Clean => println!("dart: stopped (drained cleanly)"),
-        Drained::TimedOut => println!(
+        Drained::Clean => say!("dart: stopped (drained cleanly)"),
+        Drained::TimedOut => say!(
             "dart: stopped (drain exceeded {}s: remaining connections force-closed)",
             flags.drain_secs
         ),
@@ -663,7 +672,7 @@ fn members_json(node: &Node, self_id: &str, now: dart_core::time::Instant) -> Ad
             "forget_after_ms": d.timing().forget_after.as_millis() as u64,
             "rounds": s.rounds, "answers": s.answers, "failures": s.failures,
             "resolve_failures": s.resolve_failures, "forgotten": s.forgotten,
-            "displaced": s.displaced, "refused": s.refused, "self_conflicts": s.self_conflicts,
+            "displaced": s.displaced, "refused": s.refused, "self_conflicts": s.self_conflicts, "left": s.left,
         })
     });
     json_answer(&serde_json::json!({

@@ -1,7 +1,9 @@
 //! Five real `dart` processes on loopback that know only the next one's address (a cyclic seed
 //! list, `--discover static:`): their views converge on one epoch within three refresh
 //! intervals; one is killed and leaves every view within forget-after plus one interval, while
-//! reads through the survivors keep succeeding with correct bytes.
+//! reads through the survivors keep succeeding with correct bytes. One stopped with SIGTERM
+//! instead announces its departure to its broadcast targets (here every other member) and leaves
+//! every view at once, long before forget-after.
 
 mod support;
 
@@ -21,14 +23,18 @@ struct Proc {
 }
 
 fn spawn(i: usize, peer_port: u16, seed_port: u16) -> Proc {
-    let dir = temp_dir("discovery", &format!("node-{i}"));
+    spawn_with("discovery", i, peer_port, seed_port, FORGET)
+}
+
+fn spawn_with(test: &str, i: usize, peer_port: u16, seed_port: u16, forget: Duration) -> Proc {
+    let dir = temp_dir(test, &format!("node-{i}"));
     let mut cmd = dart_command();
     cmd.args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
         .args(["--self-id", &format!("node-{i}")])
         .args(["--discover", &format!("static:127.0.0.1:{seed_port}")])
         .args(["--discover-interval", &format!("{}ms", INTERVAL.as_millis())])
-        .args(["--forget-after", &format!("{}ms", FORGET.as_millis())])
+        .args(["--forget-after", &format!("{}ms", forget.as_millis())])
         .args(["--cache-size", "64MiB", "--mem-size", "0"])
         .args(["--allow-upstream", "127.0.0.0/8", "--public-upstream", "127.0.0.0/8"])
         .arg("--cache-dir")
@@ -130,4 +136,65 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
     );
     let (epoch, ids) = view(procs[0].as_ref().expect("alive")).await;
     assert_eq!(ids.len(), NODES - 1, "epoch {epoch}: {ids:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stopped_with_sigterm_leaves_every_view_long_before_forget_after() {
+    // Forget-after long enough that only the announcement can explain a quick departure.
+    let forget = Duration::from_secs(60);
+    let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+    let mut procs: Vec<Option<Proc>> = (0..NODES)
+        .map(|i| Some(spawn_with("drain", i, ports[i], ports[(i + 1) % NODES], forget)))
+        .collect();
+    let started = Instant::now();
+    let all: Vec<String> = (0..NODES).map(|i| format!("node-{i}")).collect();
+    loop {
+        let mut views = Vec::new();
+        for p in procs.iter().flatten() {
+            views.push(view(p).await.1);
+        }
+        if views.iter().all(|ids| *ids == all) {
+            break;
+        }
+        assert!(started.elapsed() < INTERVAL * 3, "views did not converge: {views:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The broadcast targets are pinged on every view change: give the round a moment.
+    tokio::time::sleep(INTERVAL).await;
+    let victim = 3;
+    let mut gone = procs[victim].take().expect("alive");
+    let pid = gone.dart.child.id().to_string();
+    let status = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    assert!(status.success());
+    let stopped = Instant::now();
+    let exit = loop {
+        if let Some(exit) = gone.dart.child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(15), "still running after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // A clean exit although nobody reads its stdout any more (the harness read the banner only).
+    assert!(exit.success(), "{exit:?}");
+    let gone_id = format!("node-{victim}");
+    let left = loop {
+        let mut listed = Vec::new();
+        for (i, p) in procs.iter().enumerate() {
+            if let Some(p) = p {
+                if view(p).await.1.contains(&gone_id) {
+                    listed.push(i);
+                }
+            }
+        }
+        if listed.is_empty() {
+            break stopped.elapsed();
+        }
+        assert!(
+            stopped.elapsed() < INTERVAL * 3,
+            "nodes {listed:?} still list the stopped {gone_id} {:?} after SIGTERM (forget-after {forget:?})",
+            stopped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!("the member stopped with SIGTERM left every view {left:?} after it (forget-after {forget:?})");
 }

@@ -509,7 +509,13 @@ impl Node {
                 let req = self.requests.remove(&rid).expect("a driven request");
                 let error = f.error.to_string();
                 let (status, committed) = (f.status, f.committed);
-                self.event(Event::Failed { request: rid, status, committed, error: error.clone() });
+                // A relay that does not hold a block (a neighbour's held-only ask, a declined
+                // relay) answered a question: not a failure to report.
+                let answered = req.plane == Plane::Peer && status == 404 && !committed;
+                if !answered {
+                    let error = error.clone();
+                    self.event(Event::Failed { request: rid, status, committed, error });
+                }
                 if req.cancelled {
                     return;
                 }
