@@ -54,6 +54,19 @@ async fn view(p: &Proc) -> (String, Vec<String>) {
     (v["epoch"].as_str().expect("epoch").to_owned(), ids)
 }
 
+/// The live processes whose view lists `id`.
+async fn listing(procs: &[Option<Proc>], id: &str) -> Vec<usize> {
+    let mut listed = Vec::new();
+    for (i, p) in procs.iter().enumerate() {
+        if let Some(p) = p {
+            if view(p).await.1.iter().any(|m| m == id) {
+                listed.push(i);
+            }
+        }
+    }
+    listed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
     let origin = origin(11, dart_net_tokio::origin_server::Behaviour::Honours, SIZE).await;
@@ -113,14 +126,7 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
             assert!(r.status == 200 && r.body[..] == want[..], "a read after the kill on node-{i}");
         }
         reads += 1;
-        let mut listed = Vec::new();
-        for (i, p) in procs.iter().enumerate() {
-            if let Some(p) = p {
-                if view(p).await.1.contains(&gone_id) {
-                    listed.push(i);
-                }
-            }
-        }
+        let listed = listing(&procs, &gone_id).await;
         if listed.is_empty() {
             break killed.elapsed();
         }
@@ -178,14 +184,7 @@ async fn a_member_stopped_with_sigterm_leaves_every_view_long_before_forget_afte
     assert!(exit.success(), "{exit:?}");
     let gone_id = format!("node-{victim}");
     let left = loop {
-        let mut listed = Vec::new();
-        for (i, p) in procs.iter().enumerate() {
-            if let Some(p) = p {
-                if view(p).await.1.contains(&gone_id) {
-                    listed.push(i);
-                }
-            }
-        }
+        let listed = listing(&procs, &gone_id).await;
         if listed.is_empty() {
             break stopped.elapsed();
         }

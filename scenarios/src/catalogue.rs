@@ -1520,6 +1520,20 @@ fn discovery_boot() -> Scenario {
     })
 }
 
+/// Every node reads one object (4 MiB / 128 MiB at test / full scale) with discovery by DNS;
+/// the first round (t = 0) converges every view, and the reads start one second in.
+fn discovery_herd(seed: u64, scale: Scale, full_nodes: u64) -> SimSpec {
+    let nodes = pick(scale, 12, full_nodes) as usize;
+    let size = pick(scale, 4, 128) * MIB;
+    let block = pick(scale, 128 << 10, 4 * MIB);
+    let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
+    with_discovery(&mut spec, SimSeeds::Dns, false);
+    for r in &mut spec.workload.safety {
+        r.at += secs(1);
+    }
+    spec
+}
+
 /// The member that roots block 0's tree crashes for good after the reads begin (discovery by
 /// DNS, the `dead-root` fault as a death): it must leave every view, and reads go on.
 fn member_dies() -> Scenario {
@@ -1527,15 +1541,7 @@ fn member_dies() -> Scenario {
         "member-dies",
         "with discovery on, the tree root dies for good mid-read: it leaves every view within forget-after + one interval",
         |seed, scale| {
-            let nodes = pick(scale, 12, 60) as usize;
-            let size = pick(scale, 4, 128) * MIB;
-            let block = pick(scale, 128 << 10, 4 * MIB);
-            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
-            with_discovery(&mut spec, SimSeeds::Dns, false);
-            // The first round (t = 0) converges every view; reads start one second in.
-            for r in &mut spec.workload.safety {
-                r.at += secs(1);
-            }
+            let mut spec = discovery_herd(seed, scale, 60);
             let root = tree_order(&spec.cluster, 0, 0)[0];
             let at = secs(1) + ms(pick(scale, 150, 400) + seed % 100);
             // Dead until the faults heal (80 s): past forget-after plus one interval.
@@ -1573,14 +1579,8 @@ fn member_drains() -> Scenario {
         "with discovery on, a member is stopped gracefully mid-read: its broadcast targets drop it from their views at once, the others within forget-after + one interval",
         |seed, scale| {
             // Smaller than member-dies at full scale: every member asks every other each round.
-            let nodes = pick(scale, 12, 30) as usize;
-            let size = pick(scale, 4, 128) * MIB;
-            let block = pick(scale, 128 << 10, 4 * MIB);
-            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
-            with_discovery(&mut spec, SimSeeds::Dns, false);
-            for r in &mut spec.workload.safety {
-                r.at += secs(1);
-            }
+            let mut spec = discovery_herd(seed, scale, 30);
+            let nodes = spec.cluster.nodes;
             // Not the tree root: a node whose own reads have ended by then.
             let leaver = tree_order(&spec.cluster, 0, 0)[nodes / 2];
             spec.workload.safety.retain(|r| r.node != leaver);
