@@ -276,6 +276,9 @@ pub struct Directory {
     view: View,
     changed: bool,
     stats: DirectoryStats,
+    /// Members that announced their departure, until when a contact does not bring them back
+    /// (an answer they sent before they left may still be on its way).
+    departed: BTreeMap<String, Instant>,
     /// Error reports: when the last was let through, and how many were held back since.
     last_report: Option<Instant>,
     suppressed: u64,
@@ -312,6 +315,7 @@ impl Directory {
             view,
             changed: true,
             stats: DirectoryStats::default(),
+            departed: BTreeMap::new(),
             last_report: None,
             suppressed: 0,
         }
@@ -485,11 +489,17 @@ impl Directory {
     /// Member `id` announced it is leaving from `addr` (a drain, spec/overlay.md §5): it is
     /// dropped from the view at once instead of after `forget_after`. Only the member recorded
     /// at that address leaves (an announcement from an old address of a member that moved is
-    /// ignored); a later direct contact brings it back like any member. Returns whether it left.
-    pub fn left(&mut self, id: &str, addr: &str) -> bool {
+    /// ignored). For one `interval` after `now` no contact brings it back (a roster answer it
+    /// sent before it left may still arrive); after that a direct contact does, like for any
+    /// member (a process started again under the same id). Returns whether it left.
+    pub fn left(&mut self, id: &str, addr: &str, now: Instant) -> bool {
         let recorded = self.members.get(id).is_some_and(|k| k.addr == addr);
         if !recorded {
             return false;
+        }
+        self.departed.retain(|_, until| *until > now);
+        if self.departed.len() < MEMBERS_MAX {
+            self.departed.insert(id.to_owned(), now.saturating_add(self.timing.interval));
         }
         self.members.remove(id);
         self.heard.remove(addr);
@@ -518,6 +528,9 @@ impl Directory {
         if id == self.me.id {
             self.stats.self_conflicts += 1;
             return false;
+        }
+        if self.departed.get(id).is_some_and(|until| now < *until) {
+            return false; // it announced its departure a moment ago
         }
         if !self.members.contains_key(id) && self.members.len() >= MEMBERS_MAX {
             self.stats.refused += 1;
@@ -587,6 +600,7 @@ impl Directory {
     pub fn check_invariants(&self) {
         assert!(self.view.get(&self.me.id).is_some(), "self is always in the view");
         assert!(!self.members.contains_key(&self.me.id), "self is not a learned member");
+        assert!(self.departed.len() <= MEMBERS_MAX);
         assert!(self.members.len() <= MEMBERS_MAX && self.heard.len() <= HEARD_MAX);
         let mut addrs = BTreeSet::new();
         for k in self.members.values() {

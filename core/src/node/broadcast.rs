@@ -162,6 +162,9 @@ impl Node {
     /// [`super::Input::Drain`]: announces the departure to every broadcast target; an
     /// [`Event::Left`] follows once every announcement ended (at once without targets).
     pub(super) fn drain(&mut self, now: Instant) {
+        // From now on this node no longer presents itself: its roster answers are refused and
+        // its own roster fetches are anonymous, so no member credits it again.
+        self.draining = true;
         let targets: Vec<String> = match self.broadcast.as_mut() {
             Some(b) if b.leaving.is_none() => b.targets.targets().to_vec(),
             Some(_) => return, // announced already
@@ -249,7 +252,7 @@ impl Node {
             let msg = "dart: bad leave announcement (JSON {\"id\", \"addr\"}, at most 1 KiB)";
             return self.reply(id, Plane::Peer, 400, msg, Headers::new());
         };
-        let left = self.directory.as_mut().is_some_and(|d| d.left(&leave.id, &leave.addr));
+        let left = self.directory.as_mut().is_some_and(|d| d.left(&leave.id, &leave.addr, now));
         if left {
             self.apply_view(now);
         }

@@ -207,6 +207,8 @@ pub struct Node {
     directory: Option<crate::discovery::Directory>,
     /// The broadcast targets and a drain's announcements, when on.
     broadcast: Option<broadcast::Broadcast>,
+    /// [`Input::Drain`] arrived: the node is leaving and no longer presents itself as a member.
+    draining: bool,
     /// The reader sets of the objects this node is the tracker of, when the reader tree is on.
     registry: Option<crate::tracker::Registry>,
     /// The seed resolution in flight.
@@ -249,6 +251,7 @@ impl Node {
             learned: BTreeMap::new(),
             directory: None,
             broadcast: None,
+            draining: false,
             registry: None,
             resolve_ticket: 0,
             out: VecDeque::new(),

@@ -571,6 +571,10 @@ impl Node {
             let allow = Headers::new().with("allow", "GET");
             return self.reply(id, Plane::Peer, 405, "dart: method not allowed", allow);
         }
+        if self.draining {
+            // Leaving: answering as a member would make the asker credit it again.
+            return self.reply(id, Plane::Peer, 503, "dart: draining", Headers::new());
+        }
         let caller = request.headers.get_str(HEADER_NODE);
         let addr = request.headers.get_str(HEADER_PEER_ADDR);
         if let (Some(caller), Some(addr), Some(dir)) = (caller, addr, self.directory.as_mut()) {
@@ -652,10 +656,11 @@ impl Node {
         let p2p = self.engine.p2p_mut().expect("checked above");
         let permit = p2p.breaker.begin_roster(&addr, now);
         let mut headers = Headers::new();
-        if !self.config.self_id.is_empty() {
+        // A draining node asks anonymously: naming itself would make the peer credit it again.
+        if !self.config.self_id.is_empty() && !self.draining {
             headers.push(HEADER_NODE, self.config.self_id.as_str());
         }
-        if !self.config.advertise.is_empty() {
+        if !self.config.advertise.is_empty() && !self.draining {
             headers.push(HEADER_PEER_ADDR, self.config.advertise.as_str());
         }
         let url = format!("http://{addr}{ROSTER_PATH}");

@@ -949,6 +949,14 @@ fn a_drain_announces_the_departure_to_each_ping_verified_target_and_reports_when
     assert_eq!(&leave.body[..], br#"{"id":"reader","addr":"reader:9000"}"#);
     h.feed(Input::Drain);
     assert!(h.take_sends().is_empty(), "a second drain sends nothing");
+    // Leaving, it no longer presents itself: a roster request is refused, and its own roster
+    // fetches do not name it (either would make a member credit it again).
+    h.get(9, Plane::Peer, crate::codec::wire::ROSTER_PATH, Headers::new());
+    assert_eq!(status_of(&h, 9), Some(503));
+    h.feed(Input::FetchRoster { ticket: 1, addr: "p:9000".into() });
+    let anonymous = h.take_sends().remove(0);
+    assert_eq!(anonymous.headers.get_str("x-dart-node"), None);
+    assert_eq!(anonymous.headers.get_str("x-dart-peer-addr"), None);
     h.io(leave.id, IoEvent::Head { status: 200, headers: Headers::new() });
     h.io(leave.id, IoEvent::End);
     let left = h
