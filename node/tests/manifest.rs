@@ -607,6 +607,15 @@ fn exported() -> (Samples, BTreeSet<String>) {
         open_circuits: Some(0),
         tracker_files: Some(0),
         registry_tokens: Some((0, 0)),
+        neighbours: Some(vec![dart_core::engine::neighbours::NeighbourReport {
+            id: "node-b".into(),
+            score: 64,
+            weight: 64,
+            requests: 0,
+            failures: 0,
+            round_trip_ms: 300,
+        }]),
+        broadcast_targets: Some(0),
         ..Scrape::default()
     });
     let metrics = Metrics::new(snapshot, Arc::new(MemCache::default()));
