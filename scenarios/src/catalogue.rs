@@ -370,7 +370,16 @@ fn black_hole() -> Scenario {
         let addr = member_addr(hole);
         let opens: Vec<_> = circuits_to(r, &addr).filter(|(_, e)| e.to == CircuitState::Open).collect();
         check.that(
-            opens.iter().all(|(_, e)| e.reason == TransitionReason::HardFailure(HardReason::Dial) || e.reason == TransitionReason::ProbeFailed),
+            // Or a failed probe of the open circuit: a data probe, or a neighbour's ping (a
+            // roster fetch) while half-open.
+            opens.iter().all(|(_, e)| {
+                matches!(
+                    e.reason,
+                    TransitionReason::HardFailure(HardReason::Dial)
+                        | TransitionReason::ProbeFailed
+                        | TransitionReason::RosterFailed
+                )
+            }),
             "the hole's circuits open on the first dial failure",
         );
         let first: Vec<_> = opens.iter().filter(|(_, e)| e.reason == TransitionReason::HardFailure(HardReason::Dial)).collect();
