@@ -39,6 +39,9 @@ pub const HEADER_EPOCH: &str = "x-dart-epoch";
 pub const BLOCK_PATH_PREFIX: &str = "/peer/v1/block/";
 /// Exact path of the membership roster exchange.
 pub const ROSTER_PATH: &str = "/peer/v1/roster";
+/// Query of a roster request that asks for the responder alone (a neighbour's or a broadcast
+/// target's ping): `GET /peer/v1/roster?self`.
+pub const ROSTER_SELF_QUERY: &str = "self";
 /// Exact path of a member's departure announcement (`POST`, JSON `{"id", "addr"}`).
 pub const LEAVE_PATH: &str = "/peer/v1/leave";
 /// Relay depth at which the engine declines to relay further (held = false, no origin contact);

@@ -48,9 +48,15 @@ use crate::overlay::{Fault, NeighbourStats, TransportError};
 use crate::rng::Rng;
 use crate::time::Instant;
 use rand::seq::index::sample;
+use rand::Rng as _;
 use std::time::Duration;
 
 pub use crate::overlay::set::{PING_INTERVAL, UPDATE_INTERVAL};
+
+/// Views of at most this many Ready members are sampled exactly; larger ones by drawing indices.
+pub const EXACT_SAMPLE_MAX: usize = 256;
+/// Index draws per wanted candidate in a large view before an update gives up looking.
+const SAMPLE_TRIES_PER_WANTED: usize = 8;
 
 /// Counters of the neighbour set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -223,17 +229,39 @@ impl Neighbours {
     fn update(&mut self, view: &View, self_id: &str, now: Instant) {
         self.next_update = now + UPDATE_INTERVAL;
         self.refresh(view, now);
-        let outside: Vec<&str> = view
-            .ready()
-            .filter(|m| !m.addr.is_empty() && m.id != self_id)
-            .map(|m| m.id.as_str())
-            .filter(|id| !self.set.contains(&(*id).to_owned()))
-            .collect();
-        let wanted = self.set.candidates_wanted().min(outside.len());
+        let members: Vec<String> = self.set.members().map(|(id, _)| id.clone()).collect();
+        let eligible = |m: &crate::membership::Member| {
+            !m.addr.is_empty() && m.id != self_id && !members.contains(&m.id)
+        };
+        let ready = view.ready().len();
+        let wanted = self.set.candidates_wanted();
+        let picked: Vec<usize> = if ready <= EXACT_SAMPLE_MAX {
+            // A small view: an exact sample of the members outside the set.
+            let outside: Vec<usize> =
+                (0..ready).filter(|&i| eligible(view.ready_member(i))).collect();
+            let k = wanted.min(outside.len());
+            sample(&mut self.rng, outside.len(), k).into_iter().map(|j| outside[j]).collect()
+        } else {
+            // A large view: draw indices and keep the eligible ones, a bounded number of tries,
+            // so an update costs O(wanted), not O(members) (10,000 nodes each scanning 10,000
+            // members at start was most of a simulated herd's time).
+            let mut seen = std::collections::BTreeSet::new();
+            let mut picked = Vec::with_capacity(wanted);
+            let mut tries = 0;
+            while picked.len() < wanted && tries < SAMPLE_TRIES_PER_WANTED * wanted {
+                tries += 1;
+                let i = self.rng.random_range(0..ready);
+                if seen.insert(i) && eligible(view.ready_member(i)) {
+                    picked.push(i);
+                }
+            }
+            picked
+        };
+        assert!(picked.len() <= wanted);
         let expires_at = now + ENTRY_TTL;
-        let candidates: Vec<Candidate<String>> = sample(&mut self.rng, outside.len(), wanted)
+        let candidates: Vec<Candidate<String>> = picked
             .into_iter()
-            .map(|i| Candidate { peer: outside[i].to_owned(), expires_at })
+            .map(|i| Candidate { peer: view.ready_member(i).id.clone(), expires_at })
             .collect();
         let Update { departed, added, .. } = self.set.update(candidates, now, &mut self.rng);
         self.counters.updates += 1;
@@ -320,6 +348,19 @@ mod tests {
             let ping = n.handle_timeout(&v, "n0", Instant::ZERO + PING_INTERVAL).expect("a ping");
             assert!(n.set().contains(&ping.id), "seed {seed}: pings a neighbour");
             assert_eq!(v.get(&ping.id).map(|m| m.addr.as_str()), Some(ping.addr.as_str()));
+            n.check_invariants();
+        }
+    }
+
+    #[test]
+    fn a_large_view_is_sampled_by_index_and_still_fills_keep_distinct_members_never_self() {
+        for seed in 0..10 {
+            let mut n = neighbours(5, seed);
+            let v = view(EXACT_SAMPLE_MAX * 4);
+            n.handle_timeout(&v, "n7", Instant::ZERO);
+            let ids: Vec<String> = n.set().members().map(|(id, _)| id.clone()).collect();
+            assert_eq!(ids.len(), 5, "seed {seed}: {ids:?}");
+            assert!(!ids.contains(&"n7".to_owned()), "seed {seed}: never self");
             n.check_invariants();
         }
     }

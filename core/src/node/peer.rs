@@ -16,7 +16,7 @@ use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MA
 use crate::codec::wire::{
     block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HELD_ONLY,
     HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, LEAVE_PATH,
-    ROSTER_PATH,
+    ROSTER_PATH, ROSTER_SELF_QUERY,
 };
 use crate::engine::route::{relay_check, RelayPlan};
 use crate::engine::{Contender, Method, PeerAnswer};
@@ -594,7 +594,14 @@ impl Node {
         };
         let view = p2p.placement.view();
         let me = Member::ready(&self.config.self_id, &self.config.advertise);
-        let body = Bytes::from(encode_roster(view, &me));
+        // A ping (`?self`) asks only who answers: a roster of the responder alone, instead of
+        // every member (at 10,000 members a full roster is about 500 KB).
+        let query = request.target.split_once('?').map_or("", |(_, q)| q);
+        let body = if query.split('&').any(|p| p == ROSTER_SELF_QUERY) {
+            Bytes::from(encode_roster(&crate::membership::View::new(vec![me.clone()]), &me))
+        } else {
+            Bytes::from(encode_roster(view, &me))
+        };
         let mut headers = Headers::new()
             .with("content-length", body.len().to_string())
             .with("content-type", "application/json")
@@ -663,7 +670,12 @@ impl Node {
         if !self.config.advertise.is_empty() && !self.draining {
             headers.push(HEADER_PEER_ADDR, self.config.advertise.as_str());
         }
-        let url = format!("http://{addr}{ROSTER_PATH}");
+        // A ping asks only who answers (`?self`); discovery and the driver want the whole roster.
+        let url = if ping.is_some() || target_ping.is_some() {
+            format!("http://{addr}{ROSTER_PATH}?{ROSTER_SELF_QUERY}")
+        } else {
+            format!("http://{addr}{ROSTER_PATH}")
+        };
         let body = BytesMut::new();
         let job = Job::Roster {
             ticket,

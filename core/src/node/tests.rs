@@ -678,6 +678,19 @@ fn body_parts_wait_for_the_transport_to_drain() {
 }
 
 #[test]
+fn a_ping_gets_a_roster_of_the_responder_alone() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    let target =
+        format!("{}?{}", crate::codec::wire::ROSTER_PATH, crate::codec::wire::ROSTER_SELF_QUERY);
+    h.get(1, Plane::Peer, &target, Headers::new());
+    let body = String::from_utf8(h.body_of(1)).expect("utf-8");
+    assert!(body.contains("\"reader\"") && !body.contains("\"parent\""), "{body}");
+    h.get(2, Plane::Peer, crate::codec::wire::ROSTER_PATH, Headers::new());
+    let body = String::from_utf8(h.body_of(2)).expect("utf-8");
+    assert!(body.contains("\"parent\""), "the whole roster without it: {body}");
+}
+
+#[test]
 fn the_roster_names_this_node_and_learns_a_caller() {
     let mut h = Harness::new(reader_of("p:9000"));
     let headers =
@@ -732,7 +745,7 @@ fn a_neighbour_is_pinged_with_a_roster_fetch_and_scored_by_its_outcome() {
     h.advance(crate::engine::neighbours::PING_INTERVAL);
     let ping = h.take_sends();
     assert_eq!(ping.len(), 1, "one ping per interval");
-    assert_eq!(ping[0].url, "http://p:9000/peer/v1/roster");
+    assert_eq!(ping[0].url, "http://p:9000/peer/v1/roster?self", "a ping asks only who answers");
     let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
     h.io(
         ping[0].id,
@@ -933,7 +946,7 @@ fn a_drain_announces_the_departure_to_each_ping_verified_target_and_reports_when
     h.advance(Duration::ZERO);
     // The designated member is pinged with a roster fetch naming this node.
     let ping = h.take_sends().remove(0);
-    assert_eq!(ping.url, "http://p:9000/peer/v1/roster");
+    assert_eq!(ping.url, "http://p:9000/peer/v1/roster?self");
     assert_eq!(ping.headers.get_str("x-dart-node"), Some("reader"));
     let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
     h.io(
