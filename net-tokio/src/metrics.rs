@@ -115,28 +115,15 @@ fn encode_neighbours(
     s: &EngineStats,
 ) -> fmt::Result {
     plain_gauge(enc, "dart_neighbours", "Scored neighbours kept.", neighbours.len())?;
-    let g = ConstGauge::new(0i64);
     let help = "A neighbour's score, 0..=128 (64 new; below 16 it is not asked).";
-    let mut family = enc.encode_descriptor("dart_neighbour_score", help, None, g.metric_type())?;
-    for n in neighbours {
-        let labels = [("peer", n.id.as_str())];
-        ConstGauge::new(i64::from(n.score)).encode(family.encode_family(&labels)?)?;
-    }
-    let c = ConstCounter::new(0u64);
+    let score = |n: &NeighbourReport| u64::from(n.score);
+    per_peer(enc, "dart_neighbour_score", help, neighbours, score, ConstGauge::new(0i64))?;
     let help = "Exchanges with a neighbour that were scored (block fetches and pings).";
-    let mut family =
-        enc.encode_descriptor("dart_neighbour_requests", help, None, c.metric_type())?;
-    for n in neighbours {
-        let labels = [("peer", n.id.as_str())];
-        ConstCounter::new(n.requests).encode(family.encode_family(&labels)?)?;
-    }
+    let requests = |n: &NeighbourReport| n.requests;
+    per_peer(enc, "dart_neighbour_requests", help, neighbours, requests, ConstCounter::new(0u64))?;
     let help = "Scored exchanges with a neighbour that failed.";
-    let mut family =
-        enc.encode_descriptor("dart_neighbour_failures", help, None, c.metric_type())?;
-    for n in neighbours {
-        let labels = [("peer", n.id.as_str())];
-        ConstCounter::new(n.failures).encode(family.encode_family(&labels)?)?;
-    }
+    let failures = |n: &NeighbourReport| n.failures;
+    per_peer(enc, "dart_neighbour_failures", help, neighbours, failures, ConstCounter::new(0u64))?;
     let relay = [("asked", s.neighbour_asks), ("held", s.neighbour_hits)];
     counter(
         enc,
@@ -145,6 +132,40 @@ fn encode_neighbours(
         "result",
         &relay,
     )
+}
+
+/// One family with a series per neighbour (label `peer`), of `kind` (a gauge or a counter).
+fn per_peer<M: EncodeMetric + PerPeer>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    neighbours: &[NeighbourReport],
+    value: impl Fn(&NeighbourReport) -> u64,
+    kind: M,
+) -> fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, None, kind.metric_type())?;
+    for n in neighbours {
+        let labels = [("peer", n.id.as_str())];
+        M::of(value(n)).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A constant metric made from a value.
+trait PerPeer: Sized {
+    fn of(v: u64) -> Self;
+}
+
+impl PerPeer for ConstGauge<i64> {
+    fn of(v: u64) -> Self {
+        ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+
+impl PerPeer for ConstCounter<u64> {
+    fn of(v: u64) -> Self {
+        ConstCounter::new(v)
+    }
 }
 
 impl prometheus_client::collector::Collector for Collected {

@@ -305,17 +305,20 @@ pub async fn start_on<S: Seam>(
         access,
     };
     let mut node = Node::new(engine, config).context("invalid bounds")?;
+    // Each seeded part of the machine draws from its own child of a root seeded by the member id.
+    let rng_for = |label: &str| {
+        let mut root =
+            dart_core::rng::from_seed(dart_core::hash::fnv1a64(flags.self_id.as_bytes()));
+        dart_core::rng::child(&mut root, label)
+    };
     if let Some(seeds) = seeds {
         let timing = Timing { interval: flags.discover_interval, forget_after: flags.forget_after };
         // The driver's clock starts at zero when it starts, just below: the first round is due
         // at once.
         node.enable_discovery(seeds, timing, dart_core::time::Instant::ZERO)
             .context("turning discovery on")?;
-        let mut root =
-            dart_core::rng::from_seed(dart_core::hash::fnv1a64(flags.self_id.as_bytes()));
-        let rng = dart_core::rng::child(&mut root, "broadcast");
         // Discovery checked the peer path and the id.
-        node.enable_broadcast_targets(rng, dart_core::time::Instant::ZERO);
+        node.enable_broadcast_targets(rng_for("broadcast"), dart_core::time::Instant::ZERO);
     }
     // On by default with a peer path; `p2p_setup` refused an explicit --reader-tree without one
     // and required a valid --self-id with it.
@@ -326,11 +329,8 @@ pub async fn start_on<S: Seam>(
             keep: flags.neighbours,
             ..dart_core::overlay::set::Config::default()
         };
-        let mut root =
-            dart_core::rng::from_seed(dart_core::hash::fnv1a64(flags.self_id.as_bytes()));
-        let rng = dart_core::rng::child(&mut root, "neighbours");
         // Without a peer path there is nobody to keep: the flag's default does nothing then.
-        node.enable_neighbours(config, rng, dart_core::time::Instant::ZERO);
+        node.enable_neighbours(config, rng_for("neighbours"), dart_core::time::Instant::ZERO);
     }
     // Blocks a warm start kept carry no version: the machine decides what to serve of them.
     node.recovered_blocks(store.kept_keys());

@@ -246,6 +246,20 @@ impl Cluster {
         assert_eq!(neighbours.set().len(), keep.min(self.nodes.len() - 1));
     }
 
+    /// Kills block 0's home and returns (home, its successor); with `others_hold`, every member
+    /// ranked after the successor holds blocks 0 and 1 (what a home leaves behind).
+    fn dead_home(&mut self, others_hold: bool) -> (usize, usize) {
+        let ranked = self.ranked(0);
+        self.nodes[ranked[0]].fault = Fault::Dead;
+        if others_hold {
+            for &n in &ranked[2..] {
+                self.plant(n, 0);
+                self.plant(n, 1);
+            }
+        }
+        (ranked[0], ranked[1])
+    }
+
     /// Puts the origin's block `block` into node `at`'s store.
     fn plant(&mut self, at: usize, block: u64) {
         let e = &self.nodes[at].engine;
@@ -558,13 +572,8 @@ fn a_substitute_root_asks_a_neighbour_before_the_origin_and_uses_the_block_it_ho
     let mut c = Cluster::new(5, 1, 8, Mode::Honours);
     immutable(&mut c);
     let ranked = c.ranked(0);
-    let (home, substitute) = (ranked[0], ranked[1]);
-    c.nodes[home].fault = Fault::Dead;
     // The dead home passed both blocks down before it died: every other member holds them.
-    for &n in &ranked[2..] {
-        c.plant(n, 0);
-        c.plant(n, 1);
-    }
+    let (home, substitute) = c.dead_home(true);
     c.enable_neighbours(substitute, 4);
     assert_eq!(c.read(substitute, None), End::Finish(c.expected(0, 7)));
     assert!(c.origin.fetches.is_empty(), "the origin paid nothing: {:?}", c.origin.fetches);
@@ -578,9 +587,7 @@ fn a_substitute_root_asks_a_neighbour_before_the_origin_and_uses_the_block_it_ho
 #[test]
 fn a_neighbour_that_does_not_hold_the_block_costs_one_ask_and_is_not_blamed() {
     let mut c = Cluster::new(5, 1, 8, Mode::Honours);
-    let ranked = c.ranked(0);
-    let (home, substitute) = (ranked[0], ranked[1]);
-    c.nodes[home].fault = Fault::Dead;
+    let (home, substitute) = c.dead_home(false);
     c.enable_neighbours(substitute, 4);
     assert_eq!(c.read(substitute, None), End::Finish(c.expected(0, 7)));
     assert_eq!(c.origin.fetches.len(), 2, "both blocks from the origin");
@@ -628,12 +635,7 @@ fn a_neighbour_never_serves_a_held_block_of_an_object_whose_version_it_does_not_
     // entry) and nothing says which version they are. They decline; the origin pays.
     let mut c = Cluster::new(5, 1, 8, Mode::Honours);
     let ranked = c.ranked(0);
-    let (home, substitute) = (ranked[0], ranked[1]);
-    c.nodes[home].fault = Fault::Dead;
-    for &n in &ranked[2..] {
-        c.plant(n, 0);
-        c.plant(n, 1);
-    }
+    let (_, substitute) = c.dead_home(true);
     c.enable_neighbours(substitute, 4);
     assert_eq!(c.read(substitute, None), End::Finish(c.expected(0, 7)));
     assert_eq!(c.origin.fetches.len(), 2, "both blocks from the origin");

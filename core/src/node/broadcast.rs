@@ -131,12 +131,7 @@ impl Node {
         loop {
             let Some(b) = self.broadcast.as_mut() else { return };
             let Some(ping) = b.targets.poll_ping() else { break };
-            let addr = self
-                .engine
-                .p2p()
-                .and_then(|p| p.placement.view().get(&ping.peer).map(|m| m.addr.clone()))
-                .filter(|a| !a.is_empty());
-            match addr {
+            match self.member_addr(&ping.peer) {
                 Some(addr) => self.fetch_roster_target(ping.token, ping.peer, addr, now),
                 None => {
                     let b = self.broadcast.as_mut().expect("checked above");
@@ -150,6 +145,12 @@ impl Node {
                 self.event(Event::BroadcastTargets { targets });
             }
         }
+    }
+
+    /// Member `id`'s address in the current view, if it has one.
+    fn member_addr(&self, id: &str) -> Option<String> {
+        let view = self.engine.p2p()?.placement.view();
+        view.get(id).map(|m| m.addr.clone()).filter(|a| !a.is_empty())
     }
 
     /// A target ping (a roster fetch) ended.
@@ -177,9 +178,7 @@ impl Node {
         .expect("a leave serializes");
         let mut sent = 0;
         for id in targets {
-            let addr =
-                self.engine.p2p().and_then(|p| p.placement.view().get(&id).map(|m| m.addr.clone()));
-            let Some(addr) = addr.filter(|a| !a.is_empty()) else { continue };
+            let Some(addr) = self.member_addr(&id) else { continue };
             let headers = Headers::new()
                 .with("content-type", "application/json")
                 .with(HEADER_NODE, self.config.self_id.as_str());
