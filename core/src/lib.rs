@@ -22,6 +22,7 @@ pub mod geometry;
 pub mod hash;
 pub mod hrw;
 pub mod identity;
+pub mod integrity;
 pub mod membership;
 pub mod node;
 pub mod overlay;

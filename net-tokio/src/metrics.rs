@@ -256,6 +256,15 @@ impl prometheus_client::collector::Collector for Collected {
              cached blocks were dropped and they are read from the origin only for 10 minutes.",
             s.objects_distrusted,
         )?;
+        let blocks = [("verified", s.peer_digests_verified), ("mismatch", s.peer_digest_mismatch)];
+        counter(
+            &mut enc,
+            "dart_peer_block_digest",
+            "Peer blocks checked against the digest that ended them; a mismatch was neither \
+             cached nor served whole, and opened the peer's circuit.",
+            "result",
+            &blocks,
+        )?;
         let relay = [("served", s.relay_served), ("declined", s.relay_declined)];
         counter(&mut enc, "dart_relay", "Peer block requests by result.", "result", &relay)?;
         let versions = [

@@ -75,7 +75,8 @@ fn fault(at_ms: u64, lasts_ms: u64, kind: FaultKind) -> Fault {
 
 #[test]
 fn a_failing_plan_shrinks_to_its_one_guilty_fault() {
-    // Every node is an upstream of somebody for some block, so any node flipping bytes is caught.
+    // Every node is an upstream of somebody for some block, so any node flipping bytes is caught:
+    // its blocks fail their digest (the scenario's expectation, made to fail on that).
     let plan = FaultPlan {
         faults: vec![
             fault(0, 4000, FaultKind::Slow { node: 3, extra_ms: 40, divisor: 3 }),
@@ -86,9 +87,21 @@ fn a_failing_plan_shrinks_to_its_one_guilty_fault() {
     };
     let spec = small_cluster(plan);
     let scenario =
-        Scenario::new("shrink-me", "a corrupting peer among noise", |_, _| unreachable!());
+        Scenario::new("shrink-me", "a corrupting peer among noise", |_, _| unreachable!()).expect(
+            |run, check| {
+                let refused: u64 = run
+                    .report
+                    .peer_answers
+                    .iter()
+                    .filter(|((_, kind), _)| kind == "ValidationFailed")
+                    .map(|(_, n)| n)
+                    .sum();
+                check.that(refused == 0, "no peer block failed its digest");
+            },
+        );
     let first = scenario.run_spec(spec.clone(), 4, Scale::Test);
     assert!(!first.passed(), "the corrupted block must be caught");
+    assert!(first.report.as_ref().is_some_and(|r| r.violation.is_none()), "and never cached");
     let shrunk = shrink::shrink_spec(&scenario, spec, 4, Scale::Test, 400).expect("it fails");
     assert_eq!(shrunk.spec.plan.faults.len(), 1, "minimal plan: {}", shrunk.spec.plan);
     assert!(matches!(shrunk.spec.plan.faults[0].kind, FaultKind::Lies { lie: Lie::Corrupt, .. }));

@@ -10,6 +10,7 @@
 
 use bytes::Bytes;
 use dart_core::hash::fmix64;
+use dart_core::integrity::{xxh3_128, BlockDigest, BlockHasher};
 
 /// Distinct block start positions in the noise buffer; a prime so that consecutive blocks spread.
 const NOISE_SPAN: u64 = (1 << 20) + 7;
@@ -21,6 +22,43 @@ pub struct ObjectShape {
     pub size: u64,
     /// Distinguishes the bytes of different objects.
     pub salt: u64,
+}
+
+/// The simulator's block hasher: the digests [`dart_core::integrity::xxh3_128`] gives, but a
+/// block that is a slice of the generator's buffer is hashed once per run and looked up after
+/// (every block of the run is such a slice unless it was copied, so a block relayed down a tree
+/// of 100 nodes is hashed once, not at every hop). Any other block is hashed in full.
+#[derive(Debug)]
+pub struct SimHasher {
+    noise: Bytes,
+    /// Digests of buffer slices, by offset and length (the buffer never changes).
+    memo: std::sync::Mutex<std::collections::BTreeMap<(usize, usize), BlockDigest>>,
+}
+
+/// Slices remembered before the memo starts again (bounds its memory in a long run).
+const MEMO_MAX: usize = 1 << 20;
+
+impl SimHasher {
+    /// A hasher for the blocks `contents` generates.
+    pub fn new(contents: &Contents) -> Self {
+        SimHasher { noise: contents.noise.clone(), memo: Default::default() }
+    }
+}
+
+impl BlockHasher for SimHasher {
+    fn digest(&self, block: &Bytes) -> BlockDigest {
+        let base = self.noise.as_ptr() as usize;
+        let at = block.as_ptr() as usize;
+        if block.is_empty() || at < base || at + block.len() > base + self.noise.len() {
+            return xxh3_128(block);
+        }
+        let key = (at - base, block.len());
+        let mut memo = self.memo.lock().expect("the memo is never poisoned");
+        if memo.len() >= MEMO_MAX {
+            memo.clear();
+        }
+        *memo.entry(key).or_insert_with(|| xxh3_128(block))
+    }
 }
 
 /// Where a delivered slice first differs from the generator.
@@ -160,6 +198,20 @@ mod tests {
         assert_eq!(c.check(OBJ, 130, &Bytes::copy_from_slice(&w)), Ok(()), "copies compare");
         assert!(c.aliases(OBJ, 130, &w) && c.aliases(OBJ, 135, &w.slice(5..)));
         assert!(!c.aliases(OBJ, 130, &Bytes::copy_from_slice(&w)) && !c.aliases(OBJ, 131, &w));
+    }
+
+    #[test]
+    fn the_sim_hasher_gives_the_digests_of_the_bytes_for_slices_and_copies_alike() {
+        let c = Contents::new(64);
+        let hasher = SimHasher::new(&c);
+        let w = c.window(OBJ, 130, 20);
+        let copy = Bytes::copy_from_slice(&w);
+        assert_eq!(hasher.digest(&w), xxh3_128(&w));
+        assert_eq!(hasher.digest(&w), hasher.digest(&copy), "remembered or not, the same");
+        let mut flipped = copy.to_vec();
+        flipped[3] ^= 1;
+        assert_ne!(hasher.digest(&Bytes::from(flipped)), hasher.digest(&w));
+        assert_eq!(hasher.digest(&w.slice(1..)), xxh3_128(&w[1..]), "another slice, its own");
     }
 
     #[test]

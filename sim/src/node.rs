@@ -177,6 +177,8 @@ pub struct SimNode {
     rng: Rng,
     /// How the client plane maps requests (the prefix API, or a registry mirror of the origin).
     mode: UpstreamMode,
+    /// Computes block digests for every incarnation's machine.
+    hasher: std::sync::Arc<dyn dart_core::integrity::BlockHasher>,
 }
 
 impl SimNode {
@@ -209,9 +211,22 @@ impl SimNode {
             peer,
             rng,
             mode: UpstreamMode::prefix("dart"),
+            hasher: std::sync::Arc::new(dart_core::integrity::Xxh3),
         };
         node.machine = Some(node.fresh_machine(Instant::ZERO));
         node
+    }
+
+    /// The same node hashing blocks with `hasher` (same digests, less work).
+    pub fn with_hasher(
+        mut self,
+        hasher: std::sync::Arc<dyn dart_core::integrity::BlockHasher>,
+    ) -> Self {
+        if let Some(machine) = &mut self.machine {
+            machine.set_block_hasher(hasher.clone());
+        }
+        self.hasher = hasher;
+        self
     }
 
     /// The same node as a registry mirror of the origin (`--registry http://origin.sim`).
@@ -243,6 +258,7 @@ impl SimNode {
             access: self.access.clone(),
         };
         let mut node = Node::new(engine, config).expect("valid bounds");
+        node.set_block_hasher(self.hasher.clone());
         if let Some(d) = self.peer.as_ref().and_then(|(p, _)| p.discovery.as_ref()) {
             let seeds = match d.seeds {
                 crate::config::SimSeeds::Ring => {

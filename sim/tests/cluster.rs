@@ -55,13 +55,21 @@ fn wrong_length_and_garbage_answers_poison_nothing() {
 }
 
 #[test]
-fn a_right_length_corrupted_block_is_caught_by_the_checker_because_the_core_cannot() {
-    // The core validates lengths only; without per-block digests a peer that flips bytes in a
-    // block of the right length poisons the requester's cache. The simulator's content check is
-    // what sees it.
+fn a_right_length_corrupted_block_fails_its_digest_and_is_never_cached() {
+    // A peer that flips bytes in blocks of the right length: every such block fails the digest
+    // that ends it (dart_core::integrity), so the checker, which compares every cached and served
+    // byte, finds nothing wrong.
     let r = run(spec(12, 2 << 20, one(FaultKind::Lies { node: 5, lie: Lie::Corrupt })), 4);
-    let v = r.violation.expect("the checker catches the corrupted block");
-    assert!(v.what.contains("wrong byte"), "{v}");
+    assert!(r.violation.is_none(), "{}", r.summary());
+    let refused: u64 = r
+        .peer_answers
+        .iter()
+        .filter(|((p, kind), _)| *p == 5 && kind == "ValidationFailed")
+        .map(|(_, n)| n)
+        .sum();
+    assert!(refused > 0, "the liar's blocks were refused: {:?}", r.peer_answers);
+    let mismatches: u64 = r.nodes.iter().map(|n| n.engine.peer_digest_mismatch).sum();
+    assert_eq!(mismatches, refused, "every refusal is a counted digest mismatch");
 }
 
 #[test]

@@ -138,6 +138,11 @@ pub struct EngineStats {
     pub peer_bytes: u64,
     /// Peer blocks refused for their length (the peer's circuit opened).
     pub peer_wrong_length: u64,
+    /// Peer blocks refused because their bytes did not match the digest that ended them
+    /// ([`crate::integrity`]; the peer's circuit opened).
+    pub peer_digest_mismatch: u64,
+    /// Peer blocks whose bytes matched the digest that ended them.
+    pub peer_digests_verified: u64,
     /// Escalations past a peer that failed (not counting 404s).
     pub peer_failover: u64,
     /// Upstream peers skipped because the breaker refused admission.
@@ -618,6 +623,15 @@ impl Engine {
     /// Counts a peer answer refused for naming another version of its object.
     pub fn note_peer_version_mismatch(&mut self) {
         self.stats.peer_version_mismatch += 1;
+    }
+
+    /// Counts a peer block checked against its digest: matched or not.
+    pub fn note_peer_digest(&mut self, matched: bool) {
+        if matched {
+            self.stats.peer_digests_verified += 1;
+        } else {
+            self.stats.peer_digest_mismatch += 1;
+        }
     }
 
     /// Counts an object found changed by a block's answer.

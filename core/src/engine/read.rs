@@ -449,6 +449,9 @@ pub struct Read {
     /// A read-ahead read ([`Engine::begin_read_ahead`]): it serves nobody, so it counts in no
     /// block-source or relay statistic (its wire bytes still count).
     ahead: bool,
+    /// For a relay that served its block: the block, whose digest ends the response
+    /// ([`crate::integrity`]).
+    served: Option<Bytes>,
     state: State,
     out: VecDeque<Action>,
 }
@@ -526,6 +529,7 @@ impl Read {
             content_length: 0,
             slow_peers: Vec::new(),
             ahead: false,
+            served: None,
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
@@ -615,6 +619,11 @@ impl Read {
         matches!(self.state, State::Done)
     }
 
+    /// For a relay that finished: the block it served, whose digest ends its response.
+    pub fn served_block(&self) -> Option<&Bytes> {
+        self.served.as_ref()
+    }
+
     fn is_relay(&self) -> bool {
         matches!(self.kind, Kind::Relay { .. })
     }
@@ -697,6 +706,7 @@ impl Read {
             meta,
         }));
         self.emitted = len;
+        self.served = Some(data.clone());
         self.out.push_back(Action::Emit(data));
         self.finish();
     }
@@ -1049,6 +1059,7 @@ impl Read {
         self.count(&mut engine.stats.relay_served);
         let class = engine.class_of(&key);
         self.emitted = data.len() as u64;
+        self.served = Some(data.clone());
         self.out.push_back(Action::Store { key, data, class });
         self.finish();
     }
@@ -1254,6 +1265,7 @@ impl Read {
             self.count(&mut engine.stats.relay_served);
             self.commit_relay_head(engine);
             self.emitted = block.len() as u64;
+            self.served = Some(block.clone());
             self.out.push_back(Action::Emit(block.clone()));
             return self.finish();
         }

@@ -75,8 +75,11 @@ pub(super) struct PeerJob {
     /// A held-only ask (`X-DART-Held-Only`): its answer must name the version the read
     /// serves, for an object that may change.
     pub held_only: bool,
-    /// The body so far, at most `expected + 1` bytes.
+    /// The block's bytes so far, at most `expected`.
     pub copy: BodyBuf,
+    /// The bytes after the block: its digest footer ([`crate::integrity`]), at most
+    /// [`crate::integrity::FOOTER_LEN`] `+ 1`.
+    pub footer: Vec<u8>,
 }
 
 /// What an exchange is for.

@@ -225,6 +225,8 @@ pub struct Node {
     counters: NodeCounters,
     /// Gated requests, credential checks, admitted credentials, the wall clock.
     access: access::State,
+    /// Computes the digests of peer-plane blocks ([`crate::integrity`]).
+    hasher: std::sync::Arc<dyn crate::integrity::BlockHasher>,
 }
 
 impl Node {
@@ -263,7 +265,14 @@ impl Node {
             counters: NodeCounters::default(),
             access: access::State::default(),
             join_warnings: (None, 0),
+            hasher: std::sync::Arc::new(crate::integrity::Xxh3),
         })
+    }
+
+    /// Replaces the block hasher (the default hashes every block, [`crate::integrity::Xxh3`]).
+    /// A driver may pass a cheaper one that returns the same digests.
+    pub fn set_block_hasher(&mut self, hasher: std::sync::Arc<dyn crate::integrity::BlockHasher>) {
+        self.hasher = hasher;
     }
 
     /// The engine (read counters, object table, peer half).

@@ -21,6 +21,7 @@ use crate::codec::wire::{
 use crate::engine::route::{relay_check, RelayPlan};
 use crate::engine::{Contender, Method, PeerAnswer};
 use crate::hash::BlockKey;
+use crate::integrity::{check_block, FooterError, DIGEST_ALGORITHM, FOOTER_LEN, HEADER_DIGEST};
 use crate::membership::{validate_member_id, Member};
 use crate::time::Instant;
 use bytes::{Bytes, BytesMut};
@@ -314,6 +315,7 @@ impl Node {
             expected: fetch.expected,
             held_only: fetch.held_only,
             copy: BodyBuf::default(),
+            footer: Vec::new(),
         };
         self.start_exchange(Endpoint::Peer, url, headers, Job::Peer(job), now)
     }
@@ -369,19 +371,45 @@ impl Node {
                     headers.get_u64(HEADER_UPSTREAM_STATUS).and_then(|s| u16::try_from(s).ok());
                 let announced = headers.get_u64("content-length");
                 let expected = job.expected;
-                if let Some(o) = Observation::of_block_head(status, upstream, announced, expected) {
+                let wire = expected.saturating_add(FOOTER_LEN);
+                if let Some(o) = Observation::of_block_head(status, upstream, announced, wire) {
                     return self.finish_peer(io, Err(o), true, now);
                 }
-                let reserve = expected.saturating_add(1).min(BODY_RESERVE_MAX) as usize;
+                if headers.get(HEADER_DIGEST) != Some(DIGEST_ALGORITHM.as_bytes()) {
+                    // A block without its digest cannot be checked: never used.
+                    let answer = Err(Observation::ValidationFailed);
+                    return self.finish_peer(io, answer, true, now);
+                }
+                let reserve = expected.min(BODY_RESERVE_MAX) as usize;
                 job.copy.reserve(reserve);
                 self.start_streams(io, now);
             }
             IoEvent::Body(data) => self.peer_body(io, data, now),
             IoEvent::End => {
-                let body = job.copy.take();
-                self.finish_peer(io, Ok(body), false, now);
+                let answer = self.checked_block(io);
+                self.finish_peer(io, answer, false, now);
             }
             IoEvent::Failed(e) => self.finish_peer(io, Err(e.observation()), false, now),
+        }
+    }
+
+    /// The block peer exchange `io` received, if it is whole and its bytes match the digest
+    /// that ended it ([`crate::integrity`]); else how the answer failed.
+    fn checked_block(&mut self, io: IoId) -> Result<Bytes, Observation> {
+        let x = self.exchanges.get_mut(&io).expect("a live exchange");
+        let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
+        let block = job.copy.take();
+        let footer = std::mem::take(&mut job.footer);
+        match check_block(self.hasher.as_ref(), block, &footer, job.expected) {
+            Ok(block) => {
+                self.engine.note_peer_digest(true);
+                Ok(block)
+            }
+            Err(FooterError::Length) => Err(Observation::WrongLength),
+            Err(FooterError::Digest) => {
+                self.engine.note_peer_digest(false);
+                Err(Observation::ValidationFailed)
+            }
         }
     }
 
@@ -431,16 +459,20 @@ impl Node {
         }
     }
 
-    /// Keeps at most `expected + 1` bytes; a stream forwards all but the last byte at once.
+    /// Keeps the block's `expected` bytes and at most one byte more than the digest footer; a
+    /// stream forwards all but the block's last byte at once.
     fn peer_body(&mut self, io: IoId, data: Bytes, now: Instant) {
         let x = self.exchanges.get_mut(&io).expect("a live exchange");
         let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
-        let limit = job.expected.saturating_add(1);
-        let room = (limit - job.copy.len() as u64) as usize;
-        job.copy.push(data.slice(..data.len().min(room)));
-        if job.copy.len() as u64 > job.expected {
-            let body = job.copy.take();
-            return self.finish_peer(io, Ok(body), true, now);
+        let room = (job.expected - job.copy.len() as u64) as usize;
+        let split = data.len().min(room);
+        // The block's part stays one handle when it came in one part (no copy).
+        job.copy.push(data.slice(..split));
+        let rest = &data[split..];
+        let more = rest.len().min(FOOTER_LEN as usize + 1 - job.footer.len());
+        job.footer.extend_from_slice(&rest[..more]);
+        if job.footer.len() as u64 > FOOTER_LEN {
+            return self.finish_peer(io, Err(Observation::WrongLength), true, now);
         }
         if job.readers.iter().any(|r| r.stream && !r.streaming) {
             self.start_streams(io, now);

@@ -502,6 +502,12 @@ impl Node {
                 }
                 let req = self.requests.remove(&rid).expect("a driven request");
                 if !req.cancelled {
+                    if req.plane == Plane::Peer {
+                        // A relay's block ends with its digest (crate::integrity).
+                        let block = req.read.served_block().expect("a relay finishes served");
+                        let footer = self.hasher.digest(block).footer();
+                        self.emit(Output::Body { id: rid, data: footer });
+                    }
                     self.emit(Output::End { id: rid });
                 }
             }
@@ -604,16 +610,20 @@ impl Node {
     /// A relay's head: the block's length, and the object's validators as this node knows them
     /// (the requester refuses a block of another version).
     fn relay_head(&self, head: &ResponseHead) -> Head {
+        debug_assert_eq!(head.status, 200, "a relay's head is a block's");
+        // The block, then its digest (crate::integrity).
+        let length = head.content_length + crate::integrity::FOOTER_LEN;
         let mut headers = Headers::new()
-            .with("content-length", head.content_length.to_string())
-            .with("content-type", "application/octet-stream");
+            .with("content-length", length.to_string())
+            .with("content-type", "application/octet-stream")
+            .with(crate::integrity::HEADER_DIGEST, crate::integrity::DIGEST_ALGORITHM);
         for (name, value) in head.meta.fields() {
             if matches!(name, "etag" | "last-modified") {
                 headers.push(name, value);
             }
         }
         self.name_self(Plane::Peer, &mut headers);
-        Head { status: head.status, headers, body: head.content_length > 0 }
+        Head { status: head.status, headers, body: true }
     }
 
     /// Request `rid`'s write-stall bound (armed for `at`) came due: if its requester still has

@@ -6,6 +6,7 @@ use crate::breaker::{BackoffPolicy, Breaker, BreakerConfig, CircuitState};
 use crate::engine::route::Placement;
 use crate::engine::{EngineConfig, P2p};
 use crate::geometry::Geometry;
+use crate::integrity::{xxh3_128, DIGEST_ALGORITHM, FOOTER_LEN, HEADER_DIGEST};
 use crate::membership::{Member, View};
 use bytes::Bytes;
 use std::time::Duration;
@@ -91,6 +92,11 @@ struct Harness {
     drain: bool,
     /// Responses the transport hashes ([`Output::Hash`]), answered at [`Output::Seal`].
     hashing: std::collections::BTreeMap<RequestId, crate::registry::DigestAlgorithm>,
+    /// Peer block fetches sent, and the body of each one answered `200` so far: [`Harness::io`]
+    /// plays an honest peer's wire form (the digest header and footer, `crate::integrity`).
+    peer_blocks: std::collections::BTreeMap<IoId, Option<Vec<u8>>>,
+    /// Requests made on the peer plane.
+    peer_requests: std::collections::BTreeSet<u64>,
 }
 
 impl Harness {
@@ -103,6 +109,8 @@ impl Harness {
             origin: Origin::default(),
             drain: true,
             hashing: Default::default(),
+            peer_blocks: Default::default(),
+            peer_requests: Default::default(),
         }
     }
 
@@ -140,6 +148,12 @@ impl Harness {
                         self.store.remove(key);
                     }
                 }
+                Output::Send(r)
+                    if r.endpoint == Endpoint::Peer
+                        && r.url.contains(crate::codec::wire::BLOCK_PATH_PREFIX) =>
+                {
+                    self.peer_blocks.insert(r.id, None);
+                }
                 Output::Body { id, .. } if self.drain => queue.push(Input::Drained { id: *id }),
                 Output::Hash { id, algorithm } => {
                     self.hashing.insert(*id, *algorithm);
@@ -176,6 +190,9 @@ impl Harness {
     }
 
     fn get(&mut self, id: u64, plane: Plane, target: &str, headers: Headers) {
+        if plane == Plane::Peer {
+            self.peer_requests.insert(id);
+        }
         let request =
             Inbound { method: "GET".into(), target: target.into(), headers, body: Bytes::new() };
         self.feed(Input::Request { id: RequestId(id), plane, request });
@@ -203,8 +220,66 @@ impl Harness {
         sends
     }
 
+    /// Answers exchange `id` with `event`. A peer's block answer is given the wire form an
+    /// honest peer sends (`crate::integrity`): a `200` head gains the digest header (and the
+    /// footer in its `Content-Length`), and the digest of the body so far goes before its end.
+    /// [`Harness::io_raw`] sends events as they are.
     fn io(&mut self, id: IoId, event: IoEvent) {
+        let event = match (self.peer_blocks.get_mut(&id), event) {
+            (Some(body), IoEvent::Head { status: 200, headers }) => {
+                *body = Some(Vec::new());
+                let mut wire = Headers::new().with(HEADER_DIGEST, DIGEST_ALGORITHM);
+                for (name, value) in headers.iter() {
+                    match (name, headers.get_u64("content-length")) {
+                        ("content-length", Some(n)) => {
+                            wire.push(name, (n + FOOTER_LEN).to_string())
+                        }
+                        _ => wire.push(name, value),
+                    }
+                }
+                IoEvent::Head { status: 200, headers: wire }
+            }
+            (Some(Some(body)), IoEvent::Body(data)) => {
+                body.extend_from_slice(&data);
+                IoEvent::Body(data)
+            }
+            (Some(Some(body)), IoEvent::End) => {
+                let footer = xxh3_128(body).footer();
+                self.peer_blocks.remove(&id);
+                if self.node.exchanges().iter().any(|(i, _, _)| *i == id) {
+                    self.io_raw(id, IoEvent::Body(footer));
+                }
+                IoEvent::End
+            }
+            (_, event) => event,
+        };
+        self.io_raw(id, event);
+    }
+
+    /// Answers exchange `id` with exactly `event`.
+    fn io_raw(&mut self, id: IoId, event: IoEvent) {
         self.feed(Input::Io { id, event });
+    }
+
+    /// What request `id` served: a relay that ended, its block ([`Harness::relay_block_of`]);
+    /// else every body byte so far.
+    fn served_of(&self, id: u64) -> Vec<u8> {
+        let relay = self.peer_requests.contains(&id) && self.ended(id);
+        if relay && self.head_of(id).is_some_and(|h| h.status == 200) {
+            self.relay_block_of(id)
+        } else {
+            self.body_of(id)
+        }
+    }
+
+    /// The block relay request `id` answered: its body without the digest footer, which must
+    /// be the digest of the block (`crate::integrity`).
+    fn relay_block_of(&self, id: u64) -> Vec<u8> {
+        let mut body = self.body_of(id);
+        assert!(body.len() as u64 >= FOOTER_LEN, "no room for a footer: {} bytes", body.len());
+        let footer = body.split_off(body.len() - FOOTER_LEN as usize);
+        assert_eq!(xxh3_128(&body).footer(), footer, "the footer is the block's digest");
+        body
     }
 
     /// Answers an origin GET like an RFC 9110 origin serving [`SIZE`] bytes.
@@ -533,15 +608,107 @@ fn a_cut_through_relay_forwards_all_but_the_last_byte_until_the_length_is_proven
     let head = Headers::new().with("content-length", BLOCK.to_string());
     h.io(up.id, IoEvent::Head { status: 200, headers: head });
     let relay_head = h.head_of(7).expect("the relay commits its head on the upstream's");
-    assert_eq!((relay_head.status, relay_head.content_length()), (200, Some(BLOCK)));
+    let wire = BLOCK + FOOTER_LEN;
+    assert_eq!((relay_head.status, relay_head.content_length()), (200, Some(wire)));
+    assert_eq!(relay_head.headers.get_str(HEADER_DIGEST), Some(DIGEST_ALGORITHM));
     assert_eq!(relay_head.headers.get_str("x-dart-node"), Some("reader"));
     let block = content(BLOCK, BLOCK);
     h.io(up.id, IoEvent::Body(block.slice(..BLOCK as usize)));
     assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "the last byte is held back");
     h.io(up.id, IoEvent::End);
-    assert_eq!(h.body_of(7), block.to_vec());
+    assert_eq!(h.relay_block_of(7), block.to_vec());
     assert!(h.ended(7));
     assert_eq!(h.store.len(), 1);
+}
+
+/// A peer's block answer as it travels: the digest header, then `block` and `footer`.
+fn answer_raw(h: &mut Harness, io: IoId, block: &[u8], footer: &[u8], digest_header: bool) {
+    let mut headers =
+        Headers::new().with("content-length", (block.len() + footer.len()).to_string());
+    if digest_header {
+        headers.push(HEADER_DIGEST, DIGEST_ALGORITHM);
+    }
+    h.io_raw(io, IoEvent::Connected);
+    h.io_raw(io, IoEvent::Head { status: 200, headers });
+    h.io_raw(io, IoEvent::Body(Bytes::copy_from_slice(block)));
+    if !footer.is_empty() {
+        h.io_raw(io, IoEvent::Body(Bytes::copy_from_slice(footer)));
+    }
+    if h.node.exchanges().iter().any(|(i, _, _)| *i == io) {
+        h.io_raw(io, IoEvent::End);
+    }
+}
+
+#[test]
+fn a_peer_block_that_does_not_match_its_digest_is_refused_and_the_read_is_served_right() {
+    // Each wrong answer: a flipped byte under the honest footer, a footer for other bytes, no
+    // digest header, a footer a byte short, a footer a byte long.
+    let block = content(0, BLOCK);
+    let honest = xxh3_128(&block).footer();
+    let mut flipped = block.to_vec();
+    flipped[7] ^= 0x5a;
+    let other = xxh3_128(&flipped).footer();
+    let cases: [(&str, Vec<u8>, Vec<u8>, bool); 5] = [
+        ("flipped byte", flipped.clone(), honest.to_vec(), true),
+        ("footer of other bytes", block.to_vec(), other.to_vec(), true),
+        ("no digest header", block.to_vec(), honest.to_vec(), false),
+        ("short footer", block.to_vec(), honest[..15].to_vec(), true),
+        ("long footer", block.to_vec(), [&honest[..], &[0]].concat(), true),
+    ];
+    for (case, body, footer, header) in cases {
+        let mut h = Harness::new(reader_of("p:9000"));
+        h.read(1, Some("bytes=0-9"));
+        let probe = h.take_sends().remove(0);
+        h.answer_origin(&probe);
+        let peer = h.take_sends().remove(0);
+        assert_eq!(peer.endpoint, Endpoint::Peer, "{case}");
+        answer_raw(&mut h, peer.id, &body, &footer, header);
+        assert!(h.store.is_empty(), "{case}: nothing of the answer is cached");
+        let breaker = &h.node.engine().p2p().expect("p2p").breaker;
+        let state = breaker.state(&"p:9000".to_owned(), h.now);
+        assert_eq!(state, CircuitState::Open, "{case}: a hard failure");
+        h.serve_origin();
+        assert_eq!(h.body_of(1), content(0, 10).to_vec(), "{case}: served from the origin");
+        assert!(h.ended(1), "{case}");
+        let mismatches = h.node.stats().peer_digest_mismatch;
+        let digest_wrong = matches!(case, "flipped byte" | "footer of other bytes");
+        assert_eq!(mismatches, u64::from(digest_wrong), "{case}");
+        assert_eq!(h.node.stats().peer_digests_verified, 0, "{case}");
+    }
+}
+
+#[test]
+fn a_cut_through_relay_truncates_a_block_whose_digest_fails_and_caches_nothing() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    let block = content(BLOCK, BLOCK);
+    let mut flipped = block.to_vec();
+    flipped[100] ^= 1;
+    answer_raw(&mut h, up.id, &flipped, &xxh3_128(&block).footer(), true);
+    assert_eq!(h.head_of(7).map(|x| x.status), Some(200), "the relay had cut through");
+    assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "all but the last byte went out");
+    assert!(h.aborted(7) && !h.ended(7), "then the answer is cut short: never a whole block");
+    assert!(h.store.is_empty());
+    let state = h.node.engine().p2p().expect("p2p").breaker.state(&"p:9000".to_owned(), h.now);
+    assert_eq!(state, CircuitState::Open);
+    assert_eq!(h.node.stats().peer_digest_mismatch, 1);
+}
+
+#[test]
+fn a_relay_serving_a_held_block_ends_it_with_the_blocks_digest() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let e = engine();
+    h.store.insert(e.block_key(&e.identify(URL), 1), content(BLOCK, BLOCK));
+    relay_request(&mut h, 7, 1);
+    let head = h.head_of(7).expect("a head");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.headers.get_str(HEADER_DIGEST), Some(DIGEST_ALGORITHM));
+    assert_eq!(head.content_length(), Some(BLOCK + FOOTER_LEN));
+    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
+    assert!(h.sends().is_empty(), "served from the store");
 }
 
 #[test]
@@ -784,7 +951,7 @@ fn a_held_only_relay_serves_what_it_holds_named_by_its_version_and_never_fetches
     let head = h.head_of(7).expect("an answer");
     assert_eq!(head.status, 200);
     assert_eq!(head.headers.get_str("etag"), Some("\"v1\""), "named by the version it holds");
-    assert_eq!(h.body_of(7), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
     // Not held: 404, and nothing is fetched for it.
     held_only_request(&mut h, 8, URL, 2, "1");
     assert_eq!(status_of(&h, 8), Some(404));
@@ -1047,9 +1214,10 @@ fn a_block_that_arrives_in_one_part_is_stored_and_served_without_a_copy() {
             _ => None,
         })
         .collect();
-    assert_eq!(forwarded.len(), 2, "all but the last byte, then the last byte");
+    assert_eq!(forwarded.len(), 3, "all but the last byte, then the last byte, then the digest");
     assert_eq!(forwarded[0].as_ptr(), part.as_ptr());
     assert_eq!(forwarded[1].as_ptr(), part[BLOCK as usize - 1..].as_ptr());
+    assert_eq!(forwarded[2], xxh3_128(&part).footer());
     let stored = h.store.values().next().expect("stored").clone();
     assert_eq!(stored.as_ptr(), part.as_ptr());
     // Parts that come in pieces are joined.
@@ -1062,7 +1230,7 @@ fn a_block_that_arrives_in_one_part_is_stored_and_served_without_a_copy() {
     h.io(up.id, IoEvent::Body(whole.slice(..100)));
     h.io(up.id, IoEvent::Body(whole.slice(100..)));
     h.io(up.id, IoEvent::End);
-    assert_eq!(h.body_of(8), whole.to_vec());
+    assert_eq!(h.relay_block_of(8), whole.to_vec());
     assert_eq!(h.store.values().next().map(|b| b.to_vec()), Some(whole.to_vec()));
 }
 
@@ -1290,7 +1458,7 @@ fn a_relay_head_names_the_version_it_serves() {
     let head = h.head_of(7).expect("a relay head");
     assert_eq!(head.status, 200);
     assert_eq!(head.headers.get_str("etag"), Some("\"v3\""));
-    assert_eq!(h.body_of(7), content_of(3, BLOCK, BLOCK).to_vec());
+    assert_eq!(h.relay_block_of(7), content_of(3, BLOCK, BLOCK).to_vec());
 }
 
 #[test]
@@ -1656,7 +1824,7 @@ fn peer_requests_without_a_valid_mac_are_refused_and_teach_nothing() {
     // The same request, signed now, is served.
     h.get(15, Plane::Peer, &path, signed_relay_headers(&path, now + 20));
     assert_eq!(status_of(&h, 15), Some(200));
-    assert_eq!(h.body_of(15), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.relay_block_of(15), content(BLOCK, BLOCK).to_vec());
 }
 
 #[test]
@@ -2077,7 +2245,7 @@ fn reads_of_one_block_share_one_peer_fetch_and_each_gets_the_whole_block() {
     h.io(up.id, IoEvent::Body(block.slice(100..)));
     h.io(up.id, IoEvent::End);
     for id in [1, 7, 8] {
-        assert_eq!(h.body_of(id), block.to_vec(), "request {id}");
+        assert_eq!(h.served_of(id), block.to_vec(), "request {id}");
         assert!(h.ended(id), "request {id}");
     }
     assert_eq!(store_puts(&h), 1, "the block is offered to the store once");
@@ -2106,8 +2274,8 @@ fn a_relay_that_joins_after_the_head_gets_the_bytes_already_received() {
     assert_eq!(h.body_of(8), block[..600].to_vec(), "the backlog, then the part");
     h.io(up.id, IoEvent::Body(block.slice(600..)));
     h.io(up.id, IoEvent::End);
-    assert_eq!(h.body_of(7), block.to_vec());
-    assert_eq!(h.body_of(8), block.to_vec());
+    assert_eq!(h.relay_block_of(7), block.to_vec());
+    assert_eq!(h.relay_block_of(8), block.to_vec());
     assert!(h.ended(7) && h.ended(8));
 }
 
@@ -2310,7 +2478,7 @@ fn a_root_relay_streams_its_origin_window_holding_back_the_last_byte() {
     h.io(up.id, IoEvent::Body(block.slice(300..)));
     assert_eq!(h.body_of(7).len() as u64, BLOCK - 1, "the last byte waits for the end");
     h.io(up.id, IoEvent::End);
-    assert_eq!(h.body_of(7), block.to_vec());
+    assert_eq!(h.relay_block_of(7), block.to_vec());
     assert!(h.ended(7), "{:?}", h.outputs);
     assert_eq!(store_puts(&h), 1);
     assert_eq!(h.node.live_requests(), 0);
@@ -2344,7 +2512,7 @@ fn a_root_relay_does_not_stream_a_range_blind_answer() {
     h.io(up.id, IoEvent::Body(content(0, SIZE)));
     h.io(up.id, IoEvent::End);
     // Served whole once it is cut from the whole object, never cached.
-    assert_eq!(h.body_of(7), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
     assert_eq!(store_puts(&h), 0);
 }
 
@@ -2560,7 +2728,7 @@ impl Fuzz {
         nothing_to_node_requests(&self.h);
         for a in &self.asked {
             let status = self.h.head_of(a.id).map(|x| x.status);
-            let body = self.h.body_of(a.id);
+            let body = self.h.served_of(a.id);
             let want = content(a.start, a.len);
             if matches!(status, Some(200 | 206)) {
                 assert!(

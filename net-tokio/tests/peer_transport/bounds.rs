@@ -81,7 +81,7 @@ async fn silent() -> Hostile {
 /// A peer that sends a full response head, then stalls the body forever.
 async fn stalls_body<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
     let _ = read_head(&mut s).await;
-    let head = ok_head("Content-Length: 4096\r\n");
+    let head = ok_head("Content-Length: 4112\r\n");
     let _ = s.write_all(head.as_bytes()).await;
     let _ = s.write_all(&[0x5a; 100]).await;
     wait_for_close(&mut s).await;

@@ -95,9 +95,11 @@ async fn scripted(plan: fn(u64) -> Step) -> Scripted {
     Scripted { peer, requests, arrivals, release }
 }
 
-fn reply_with(body: &[u8]) -> Vec<u8> {
+/// A block answer carrying `block` and its digest.
+fn reply_with(block: &[u8]) -> Vec<u8> {
+    let body = with_footer(block);
     let mut out = ok_head(&format!("Content-Length: {}\r\n", body.len())).into_bytes();
-    out.extend_from_slice(body);
+    out.extend_from_slice(&body);
     out
 }
 

@@ -76,7 +76,8 @@ async fn a_content_length_above_the_block_is_refused_without_reading_a_body_byte
 }
 
 #[tokio::test]
-async fn an_endless_chunked_body_is_a_wrong_length_after_at_most_one_byte_past_the_block() {
+async fn an_endless_chunked_body_is_a_wrong_length_after_at_most_one_byte_past_the_block_and_its_digest(
+) {
     let written = Arc::new(AtomicU64::new(0));
     let counter = written.clone();
     let peer = hostile(move |_, mut s| {
@@ -100,13 +101,14 @@ async fn an_endless_chunked_body_is_a_wrong_length_after_at_most_one_byte_past_t
 
 #[tokio::test]
 async fn an_over_long_chunked_body_is_judged_at_one_byte_past_the_block_without_its_end() {
-    // The peer sends exactly expected + 1 bytes and then nothing, not even the last chunk: the
-    // client must decide on those bytes alone, or it would wait out the request bound.
+    // The peer sends exactly the block, its digest and one byte more, and then nothing, not even
+    // the last chunk: the client must decide on those bytes alone, or it would wait out the
+    // request bound.
     let peer = hostile(|_, mut s| async move {
         read_head(&mut s).await.expect("request");
         let mut reply = ok_head("Transfer-Encoding: chunked\r\n").into_bytes();
-        reply.extend_from_slice(b"1000\r\n");
-        reply.extend_from_slice(&seeded_bytes(8, 4096));
+        reply.extend_from_slice(format!("{:x}\r\n", 4096 + FOOTER).as_bytes());
+        reply.extend_from_slice(&with_footer(&seeded_bytes(8, 4096)));
         reply.extend_from_slice(b"\r\n1\r\nX\r\n");
         s.write_all(&reply).await.expect("reply");
         wait_for_close(&mut s).await;
@@ -130,11 +132,11 @@ async fn chunked_bodies_from_older_peers_are_judged_by_their_length() {
         out.extend_from_slice(b"0\r\n\r\n");
         out
     };
-    let exact = hostile(answer_with(chunked(&block))).await;
+    let exact = hostile(answer_with(chunked(&with_footer(&block)))).await;
     assert_eq!(fetch(&exact, 4096).await, PeerAnswer::Block(block.clone().into()));
-    let short = hostile(answer_with(chunked(&block[..4095]))).await;
+    let short = hostile(answer_with(chunked(&with_footer(&block[..4095])))).await;
     assert_eq!(fetch(&short, 4096).await, PeerAnswer::Failed(Observation::WrongLength));
-    let long = hostile(answer_with(chunked(&seeded_bytes(3, 4097)))).await;
+    let long = hostile(answer_with(chunked(&with_footer(&seeded_bytes(3, 4097))))).await;
     assert_eq!(fetch(&long, 4096).await, PeerAnswer::Failed(Observation::WrongLength));
 }
 
@@ -144,9 +146,10 @@ async fn bytes_past_the_content_length_are_never_part_of_a_block_nor_the_next_an
     // same stream; later connections answer honestly. The smuggled bytes must never come back.
     let block = seeded_bytes(4, 4096);
     let forged = seeded_bytes(5, 4096);
-    let honest = with_body(&ok_head("Content-Length: 4096\r\n"), &block);
+    let head = ok_head("Content-Length: 4112\r\n");
+    let honest = with_body(&head, &with_footer(&block));
     let mut smuggling = honest.clone();
-    smuggling.extend_from_slice(&with_body(&ok_head("Content-Length: 4096\r\n"), &forged));
+    smuggling.extend_from_slice(&with_body(&head, &with_footer(&forged)));
     let peer = hostile(move |index, mut s| {
         let reply = if index == 0 { smuggling.clone() } else { honest.clone() };
         async move {
@@ -173,9 +176,9 @@ async fn bytes_past_the_content_length_are_never_part_of_a_block_nor_the_next_an
 async fn a_body_cut_off_mid_way_keeps_its_transport_class() {
     let peer = hostile(move |_, mut s| async move {
         read_head(&mut s).await.expect("request");
-        let reply = with_body(&ok_head("Content-Length: 4096\r\n"), &seeded_bytes(6, 2000));
+        let reply = with_body(&ok_head("Content-Length: 4112\r\n"), &seeded_bytes(6, 2000));
         s.write_all(&reply).await.expect("partial");
-        // Dropping the stream closes it 2096 bytes short.
+        // Dropping the stream closes it 2112 bytes short.
     })
     .await;
     assert_eq!(fetch(&peer, 4096).await, PeerAnswer::Failed(Observation::BodyInterrupted));

@@ -527,10 +527,21 @@ pub fn answer_once(
     }
 }
 
-/// A `200` response head with these extra header lines.
+/// A `200` block answer head, digest header included (`dart_core::integrity`), with these
+/// extra header lines.
 pub fn ok_head(extra: &str) -> String {
-    format!("HTTP/1.1 200 OK\r\nX-DART-Node: liar\r\n{extra}\r\n")
+    format!("HTTP/1.1 200 OK\r\nX-DART-Node: liar\r\nX-DART-Digest: xxh3-128\r\n{extra}\r\n")
 }
+
+/// A block's body as a current peer sends it: the block, then its digest footer.
+pub fn with_footer(block: &[u8]) -> Vec<u8> {
+    let mut out = block.to_vec();
+    out.extend_from_slice(&dart_core::integrity::xxh3_128(block).footer());
+    out
+}
+
+/// Bytes of the digest footer after a block.
+pub const FOOTER: usize = dart_core::integrity::FOOTER_LEN as usize;
 
 /// A dialer that counts dials per `host:port` and then dials for real.
 #[derive(Clone, Default)]

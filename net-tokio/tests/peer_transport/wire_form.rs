@@ -30,9 +30,11 @@ async fn a_cached_block_comes_back_byte_exact_with_the_node_header_and_an_explic
         let got = get(server.addr, &block_path(key), &[("x-dart-origin", &url)]).await;
         assert_eq!(got.status, 200);
         assert_eq!(got.header("x-dart-node"), Some("holder"));
-        assert_eq!(got.header("content-length"), Some(len.to_string().as_str()));
+        let wire = (len as usize + FOOTER).to_string();
+        assert_eq!(got.header("content-length"), Some(wire.as_str()), "the block and its digest");
         assert_eq!(got.header("transfer-encoding"), None, "a block is never chunked");
-        assert_eq!(got.body, data);
+        assert_eq!(got.header("x-dart-digest"), Some("xxh3-128"));
+        assert_eq!(got.body, with_footer(&data));
     }
     assert_eq!(server.stats().relay_served, 4);
 }
@@ -123,7 +125,7 @@ async fn absent_plus_signed_negative_zero_and_sub_bound_hops_reach_the_source() 
         headers.extend(hop.map(|h| ("x-dart-hop", h)));
         let got = get(server.addr, &block_path(key), &headers).await;
         assert_eq!(got.status, 200, "hop {hop:?}");
-        assert_eq!(got.body[..], want[..], "hop {hop:?}");
+        assert_eq!(got.body[..], with_footer(&want)[..], "hop {hop:?}");
     }
     assert_eq!(server.stats().relay_served, hops.len() as u64);
     assert_eq!(origin.requests(), 2, "one probe and one block fetch, then cache hits");
@@ -258,7 +260,7 @@ async fn an_empty_origin_header_means_cache_only_like_an_absent_one() {
     server.cache.put(held, &data, BlockClass::Owned);
     let got = get(server.addr, &block_path(held), &[("x-dart-origin", "")]).await;
     assert_eq!(got.status, 200);
-    assert_eq!(got.body, data);
+    assert_eq!(got.body, with_footer(&data));
     let missing = BlockKey { chunk: ChunkKey(0xabc), block: 8 };
     let got = get(server.addr, &block_path(missing), &[("x-dart-origin", "")]).await;
     assert_eq!(got.status, 404);

@@ -739,10 +739,13 @@ impl Sim {
                 return self.violate(Some(j), what);
             }
             if let Some(key) = p.key {
-                // Exactly the block of the version its head names (of some version if none).
+                // Exactly the block of the version its head names (of some version if none),
+                // then its digest.
+                let (block, footer) = split_footer(&p.body);
                 let checked = self
                     .head_version(key, &head.headers)
-                    .and_then(|named| self.check_block(key, &p.body, named));
+                    .and_then(|named| self.check_block(key, &block, named))
+                    .and_then(|k| self.check_footer(key, &block, k, &footer));
                 if let Err(what) = checked {
                     return self
                         .violate(Some(j), format!("relay {rid} served a wrong block: {what}"));
@@ -751,7 +754,15 @@ impl Sim {
         }
         let ending = Some((!ok).then(|| "the relay aborted its answer".to_owned()));
         let version = p.key.and_then(|k| self.head_version(k, &head.headers).ok().flatten());
-        let parts = self.coalesce(p.key, p.body, version);
+        let parts = if ok && head.status == 200 && p.key.is_some() {
+            // The block re-joined as one slice of the generator, then its footer.
+            let (block, footer) = split_footer(&p.body);
+            let mut parts = self.coalesce(p.key, block, version);
+            parts.push(Bytes::from(footer));
+            parts
+        } else {
+            self.coalesce(p.key, p.body, version)
+        };
         let n = self.calls[&id].node;
         let (from, to) = (Endpoint::Node(j), Endpoint::Node(n));
         let now = self.now;
@@ -833,6 +844,27 @@ impl Sim {
         vec![self.contents.window(shape, start, at - start)]
     }
 
+    /// Whether `footer` is the digest of the block of version `version` whose bytes `block`
+    /// holds (checked already): what every requester checks.
+    fn check_footer(
+        &self,
+        key: BlockKey,
+        block: &[Bytes],
+        version: usize,
+        footer: &[u8],
+    ) -> Result<(), String> {
+        let parts = self.coalesce(Some(key), block.to_vec(), Some(version));
+        let digest = match parts.as_slice() {
+            [one] => self.hasher.digest(one),
+            parts => self.hasher.digest(&Bytes::from(concat(parts))),
+        };
+        match dart_core::integrity::BlockDigest::from_footer(footer) {
+            Some(d) if d == digest => Ok(()),
+            Some(d) => Err(format!("block {key}: footer {d:?}, the bytes hash to {digest:?}")),
+            None => Err(format!("block {key}: a footer of {} bytes", footer.len())),
+        }
+    }
+
     /// What a lying peer plane does to the head it sends.
     fn lie_head(&self, lie: Lie, answer: &mut Answer, key: Option<BlockKey>) {
         match lie {
@@ -875,6 +907,23 @@ impl Sim {
             Lie::WrongLength | Lie::Corrupt => {}
         }
     }
+}
+
+/// A relay's whole answer body as its block's parts and the digest footer after them.
+fn split_footer(parts: &[Bytes]) -> (Vec<Bytes>, Vec<u8>) {
+    let footer_len = dart_core::integrity::FOOTER_LEN as usize;
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    let mut block_left = total.saturating_sub(footer_len);
+    let (mut block, mut footer) = (Vec::new(), Vec::with_capacity(footer_len));
+    for part in parts {
+        let n = part.len().min(block_left);
+        if n > 0 {
+            block.push(part.slice(..n));
+        }
+        block_left -= n;
+        footer.extend_from_slice(&part[n..]);
+    }
+    (block, footer)
 }
 
 fn concat(parts: &[Bytes]) -> Vec<u8> {

@@ -88,6 +88,8 @@ pub struct Sim {
     pub(crate) net: Net,
     pub(crate) origin: Origin,
     pub(crate) contents: Contents,
+    /// The block hasher every node uses (the checker verifies relays' digest footers with it).
+    pub(crate) hasher: std::sync::Arc<dyn dart_core::integrity::BlockHasher>,
     pub(crate) nodes: Vec<SimNode>,
     pub(crate) calls: BTreeMap<CallId, Call>,
     pub(crate) next_call: u64,
@@ -131,6 +133,9 @@ impl Sim {
             panic!("unusable bounds: {e}");
         }
         let view = static_view(cluster.nodes);
+        let contents = Contents::new(cluster.geometry.block_bytes());
+        let hasher: std::sync::Arc<dyn dart_core::integrity::BlockHasher> =
+            std::sync::Arc::new(crate::content::SimHasher::new(&contents));
         let nodes: Vec<SimNode> = (0..cluster.nodes)
             .map(|i| {
                 let rng: Rng = rng::child(&mut root, &format!("n{i}"));
@@ -144,7 +149,8 @@ impl Sim {
                     cluster.cache_blocks,
                     peer,
                     rng,
-                );
+                )
+                .with_hasher(hasher.clone());
                 if cluster.blobs.is_some() {
                     node.registry_mode()
                 } else {
@@ -171,7 +177,8 @@ impl Sim {
         let mut sim = Sim {
             net: Net::new(cluster.net.clone(), cluster.nodes, net_rng),
             origin: Origin::new(cluster.objects.clone(), cluster.origin, origin_rng),
-            contents: Contents::new(cluster.geometry.block_bytes()),
+            contents,
+            hasher,
             nodes,
             calls: BTreeMap::new(),
             next_call: 0,
