@@ -9,9 +9,15 @@
 //!
 //! # Who computes what
 //!
-//! - A node that serves a block computes the digest of the whole block as it holds it when the
-//!   response ends, and sends it after the block's last byte: a block from its store, a block a
-//!   peer streamed through it (whose footer it verified first), or a window the origin sent it.
+//! - A node keeps the digest of every block it stores, computed from the bytes it stored (at
+//!   most 65,536 of them, oldest dropped first). A relay that finds a block in its store checks
+//!   it against that digest first: a block that no longer matches rotted in the store, and is
+//!   dropped and read afresh as if missed (`dart_store_blocks_rotten_total`), so the rot reaches
+//!   no peer.
+//! - A node that serves a block sends its digest after the block's last byte: the digest it was
+//!   stored with for a block from its store; else the digest of the whole block it served (a
+//!   block a peer streamed through it, whose footer it verified first, or a window the origin
+//!   sent it).
 //! - A requester refuses a `200` without the header, a body that is not the block plus the footer,
 //!   and a block whose digest differs ([`crate::breaker::Observation::ValidationFailed`]: a hard
 //!   failure that opens the peer's circuit at once). A cut-through relay forwards every byte of the
@@ -20,14 +26,19 @@
 //!
 //! # What it catches, and what it does not
 //!
-//! It catches bytes changed after the serving node's own copy was made: on the wire (the 16-bit
-//! TCP checksum misses about one corrupted segment in 65,536), in the serving node's transport,
-//! or by a relay that changes a block it forwards cut-through (its requester checks the relay's
-//! footer against the bytes, and the relay checked its upstream's). It does not catch a block
-//! that was already wrong in the serving node's own store (the digest is computed from it), nor
-//! a member that forges a digest on purpose: members are authenticated by the cluster secret
-//! ([`crate::peer_auth`]) and trusted not to attack. Registry blobs are checked whole against
-//! their content digest besides ([`crate::registry`]).
+//! It catches bytes changed after the block was first hashed: on the wire (the 16-bit TCP
+//! checksum misses about one corrupted segment in 65,536), in the serving node's transport, in
+//! its store after it was written (while its digest is kept), or by a relay that changes a block
+//! it forwards cut-through (its requester checks the relay's footer against the bytes, and the
+//! relay checked its upstream's). It does not catch:
+//! - a member that forges a digest on purpose: members are authenticated by the cluster secret
+//!   ([`crate::peer_auth`]) and trusted not to attack;
+//! - a block that changed in a node's store before a restart (a warm start keeps no digests;
+//!   the disk tier checks its own slot checksums then), or whose digest was dropped;
+//! - rot in a node's store met by that node's own clients: their reads are not checked (a range
+//!   read fetches only the bytes it needs, not the whole block the digest covers).
+//!
+//! Registry blobs are checked whole against their content digest besides ([`crate::registry`]).
 //!
 //! XXH3-128 is not a cryptographic hash. It is chosen because every block is hashed at every hop:
 //! it runs at memory speed, where SHA-256 would cost about 3 ms of one core per 4 MiB block.

@@ -296,6 +296,13 @@ impl prometheus_client::collector::Collector for Collected {
         )?;
         plain_counter(
             &mut enc,
+            "dart_store_blocks_rotten",
+            "Blocks a relay found in its store that no longer hashed to the digest they were \
+             stored with: dropped and read afresh, never sent to the peer.",
+            scrape.node.rotten_blocks_dropped,
+        )?;
+        plain_counter(
+            &mut enc,
             "dart_warm_blocks_dropped",
             "Blocks a warm start kept, dropped unserved because their object may have changed.",
             scrape.node.unversioned_dropped,

@@ -68,6 +68,7 @@ pub fn all() -> Vec<Scenario> {
         some_read_tracked(),
         some_read_staggered(),
         dead_home_late_readers(),
+        store_rots(),
         registry_herd(),
         registry_dead_root(),
     ]
@@ -1384,14 +1385,13 @@ fn object_changes_restart() -> Scenario {
 fn swarm() -> Scenario {
     Scenario::new(
         "swarm",
-        "each seed draws its own fault mix (all classes but corrupted blocks)",
+        "each seed draws its own fault mix (every class, corrupted blocks included)",
         |seed, scale| {
             let mut r = rng::from_seed(seed);
             let nodes = 3 + (seed % pick(scale, 10, 40)) as usize;
             let classes: Vec<FaultClass> = FaultClass::ALL.to_vec();
             let space = SwarmSpace { nodes, window: secs(20), classes, faults_max: 6 };
-            let mut plan = FaultPlan::swarm(&mut r, &space);
-            plan.faults.retain(|f| !matches!(f.kind, FaultKind::Lies { lie: Lie::Corrupt, .. }));
+            let plan = FaultPlan::swarm(&mut r, &space);
             let sizes = [pick(scale, 3, 24) * MIB, 200_000];
             let safety = Workload::random_reads(
                 &mut r,
@@ -1907,6 +1907,53 @@ fn dead_home_late_readers() -> Scenario {
         check.note(format!(
             "origin {origin:.2} x the object with neighbours, {origin_off:.2} without; {asks} blocks \
              asked of a neighbour before the origin, {held} held"
+        ));
+    })
+}
+
+fn store_rots() -> Scenario {
+    Scenario::new(
+        "store-rots",
+        "an object's home reads it, then one byte of every block in its store changes in place; every other member reads it later through the home: the home drops each rotten block and reads it afresh, and no peer ever receives one",
+        |seed, scale| {
+            let nodes = pick(scale, 12, 40) as usize;
+            let size = pick(scale, 4, 64) * MIB;
+            let block = pick(scale, 128 << 10, MIB);
+            let objects = vec![ObjectDef::plain(size, seed)];
+            let mut spec = everyone_reads(seed, nodes, objects, block, ms(5));
+            let home = tree_order(&spec.cluster, 0, 0)[0];
+            // The home reads first (its client reads are not checked against the digests, so
+            // it reads nothing after the rot); everyone else 20 s later.
+            spec.workload.liveness.clear();
+            for read in &mut spec.workload.safety {
+                if read.node != home {
+                    read.at += secs(20);
+                }
+            }
+            spec.plan =
+                FaultPlan { faults: vec![fault(secs(10), secs(1), FaultKind::Rot { node: home })] };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let home = tree_order(&run.spec.cluster, 0, 0)[0];
+        safety_reads_finish(run, check, &[]);
+        let dropped = r.nodes[home].counters.rotten_blocks_dropped;
+        let blocks = run.spec.cluster.objects[0].size.div_ceil(run.spec.cluster.geometry.block_bytes());
+        check.that(dropped > 0, format!("the home dropped {dropped} rotten blocks (> 0)"));
+        check.that(dropped <= blocks, format!("{dropped} rotten blocks dropped ≤ {blocks}, once each"));
+        let refused: u64 = r
+            .peer_answers
+            .iter()
+            .filter(|((p, kind), _)| *p == home && kind == "ValidationFailed")
+            .map(|(_, n)| n)
+            .sum();
+        check.that(refused == 0, format!("{refused} of the home's blocks refused for their digest = 0: no peer got a rotten one"));
+        let origin = r.origin.body_bytes as f64 / run.spec.cluster.objects[0].size as f64;
+        check.that(origin <= 2.1, format!("origin {origin:.2} x the object ≤ 2.1 (once, then once more after the rot)"));
+        check.note(format!(
+            "{dropped} of {blocks} blocks found rotten at the home and read afresh; origin {origin:.2} x the object; {refused} rotten blocks reached a peer"
         ));
     })
 }

@@ -34,6 +34,8 @@ pub struct SimCache {
     next_seq: u64,
     capacity: usize,
     torn: std::collections::BTreeSet<BlockKey>,
+    /// Blocks whose bytes rotted in place ([`SimCache::rot`]), until dropped.
+    rotten: std::collections::BTreeSet<BlockKey>,
     /// Puts refused because the key was already held (write-once).
     pub duplicate_puts: u64,
     /// Blocks evicted at capacity.
@@ -53,6 +55,7 @@ impl SimCache {
             next_seq: 0,
             capacity: capacity.clamp(1, CACHE_BLOCKS_MAX),
             torn: std::collections::BTreeSet::new(),
+            rotten: std::collections::BTreeSet::new(),
             duplicate_puts: 0,
             evictions: 0,
             admit_rejected: 0,
@@ -82,7 +85,26 @@ impl SimCache {
         let Some(slot) = self.blocks.remove(key) else { return false };
         self.order.remove(&slot.seq);
         self.torn.remove(key);
+        self.rotten.remove(key);
         true
+    }
+
+    /// Every block held now has one byte changed in place (disk or memory rot), at an offset
+    /// that depends on the block; blocks put later are intact. Returns how many rotted.
+    pub fn rot(&mut self) -> usize {
+        for (key, slot) in self.blocks.iter_mut() {
+            let mut bytes = slot.data.to_vec();
+            let i = (key.block as usize).wrapping_mul(7919) % bytes.len();
+            bytes[i] ^= 0x24;
+            slot.data = Bytes::from(bytes);
+            self.rotten.insert(*key);
+        }
+        self.blocks.len()
+    }
+
+    /// Whether `key`'s bytes rotted in place.
+    pub fn is_rotten(&self, key: &BlockKey) -> bool {
+        self.rotten.contains(key)
     }
 
     /// Whether `key` is held.
@@ -135,6 +157,7 @@ impl SimCache {
         if let Some((seq, key)) = victim {
             self.order.remove(&seq);
             self.blocks.remove(&key);
+            self.rotten.remove(&key);
             self.evictions += 1;
         }
     }

@@ -89,6 +89,13 @@ pub enum FaultKind {
         /// The restarted process finds its block cache (warm start) or an empty one.
         keep_cache: bool,
     },
+    /// Every block the node's store holds when the fault starts has one byte changed in place
+    /// (disk or memory rot); blocks stored later are intact. Never drawn by swarm plans: the
+    /// node's own client reads are not checked against the digests (docs/peer-plane.md).
+    Rot {
+        /// The node.
+        node: usize,
+    },
     /// The node's peer plane accepts requests and never answers them.
     Stall {
         /// The node.
@@ -357,6 +364,7 @@ fn milder(kind: FaultKind) -> Vec<FaultKind> {
         | FaultKind::Drain { .. }
         | FaultKind::Crash { .. }
         | FaultKind::Stall { .. }
+        | FaultKind::Rot { .. }
         | FaultKind::Slow { .. }
         | FaultKind::Loss { .. }
         | FaultKind::Lies { .. }
@@ -393,6 +401,7 @@ impl fmt::Display for FaultKind {
                 write!(f, "loss {} <-> {} {percent}%", side(a), side(b))
             }
             FaultKind::Lies { node, lie } => write!(f, "n{node} lies ({lie:?})"),
+            FaultKind::Rot { node } => write!(f, "n{node}'s store rots"),
             FaultKind::Origin(o) => write!(f, "origin {o:?}"),
             FaultKind::ReplaceObject { object, size: None } => write!(f, "replace o{object}"),
             FaultKind::ReplaceObject { object, size: Some(size) } => {

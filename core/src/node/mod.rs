@@ -127,6 +127,9 @@ pub struct NodeCounters {
     pub blob_digest_mismatches: u64,
     /// Whole registry blobs served whose bytes matched their digest.
     pub blob_digests_verified: u64,
+    /// Blocks a relay found in its store that no longer hashed to the digest they were stored
+    /// with: dropped and read afresh ([`crate::integrity`]).
+    pub rotten_blocks_dropped: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -227,7 +230,16 @@ pub struct Node {
     access: access::State,
     /// Computes the digests of peer-plane blocks ([`crate::integrity`]).
     hasher: std::sync::Arc<dyn crate::integrity::BlockHasher>,
+    /// The digest of each block this process stored, of the bytes it stored
+    /// ([`Node::kept_digest`]), at most [`KEPT_DIGESTS_MAX`]; `kept_order` is the order they
+    /// were kept in (it may name keys dropped since).
+    kept_digests: BTreeMap<crate::hash::BlockKey, crate::integrity::BlockDigest>,
+    kept_order: VecDeque<crate::hash::BlockKey>,
 }
+
+/// Most block digests kept (the oldest go first): 256 GiB of 4 MiB blocks. A block whose
+/// digest went is served as it is.
+const KEPT_DIGESTS_MAX: usize = 1 << 16;
 
 impl Node {
     /// A node running `engine` (with its peer half enabled or not) under `config`.
@@ -266,7 +278,34 @@ impl Node {
             access: access::State::default(),
             join_warnings: (None, 0),
             hasher: std::sync::Arc::new(crate::integrity::Xxh3),
+            kept_digests: BTreeMap::new(),
+            kept_order: VecDeque::new(),
         })
+    }
+
+    /// The digest block `key` had when this process stored it, while kept.
+    fn kept_digest(&self, key: &crate::hash::BlockKey) -> Option<crate::integrity::BlockDigest> {
+        self.kept_digests.get(key).copied()
+    }
+
+    fn forget_digest(&mut self, key: &crate::hash::BlockKey) {
+        self.kept_digests.remove(key);
+    }
+
+    /// Keeps the digest of `data`, stored as `key` (a store keeps the first bytes put under a
+    /// key, so the first digest stays).
+    fn keep_digest(&mut self, key: crate::hash::BlockKey, data: &bytes::Bytes) {
+        if self.kept_digests.contains_key(&key) {
+            return;
+        }
+        let digest = self.hasher.digest(data);
+        self.kept_digests.insert(key, digest);
+        self.kept_order.push_back(key);
+        while self.kept_order.len() > KEPT_DIGESTS_MAX {
+            if let Some(old) = self.kept_order.pop_front() {
+                self.kept_digests.remove(&old);
+            }
+        }
     }
 
     /// Replaces the block hasher (the default hashes every block, [`crate::integrity::Xxh3`]).
@@ -446,12 +485,14 @@ impl Node {
     fn emit(&mut self, output: Output) {
         match &output {
             // Written by this process: of the version this process knows.
-            Output::StorePut { key, .. } => {
+            Output::StorePut { key, data, .. } => {
                 self.recovered.remove(key);
+                self.keep_digest(*key, data);
             }
             Output::StoreDrop { keys } => {
                 for key in keys {
                     self.recovered.remove(key);
+                    self.kept_digests.remove(key);
                 }
             }
             _ => {}

@@ -128,6 +128,9 @@ pub(super) struct Request {
     pub requester: Option<String>,
     /// Its registry-mode role.
     pub mirror: Option<Mirror>,
+    /// For a relay: the block its store held and the digest that block was stored with, which
+    /// it matched ([`Node::kept_digest`]); the footer of a block served from it.
+    pub checked: Option<(Bytes, crate::integrity::BlockDigest)>,
 }
 
 impl Wait {
@@ -160,6 +163,7 @@ impl Request {
             answer_by: None,
             requester: None,
             mirror: None,
+            checked: None,
         }
     }
 
@@ -503,10 +507,14 @@ impl Node {
                 let req = self.requests.remove(&rid).expect("a driven request");
                 if !req.cancelled {
                     if req.plane == Plane::Peer {
-                        // A relay's block ends with its digest (crate::integrity).
+                        // A relay's block ends with its digest (crate::integrity): the one it
+                        // was stored with when it comes from the store, else of its bytes.
                         let block = req.read.served_block().expect("a relay finishes served");
-                        let footer = self.hasher.digest(block).footer();
-                        self.emit(Output::Body { id: rid, data: footer });
+                        let digest = match &req.checked {
+                            Some((held, digest)) if same_handle(held, block) => *digest,
+                            _ => self.hasher.digest(block),
+                        };
+                        self.emit(Output::Body { id: rid, data: digest.footer() });
                     }
                     self.emit(Output::End { id: rid });
                 }
@@ -757,6 +765,10 @@ impl Node {
                 self.emit(Output::StoreDrop { keys: vec![key] });
             }
         }
+        let block = match block {
+            Some(b) if self.requests[&rid].plane == Plane::Peer => self.check_held(rid, key, b),
+            other => other,
+        };
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a store op's request is live");
         assert_eq!(req.wait, Wait::Store(op), "store answer out of turn");
@@ -769,6 +781,29 @@ impl Node {
         }
         self.drive(rid, now);
         self.working.pop();
+    }
+
+    /// Relay `rid` found `block` of `key` in its store: it is served only if it still hashes
+    /// to the digest it was stored with (a relay hashes the block for its footer anyway). One
+    /// that does not rotted in the store: it is dropped and counted, and the relay reads the
+    /// block afresh as if it had missed, so the rot reaches no peer. A block stored before this
+    /// process, or whose digest is no longer kept, is served as it is.
+    fn check_held(
+        &mut self,
+        rid: RequestId,
+        key: crate::hash::BlockKey,
+        block: Bytes,
+    ) -> Option<Bytes> {
+        let Some(kept) = self.kept_digest(&key) else { return Some(block) };
+        if self.hasher.digest(&block) != kept {
+            self.counters.rotten_blocks_dropped += 1;
+            self.forget_digest(&key);
+            self.emit(Output::StoreDrop { keys: vec![key] });
+            return None;
+        }
+        let req = self.requests.get_mut(&rid).expect("a store op's request is live");
+        req.checked = Some((block.clone(), kept));
+        Some(block)
     }
 
     fn start_passthrough(&mut self, rid: RequestId, url: String, now: Instant) {
@@ -979,4 +1014,9 @@ fn client_head(head: &ResponseHead, method: Method) -> Head {
     }
     let body = method == Method::Get && head.content_length > 0;
     Head { status: head.status, headers, body }
+}
+
+/// Whether `a` and `b` are handles on the same bytes (the same buffer, offset and length).
+fn same_handle(a: &Bytes, b: &Bytes) -> bool {
+    a.as_ptr() == b.as_ptr() && a.len() == b.len()
 }

@@ -712,6 +712,43 @@ fn a_relay_serving_a_held_block_ends_it_with_the_blocks_digest() {
 }
 
 #[test]
+fn a_relay_never_passes_on_a_block_that_rotted_in_its_store_and_reads_it_afresh() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let block = content(BLOCK, BLOCK);
+    // Relay 7 fetches block 1 from its parent and stores it, with the block's digest.
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head());
+    h.io(up.id, IoEvent::Body(block.clone()));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.relay_block_of(7), block.to_vec());
+    // A byte of the stored copy changes (a disk or memory fault).
+    let key = *h.store.keys().next().expect("stored");
+    let mut rotten = block.to_vec();
+    rotten[5] ^= 0x10;
+    h.store.insert(key, Bytes::from(rotten));
+    // Relay 8 finds the rotten copy: dropped, never sent, and the block is read afresh.
+    relay_request(&mut h, 8, 1);
+    assert_eq!(h.node.counters().rotten_blocks_dropped, 1);
+    assert!(h.head_of(8).is_none(), "nothing of the rotten copy went out");
+    let again = h.take_sends();
+    assert_eq!(again.len(), 1, "fetched afresh: {again:?}");
+    h.io(again[0].id, IoEvent::Connected);
+    h.io(again[0].id, block_head());
+    h.io(again[0].id, IoEvent::Body(block.clone()));
+    h.io(again[0].id, IoEvent::End);
+    assert_eq!(h.relay_block_of(8), block.to_vec());
+    assert_eq!(h.store.get(&key).map(|b| b.to_vec()), Some(block.to_vec()), "stored again");
+    // A held copy that is intact is served from the store with the digest it was stored with.
+    relay_request(&mut h, 9, 1);
+    assert!(h.take_sends().is_empty(), "a cache hit");
+    assert_eq!(h.relay_block_of(9), block.to_vec());
+    assert_eq!(h.node.counters().rotten_blocks_dropped, 1);
+}
+
+#[test]
 fn a_short_cut_through_stream_is_truncated_and_never_cached() {
     let mut h = Harness::new(reader_of("p:9000"));
     size_known(&mut h);

@@ -251,8 +251,12 @@ impl Sim {
                 // A block a warm start kept may be refused by the machine (its version is
                 // unknown): fetching it afresh is then not a refetch of a cached block.
                 let kept = self.nodes[n].machine.as_ref().is_some_and(|m| m.is_unversioned(&key));
-                let ctx =
-                    Context { store_hit: (hit && !kept).then_some(key), ..Context::default() };
+                // A rotten block may be refused too (it no longer matches its digest).
+                let rotten = self.nodes[n].cache.is_rotten(&key);
+                let ctx = Context {
+                    store_hit: (hit && !kept && !rotten).then_some(key),
+                    ..Context::default()
+                };
                 // A windowed look-up gets just those bytes, of a block of exactly its length.
                 let block = match window {
                     Some(w) => whole.and_then(|b| w.slice(&b)),

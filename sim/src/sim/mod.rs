@@ -426,6 +426,12 @@ impl Sim {
                     pf.stalls -= 1;
                 }
             }
+            FaultKind::Rot { node: k } => {
+                if on {
+                    let n = self.nodes[k % nodes].cache.rot();
+                    self.trace.line(self.now, format_args!("rot n{} {n} blocks", k % nodes));
+                }
+            }
             FaultKind::Lies { node: k, lie } => {
                 let pf = &mut self.nodes[k % nodes].peer_faults;
                 if on {
