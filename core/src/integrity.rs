@@ -10,10 +10,10 @@
 //! # Who computes what
 //!
 //! - A node keeps the digest of every block it stores, computed from the bytes it stored (at
-//!   most 65,536 of them, oldest dropped first). A relay that finds a block in its store checks
-//!   it against that digest first: a block that no longer matches rotted in the store, and is
-//!   dropped and read afresh as if missed (`dart_store_blocks_rotten_total`), so the rot reaches
-//!   no peer.
+//!   most 65,536 of them, oldest dropped first). A read that finds a whole block in its store (a
+//!   relay, or a client read that covers the block) checks it against that digest first: a
+//!   block that no longer matches rotted in the store, and is dropped and read afresh as if
+//!   missed (`dart_store_blocks_rotten_total`), so the rot reaches neither a peer nor a client.
 //! - A node that serves a block sends its digest after the block's last byte: the digest it was
 //!   stored with for a block from its store; else the digest of the whole block it served (a
 //!   block a peer streamed through it, whose footer it verified first, or a window the origin
@@ -35,13 +35,15 @@
 //!   ([`crate::peer_auth`]) and trusted not to attack;
 //! - a block that changed in a node's store before a restart (a warm start keeps no digests;
 //!   the disk tier checks its own slot checksums then), or whose digest was dropped;
-//! - rot in a node's store met by that node's own clients: their reads are not checked (a range
-//!   read fetches only the bytes it needs, not the whole block the digest covers).
+//! - rot in a node's store met by a range read that covers part of a block: it fetches only the
+//!   bytes it needs, not the whole block the digest covers, and is served unchecked.
 //!
 //! Registry blobs are checked whole against their content digest besides ([`crate::registry`]).
 //!
 //! XXH3-128 is not a cryptographic hash. It is chosen because every block is hashed at every hop:
-//! it runs at memory speed, where SHA-256 would cost about 3 ms of one core per 4 MiB block.
+//! `cargo bench -p dart-core --bench digest` measured it at 23 GiB/s on the 2-core build
+//! machine, 1.7 times a plain copy of the block (0.17 ms per 4 MiB block), against 1.7 GiB/s for
+//! SHA-256 (2.2 ms per block).
 //!
 //! # Hashing is the driver's to provide
 //!

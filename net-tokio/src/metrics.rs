@@ -297,8 +297,8 @@ impl prometheus_client::collector::Collector for Collected {
         plain_counter(
             &mut enc,
             "dart_store_blocks_rotten",
-            "Blocks a relay found in its store that no longer hashed to the digest they were \
-             stored with: dropped and read afresh, never sent to the peer.",
+            "Whole blocks a read found in its store that no longer hashed to the digest they \
+             were stored with: dropped and read afresh, never served.",
             scrape.node.rotten_blocks_dropped,
         )?;
         plain_counter(

@@ -127,8 +127,8 @@ pub struct NodeCounters {
     pub blob_digest_mismatches: u64,
     /// Whole registry blobs served whose bytes matched their digest.
     pub blob_digests_verified: u64,
-    /// Blocks a relay found in its store that no longer hashed to the digest they were stored
-    /// with: dropped and read afresh ([`crate::integrity`]).
+    /// Whole blocks a read found in its store that no longer hashed to the digest they were
+    /// stored with: dropped and read afresh ([`crate::integrity`]).
     pub rotten_blocks_dropped: u64,
 }
 
@@ -199,9 +199,10 @@ pub struct Node {
     /// the next read-ahead starts).
     ahead: BTreeMap<crate::hash::BlockKey, RequestId>,
     next_ahead: u64,
-    /// Look-ups in flight: the request, the key, and whether the key was a kept block of an
-    /// earlier process when asked ([`Node::recovered_blocks`]).
-    store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey, bool)>,
+    /// Look-ups in flight: the request, the key, whether the key was a kept block of an
+    /// earlier process when asked ([`Node::recovered_blocks`]), and whether the whole block was
+    /// asked for (no window).
+    store_ops: BTreeMap<StoreOp, (RequestId, crate::hash::BlockKey, bool, bool)>,
     /// Blocks kept from an earlier process whose version nobody knows (a warm start); a block
     /// leaves the set when this process drops or writes it.
     recovered: std::collections::BTreeSet<crate::hash::BlockKey>,
@@ -656,7 +657,7 @@ impl Node {
                 assert_eq!(req.wait, Wait::Flight(*fid), "waiter and flight disagree");
             }
         }
-        for (&op, (rid, _, _)) in &self.store_ops {
+        for (&op, (rid, ..)) in &self.store_ops {
             let req = self.requests.get(rid).expect("a store op of no request");
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");
         }

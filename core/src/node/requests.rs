@@ -430,7 +430,7 @@ impl Node {
             Action::Lookup { key, window } => {
                 let op = self.next_store_op();
                 let unversioned = self.recovered.contains(&key);
-                self.store_ops.insert(op, (rid, key, unversioned));
+                self.store_ops.insert(op, (rid, key, unversioned, window.is_none()));
                 self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Store(op);
                 self.emit(Output::StoreGet { op, key, window });
             }
@@ -754,7 +754,7 @@ impl Node {
     }
 
     pub(super) fn on_store(&mut self, op: StoreOp, block: Option<Bytes>, now: Instant) {
-        let Some((rid, key, unversioned)) = self.store_ops.remove(&op) else { return };
+        let Some((rid, key, unversioned, whole)) = self.store_ops.remove(&op) else { return };
         let mut block = block;
         if unversioned && block.is_some() {
             let object = &self.requests.get(&rid).expect("a store op's request is live").read;
@@ -766,7 +766,7 @@ impl Node {
             }
         }
         let block = match block {
-            Some(b) if self.requests[&rid].plane == Plane::Peer => self.check_held(rid, key, b),
+            Some(b) if whole => self.check_held(rid, key, b),
             other => other,
         };
         self.working.push(rid);
@@ -783,11 +783,13 @@ impl Node {
         self.working.pop();
     }
 
-    /// Relay `rid` found `block` of `key` in its store: it is served only if it still hashes
-    /// to the digest it was stored with (a relay hashes the block for its footer anyway). One
-    /// that does not rotted in the store: it is dropped and counted, and the relay reads the
-    /// block afresh as if it had missed, so the rot reaches no peer. A block stored before this
-    /// process, or whose digest is no longer kept, is served as it is.
+    /// Request `rid` found the whole `block` of `key` in the store: it is served only if it
+    /// still hashes to the digest it was stored with (a relay hashes the block for its footer
+    /// anyway; a client read of a whole block pays one hash). One that does not rotted in the
+    /// store: it is dropped and counted, and the read takes the block afresh as if it had
+    /// missed, so the rot reaches neither a peer nor a client. A part of a block (a range read's
+    /// window), a block stored before this process, or one whose digest is no longer kept, is
+    /// served as it is.
     fn check_held(
         &mut self,
         rid: RequestId,

@@ -390,6 +390,41 @@ fn a_cold_read_probes_fetches_every_block_and_serves_exact_bytes() {
 }
 
 #[test]
+fn a_whole_block_that_rotted_in_the_store_is_read_afresh_and_a_range_of_it_is_not_checked() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.read(1, None);
+    h.serve_origin();
+    assert_eq!(h.store.len(), 4);
+    // One byte of block 1 changes in the store.
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), 1);
+    let mut rotten = h.store[&key].to_vec();
+    rotten[3] ^= 0x01;
+    h.store.insert(key, Bytes::from(rotten));
+    h.outputs.clear();
+    // A whole read: block 1 is dropped and read afresh from the origin; every byte is right.
+    h.read(2, None);
+    let sends = h.take_sends();
+    assert_eq!(sends.len(), 1, "only the rotten block is fetched: {sends:?}");
+    assert_eq!(sends[0].headers.get_str("range"), Some("bytes=1024-2047"));
+    h.answer_origin(&sends[0]);
+    h.serve_origin();
+    assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
+    assert_eq!(h.node.counters().rotten_blocks_dropped, 1);
+    assert_eq!(h.store[&key], content(BLOCK, BLOCK), "stored again, intact");
+    // A range inside a block reads only its window: not checked (the digest covers the whole
+    // block), so a window of a rotten copy would be served as it is (docs/peer-plane.md).
+    let mut rotten = h.store[&key].to_vec();
+    rotten[3] ^= 0x01;
+    h.store.insert(key, Bytes::from(rotten.clone()));
+    h.outputs.clear();
+    h.read(3, Some("bytes=1024-1031"));
+    assert!(h.take_sends().is_empty());
+    assert_eq!(h.body_of(3), rotten[..8].to_vec());
+    assert_eq!(h.node.counters().rotten_blocks_dropped, 1);
+}
+
+#[test]
 fn a_warm_read_is_served_from_the_store_without_any_exchange() {
     let mut h = Harness::new(node_with(engine(), ""));
     h.read(1, None);
