@@ -677,38 +677,42 @@ fn lying_peer() -> Scenario {
             spec
         },
     )
-    .expect(|run, check| {
-        let r = run.report;
-        safety_reads_finish(run, check, &[]);
-        let liar = tree_order(&run.spec.cluster, 0, 0)[1];
-        let addr = member_addr(liar);
-        let opens: Vec<_> =
-            circuits_to(r, &addr).filter(|(_, e)| e.to == CircuitState::Open).collect();
-        check.that(!opens.is_empty(), "requesters open the liar's circuit");
-        check.that(
-            opens.iter().all(|(_, e)| {
-                matches!(
-                    e.reason,
-                    TransitionReason::HardFailure(HardReason::Validation)
-                        | TransitionReason::ProbeFailed
-                        // A neighbour's ping (a roster fetch) to the liar, while half-open.
-                        | TransitionReason::RosterFailed
-                )
-            }),
-            "on a validation failure (or a failed probe of the open circuit)",
-        );
-        let refused: u64 = r
-            .peer_answers
-            .iter()
-            .filter(|((p, k), _)| *p == liar && k == "WrongLength")
-            .map(|(_, n)| n)
-            .sum();
-        check.that(refused > 0, "the liar's answers were refused as wrong-length");
-        check.note(format!(
-            "{refused} lying answers refused; {} circuits opened on the liar",
-            opens.len()
-        ));
-    })
+    .expect(|run, check| liar_routed_around(run, check, "WrongLength", "as wrong-length"))
+}
+
+/// What a lying interior node's scenario must show: every read finishes, requesters open the
+/// liar's circuit on a validation failure (or a failed probe of the open circuit), and some of
+/// its answers were refused as `kind`.
+fn liar_routed_around(run: &Run<'_>, check: &mut Check, kind: &str, how: &str) {
+    let r = run.report;
+    safety_reads_finish(run, check, &[]);
+    let liar = tree_order(&run.spec.cluster, 0, 0)[1];
+    let addr = member_addr(liar);
+    let opens: Vec<_> = circuits_to(r, &addr).filter(|(_, e)| e.to == CircuitState::Open).collect();
+    check.that(!opens.is_empty(), "requesters open the liar's circuit");
+    check.that(
+        opens.iter().all(|(_, e)| {
+            matches!(
+                e.reason,
+                TransitionReason::HardFailure(HardReason::Validation)
+                    | TransitionReason::ProbeFailed
+                    // A neighbour's ping (a roster fetch) to the liar, while half-open.
+                    | TransitionReason::RosterFailed
+            )
+        }),
+        "on a validation failure (or a failed probe of the open circuit)",
+    );
+    let refused = answers_of(r, liar, kind);
+    check.that(refused > 0, format!("the liar's answers were refused {how}"));
+    check.note(format!(
+        "{refused} lying answers refused {how}; {} circuits opened on the liar",
+        opens.len()
+    ));
+}
+
+/// Peer answers from `node` classified as `kind` (an `Observation` name), over every requester.
+fn answers_of(r: &RunReport, node: usize, kind: &str) -> u64 {
+    r.peer_answers.iter().filter(|((p, k), _)| *p == node && k == kind).map(|(_, n)| n).sum()
 }
 
 fn lying_peer_corrupt() -> Scenario {
@@ -736,39 +740,9 @@ fn lying_peer_corrupt() -> Scenario {
             spec
         },
     )
-    .expect(|run, check| {
-        // Every block ends with its digest (dart_core::integrity): a flipped byte is refused by
-        // the requester before anything is cached or served whole (the checker watches both).
-        let r = run.report;
-        safety_reads_finish(run, check, &[]);
-        let liar = tree_order(&run.spec.cluster, 0, 0)[1];
-        let addr = member_addr(liar);
-        let opens: Vec<_> =
-            circuits_to(r, &addr).filter(|(_, e)| e.to == CircuitState::Open).collect();
-        check.that(!opens.is_empty(), "requesters open the liar's circuit");
-        check.that(
-            opens.iter().all(|(_, e)| {
-                matches!(
-                    e.reason,
-                    TransitionReason::HardFailure(HardReason::Validation)
-                        | TransitionReason::ProbeFailed
-                        | TransitionReason::RosterFailed
-                )
-            }),
-            "on a validation failure (or a failed probe of the open circuit)",
-        );
-        let refused: u64 = r
-            .peer_answers
-            .iter()
-            .filter(|((p, k), _)| *p == liar && k == "ValidationFailed")
-            .map(|(_, n)| n)
-            .sum();
-        check.that(refused > 0, "the liar's blocks were refused for their digest");
-        check.note(format!(
-            "{refused} corrupted blocks refused for their digest; {} circuits opened on the liar",
-            opens.len()
-        ));
-    })
+    // Every block ends with its digest (dart_core::integrity): a flipped byte is refused by the
+    // requester before anything is cached or served whole (the checker watches both).
+    .expect(|run, check| liar_routed_around(run, check, "ValidationFailed", "for their digest"))
 }
 
 fn breaker_churn() -> Scenario {
@@ -1949,12 +1923,7 @@ fn store_rots() -> Scenario {
         let blocks = run.spec.cluster.objects[0].size.div_ceil(run.spec.cluster.geometry.block_bytes());
         check.that(dropped > 0, format!("the home dropped {dropped} rotten blocks (> 0)"));
         check.that(dropped <= blocks, format!("{dropped} rotten blocks dropped ≤ {blocks}, once each"));
-        let refused: u64 = r
-            .peer_answers
-            .iter()
-            .filter(|((p, kind), _)| *p == home && kind == "ValidationFailed")
-            .map(|(_, n)| n)
-            .sum();
+        let refused = answers_of(r, home, "ValidationFailed");
         check.that(refused == 0, format!("{refused} of the home's blocks refused for their digest = 0: no peer got a rotten one"));
         let origin = r.origin.body_bytes as f64 / run.spec.cluster.objects[0].size as f64;
         check.that(origin <= 2.1, format!("origin {origin:.2} x the object ≤ 2.1 (once, then once more after the rot)"));

@@ -232,8 +232,9 @@ pub struct Node {
     /// Computes the digests of peer-plane blocks ([`crate::integrity`]).
     hasher: std::sync::Arc<dyn crate::integrity::BlockHasher>,
     /// The digest of each block this process stored, of the bytes it stored
-    /// ([`Node::kept_digest`]), at most [`KEPT_DIGESTS_MAX`]; `kept_order` is the order they
-    /// were kept in (it may name keys dropped since).
+    /// ([`Node::kept_digest`]), at most [`KEPT_DIGESTS_MAX`]; a dropped block's goes with it.
+    /// `kept_order` is the order they were kept in: it may still name keys dropped since, so a
+    /// key dropped and stored again may lose its digest early (it is then served unchecked).
     kept_digests: BTreeMap<crate::hash::BlockKey, crate::integrity::BlockDigest>,
     kept_order: VecDeque<crate::hash::BlockKey>,
 }
@@ -287,10 +288,6 @@ impl Node {
     /// The digest block `key` had when this process stored it, while kept.
     fn kept_digest(&self, key: &crate::hash::BlockKey) -> Option<crate::integrity::BlockDigest> {
         self.kept_digests.get(key).copied()
-    }
-
-    fn forget_digest(&mut self, key: &crate::hash::BlockKey) {
-        self.kept_digests.remove(key);
     }
 
     /// Keeps the digest of `data`, stored as `key` (a store keeps the first bytes put under a
@@ -657,6 +654,7 @@ impl Node {
                 assert_eq!(req.wait, Wait::Flight(*fid), "waiter and flight disagree");
             }
         }
+        assert!(self.kept_digests.len() <= KEPT_DIGESTS_MAX, "kept digests past their bound");
         for (&op, (rid, ..)) in &self.store_ops {
             let req = self.requests.get(rid).expect("a store op of no request");
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");

@@ -128,8 +128,8 @@ pub(super) struct Request {
     pub requester: Option<String>,
     /// Its registry-mode role.
     pub mirror: Option<Mirror>,
-    /// For a relay: the block its store held and the digest that block was stored with, which
-    /// it matched ([`Node::kept_digest`]); the footer of a block served from it.
+    /// The whole block the read found in its store and the digest it was stored with, which it
+    /// matched ([`Node::kept_digest`]): a relay that serves it sends that digest as its footer.
     pub checked: Option<(Bytes, crate::integrity::BlockDigest)>,
 }
 
@@ -799,7 +799,7 @@ impl Node {
         let Some(kept) = self.kept_digest(&key) else { return Some(block) };
         if self.hasher.digest(&block) != kept {
             self.counters.rotten_blocks_dropped += 1;
-            self.forget_digest(&key);
+            // Its kept digest goes with it.
             self.emit(Output::StoreDrop { keys: vec![key] });
             return None;
         }
