@@ -10,7 +10,8 @@
 //! # Who computes what
 //!
 //! - A node keeps the digest of every block it stores, computed from the bytes it stored (at
-//!   most 65,536 of them, oldest dropped first). A read that finds a whole block in its store (a
+//!   most 65,536 of them, oldest dropped first), and of every block a warm start kept, as the
+//!   store hashed it at open. A read that finds a whole block in its store (a
 //!   relay, or a client read that covers the block) checks it against that digest first: a
 //!   block that no longer matches rotted in the store, and is dropped and read afresh as if
 //!   missed (`dart_store_blocks_rotten_total`), so the rot reaches neither a peer nor a client.
@@ -33,8 +34,9 @@
 //! relay checked its upstream's). It does not catch:
 //! - a member that forges a digest on purpose: members are authenticated by the cluster secret
 //!   ([`crate::peer_auth`]) and trusted not to attack;
-//! - a block that changed in a node's store before a restart (a warm start keeps no digests;
-//!   the disk tier checks its own slot checksums then), or whose digest was dropped;
+//! - a block whose digest was dropped (past the bound). A warm start keeps digests too: the
+//!   store hashes each block whose slot checksum holds when it opens
+//!   ([`crate::node::Node::recovered_digests`]);
 //! - rot in a node's store met by a range read that covers part of a block: it fetches only the
 //!   bytes it needs, not the whole block the digest covers, and is served unchecked.
 //!

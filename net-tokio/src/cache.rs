@@ -61,6 +61,12 @@ pub trait BlockCache: Send + Sync + 'static {
     /// machine knows which blocks carry no version it can vouch for
     /// (`dart_core::node::Node::recovered_blocks`).
     fn kept_keys(&self) -> Vec<BlockKey>;
+
+    /// The digests of the blocks [`BlockCache::kept_keys`] names, as far as the store knows
+    /// them (`dart_core::node::Node::recovered_digests`).
+    fn kept_digests(&self) -> Vec<(BlockKey, dart_core::integrity::BlockDigest)> {
+        Vec::new()
+    }
 }
 
 /// An unbounded-by-design in-memory cache for tests and simulations, write-once per key.
@@ -111,6 +117,10 @@ impl BlockCache for crate::store::BlockStore {
 
     fn kept_keys(&self) -> Vec<BlockKey> {
         self.disk_keys()
+    }
+
+    fn kept_digests(&self) -> Vec<(BlockKey, dart_core::integrity::BlockDigest)> {
+        self.loaded_digests()
     }
 
     fn get_window(&self, key: &BlockKey, window: Window) -> Option<Bytes> {

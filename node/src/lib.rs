@@ -334,6 +334,7 @@ pub async fn start_on<S: Seam>(
     }
     // Blocks a warm start kept carry no version: the machine decides what to serve of them.
     node.recovered_blocks(store.kept_keys());
+    node.recovered_digests(store.kept_digests());
     let (stop, stop_rx) = watch::channel(false);
     let wall = if seam.wall_clock() {
         WallClock::System

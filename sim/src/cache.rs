@@ -174,10 +174,12 @@ impl SimCache {
         Some(key)
     }
 
-    /// A warm start that verifies every slot (the store's `WarmStart::Verify`): torn writes are
-    /// dropped. Returns how many.
+    /// A warm start that verifies every slot (the store's `WarmStart::Verify`): torn writes and
+    /// blocks that rotted in place are dropped. Returns how many.
     pub fn drop_torn(&mut self) -> usize {
-        let torn = std::mem::take(&mut self.torn);
+        // A block that rotted in place fails its slot checksum at a warm open too.
+        let mut torn = std::mem::take(&mut self.torn);
+        torn.append(&mut self.rotten);
         for key in &torn {
             self.blocks.remove(key);
         }

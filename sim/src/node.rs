@@ -354,8 +354,15 @@ impl SimNode {
     pub fn restart(&mut self, now: Instant) {
         self.cache.drop_torn();
         let mut machine = self.fresh_machine(now);
-        // What the cache kept carries no version the new process knows.
-        machine.recovered_blocks(self.cache.keys());
+        // What the cache kept carries no version the new process knows; the store hashed its
+        // intact bytes at open (`dart_net_tokio::store`: the digests of the slots it kept).
+        let keys = self.cache.keys();
+        let digests: Vec<_> = keys
+            .iter()
+            .filter_map(|k| Some((*k, self.hasher.digest(&self.cache.get(k)?))))
+            .collect();
+        machine.recovered_blocks(keys);
+        machine.recovered_digests(digests);
         self.machine = Some(machine);
     }
 

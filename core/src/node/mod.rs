@@ -299,6 +299,11 @@ impl Node {
         let digest = self.hasher.digest(data);
         self.kept_digests.insert(key, digest);
         self.kept_order.push_back(key);
+        self.bound_kept_digests();
+    }
+
+    /// Drops the oldest kept digests past [`KEPT_DIGESTS_MAX`].
+    fn bound_kept_digests(&mut self) {
         while self.kept_order.len() > KEPT_DIGESTS_MAX {
             if let Some(old) = self.kept_order.pop_front() {
                 self.kept_digests.remove(&old);
@@ -505,6 +510,23 @@ impl Node {
     /// have changed while the node was down.
     pub fn recovered_blocks(&mut self, keys: impl IntoIterator<Item = crate::hash::BlockKey>) {
         self.recovered.extend(keys);
+    }
+
+    /// The digests of recovered blocks ([`Node::recovered_blocks`], called first), as the store
+    /// hashed them when it found their bytes intact at open: a whole-block read of one checks
+    /// it against its digest, as for a block this process stored ([`crate::integrity`]).
+    /// Digests of keys that were not recovered are ignored.
+    pub fn recovered_digests(
+        &mut self,
+        digests: impl IntoIterator<Item = (crate::hash::BlockKey, crate::integrity::BlockDigest)>,
+    ) {
+        for (key, digest) in digests {
+            if self.recovered.contains(&key) && !self.kept_digests.contains_key(&key) {
+                self.kept_digests.insert(key, digest);
+                self.kept_order.push_back(key);
+            }
+        }
+        self.bound_kept_digests();
     }
 
     /// Whether `key` is a block kept from an earlier process that this one has neither written

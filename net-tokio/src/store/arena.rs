@@ -14,7 +14,7 @@
 //! before a slot is rewritten, so even with the OS reordering the writes the old key's header can
 //! only survive next to new bytes that then fail the checksum.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -175,6 +175,9 @@ pub(crate) struct Arena {
     /// Free slots; popped from the end, so the lowest slot is used first.
     free: Vec<u32>,
     next_seq: u64,
+    /// The block digests (`dart_core::integrity`) of the slots the last warm open kept, hashed
+    /// from the bytes that passed their checksum.
+    loaded_digests: Vec<(BlockKey, dart_core::integrity::BlockDigest)>,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
@@ -213,6 +216,7 @@ impl Arena {
             lru: SlotList::new(slots),
             free: (0..slots).rev().collect(),
             next_seq: 1,
+            loaded_digests: Vec::new(),
         };
         let report = match warm {
             WarmStart::Cold => {
@@ -269,17 +273,19 @@ impl Arena {
         for (slot, raw) in (0..self.layout.slots).zip(table.chunks_exact(HEADER_BYTES as usize)) {
             match SlotHeader::decode(raw) {
                 Ok(None) => {}
-                Ok(Some(header)) if self.verify_slot(slot, &header, &mut buf) => {
-                    verified.push((header.seq, slot, header));
-                }
-                Ok(Some(_)) | Err(()) => report.dropped += 1,
+                Ok(Some(header)) => match self.verify_slot(slot, &header, &mut buf) {
+                    Some(digest) => verified.push((header.seq, slot, header, digest)),
+                    None => report.dropped += 1,
+                },
+                Err(()) => report.dropped += 1,
             }
             self.slots[slot as usize].header_on_disk = raw.iter().any(|&b| b != 0);
         }
         // Oldest write first, so the newest ends up most recently used; a duplicate key (a crash
         // between a rewrite and an invalidation) keeps its newest copy.
-        verified.sort_unstable_by_key(|&(seq, slot, _)| (seq, slot));
-        for &(seq, slot, header) in &verified {
+        verified.sort_unstable_by_key(|&(seq, slot, ..)| (seq, slot));
+        let mut digests = BTreeMap::new();
+        for &(seq, slot, header, digest) in &verified {
             if let Some(&older) = self.index.get(&header.key) {
                 self.unlink(older);
                 report.dropped += 1;
@@ -289,8 +295,10 @@ impl Arena {
             self.index.insert(header.key, slot);
             self.lru.push_front(slot);
             self.next_seq = self.next_seq.max(seq + 1);
+            digests.insert(header.key, digest);
             report.kept += 1;
         }
+        self.loaded_digests = digests.into_iter().collect();
         self.free = (0..self.layout.slots)
             .rev()
             .filter(|&s| self.slots[s as usize].live.is_none())
@@ -298,22 +306,33 @@ impl Arena {
         Ok(report)
     }
 
-    /// Whether `slot`'s data match `header`.
-    fn verify_slot(&self, slot: u32, header: &SlotHeader, buf: &mut Vec<u8>) -> bool {
+    /// The block digest of `slot`'s data if they match `header`.
+    fn verify_slot(
+        &self,
+        slot: u32,
+        header: &SlotHeader,
+        buf: &mut Vec<u8>,
+    ) -> Option<dart_core::integrity::BlockDigest> {
         if header.len == 0 || header.len > self.layout.block_bytes {
-            return false;
+            return None;
         }
-        let Some(file) = self.file.as_ref() else {
-            return false;
-        };
+        let file = self.file.as_ref()?;
         buf.resize(header.len as usize, 0);
         match self.io.read_exact_at(file, buf, self.layout.data_offset(slot)) {
-            Ok(()) => slot_checksum(&header.key, buf) == header.data_sum,
+            Ok(()) if slot_checksum(&header.key, buf) == header.data_sum => {
+                Some(dart_core::integrity::xxh3_128(buf))
+            }
+            Ok(()) => None,
             Err(e) => {
                 tracing::warn!(path = %self.path.display(), slot, error = %e, "dropping unreadable slot");
-                false
+                None
             }
         }
+    }
+
+    /// The block digests of the slots the last warm open kept (empty after a cold one).
+    pub(crate) fn loaded_digests(&self) -> Vec<(BlockKey, dart_core::integrity::BlockDigest)> {
+        self.loaded_digests.clone()
     }
 
     /// Number of published blocks.

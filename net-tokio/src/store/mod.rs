@@ -361,6 +361,16 @@ impl BlockStore {
         self.disk.keys()
     }
 
+    /// The block digests (`dart_core::integrity`) of the blocks a warm open kept, hashed from
+    /// the bytes that passed their slot checksum (`Node::recovered_digests`); empty after a cold
+    /// open.
+    pub fn loaded_digests(&self) -> Vec<(BlockKey, dart_core::integrity::BlockDigest)> {
+        if self.is_closed() {
+            return Vec::new();
+        }
+        self.disk.loaded_digests()
+    }
+
     /// Distinct cached keys: disk blocks plus RAM-only blocks (diagnostic; O(RAM slots)).
     pub fn len(&self) -> usize {
         if self.is_closed() {

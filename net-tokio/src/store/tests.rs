@@ -623,6 +623,15 @@ fn a_verify_open_keeps_intact_blocks_and_drops_corrupted_ones() {
     assert!(!store.has(&key(2)), "a corrupted slot is never served");
     let stats = store.stats();
     assert_eq!((stats.owned_blocks, stats.borrowed_blocks), (2, 2));
+    // The digests of exactly the kept blocks, of their bytes (the node's kept digests).
+    let mut want: Vec<_> = [1, 3, 4]
+        .map(|i| (key(i), dart_core::integrity::xxh3_128(&bytes(i, 0, BLOCK as usize))))
+        .to_vec();
+    want.push((key(5), dart_core::integrity::xxh3_128(b"tail")));
+    want.sort_by_key(|(k, _)| *k);
+    let mut got = store.loaded_digests();
+    got.sort_by_key(|(k, _)| *k);
+    assert_eq!(got, want);
     // The dropped slot is reusable.
     put(&store, 6, BlockClass::Owned);
     assert_holds(&store, 6);

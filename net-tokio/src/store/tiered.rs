@@ -467,6 +467,13 @@ impl Tiered {
         }
     }
 
+    /// The block digests of the blocks the last warm open kept, owned then borrowed.
+    pub(crate) fn loaded_digests(&self) -> Vec<(BlockKey, dart_core::integrity::BlockDigest)> {
+        let mut digests = lock(&self.owned).loaded_digests();
+        digests.extend(lock(&self.borrowed).arena.loaded_digests());
+        digests
+    }
+
     /// Every key held on disk, owned then borrowed.
     pub(crate) fn keys(&self) -> Vec<BlockKey> {
         let mut keys = lock(&self.owned).keys();
