@@ -27,6 +27,23 @@ need_packages() {
 }
 
 # The release binary, built when missing.
+# free_ports N: the first of N consecutive loopback ports that nothing listens on, below the
+# kernel's ephemeral range (where sockets bound to port 0 and client connections take theirs:
+# a base drawn there once collided with a listener another step had left, CI 2026-12-02).
+free_ports() {
+  local n=$1 floor base p tries ok
+  floor=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  for tries in $(seq 50); do
+    base=$((10000 + RANDOM % (floor - 10000 - n)))
+    ok=1
+    for p in $(seq "$base" $((base + n - 1))); do
+      if ss -Htln "sport = :$p" 2>/dev/null | grep -q .; then ok=0; break; fi
+    done
+    if [ "$ok" = 1 ]; then echo "$base"; return 0; fi
+  done
+  fail "no $n free consecutive ports below $floor after 50 tries"
+}
+
 need_dart() {
   if [ ! -x "$DART" ]; then
     echo "building $DART (cargo build --release -p dart-node)" >&2

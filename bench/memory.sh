@@ -27,7 +27,7 @@ NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 for tool in curl sha256sum awk; do command -v "$tool" >/dev/null || fail "missing $tool"; done
 need_dart
 
-BASE=$((20000 + RANDOM % 20000))
+BASE=$(free_ports 2)
 P_ORIGIN=$BASE P_DART=$((BASE + 1))
 mkdir -p "$WORK/www" "$WORK/nginx"
 for h in $(seq "$HERDS"); do

@@ -41,8 +41,8 @@ WRK=${WRK:-$(command -v wrk)}
 for tool in curl sha256sum dd awk; do command -v "$tool" >/dev/null || fail "missing $tool"; done
 need_dart
 
-# Four consecutive free-looking ports from a random base (loopback only).
-BASE=$((20000 + RANDOM % 20000))
+# Four consecutive free ports (loopback only).
+BASE=$(free_ports 4)
 P_ORIGIN=$BASE P_NGINX=$((BASE + 1)) P_RAM=$((BASE + 2)) P_DISK=$((BASE + 3))
 
 echo "== objects: ${OBJECT_MIB} MiB, ${BIG_MIB} MiB and ${COLD_OBJECTS} cold ones of ${OBJECT_MIB} MiB (random bytes)" >&2
