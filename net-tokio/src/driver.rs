@@ -557,10 +557,21 @@ impl<D: Dialer> NodeDriver<D> {
             Event::Panicked { requests, message } => {
                 tracing::error!(?requests, %message, "a request panicked in the node; it was failed");
             }
-            Event::PeerAnswer { addr, observation } => {
-                if observation != dart_core::breaker::Observation::Served {
-                    tracing::debug!(peer = %addr, ?observation, "peer fetch did not serve the block");
+            Event::PeerAnswer { addr, observation } => match observation {
+                dart_core::breaker::Observation::Served => {}
+                dart_core::breaker::Observation::ValidationFailed => tracing::warn!(
+                    peer = %addr,
+                    "peer sent a block that does not match its digest (or none): refused, its circuit opens"
+                ),
+                _ => {
+                    tracing::debug!(peer = %addr, ?observation, "peer fetch did not serve the block")
                 }
+            },
+            Event::BlockRotten { key } => {
+                tracing::warn!(
+                    %key,
+                    "a cached block no longer matches the digest it was stored with (disk or memory corruption): dropped, read afresh"
+                );
             }
             Event::Block { request, plane, key, source } => {
                 tracing::debug!(%request, ?plane, %key, ?source, "block");

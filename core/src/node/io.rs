@@ -380,6 +380,12 @@ pub enum Event {
         /// Targets published.
         targets: usize,
     },
+    /// A whole block found in the store no longer hashed to the digest it was stored with
+    /// (disk or memory corruption): it was dropped and is read afresh ([`crate::integrity`]).
+    BlockRotten {
+        /// The block.
+        key: crate::hash::BlockKey,
+    },
     /// A drain's departure announcements ended ([`Input::Drain`]).
     Left {
         /// Targets told.

@@ -799,6 +799,7 @@ impl Node {
         let Some(kept) = self.kept_digest(&key) else { return Some(block) };
         if self.hasher.digest(&block) != kept {
             self.counters.rotten_blocks_dropped += 1;
+            self.event(Event::BlockRotten { key });
             // Its kept digest goes with it.
             self.emit(Output::StoreDrop { keys: vec![key] });
             return None;

@@ -672,6 +672,9 @@ impl Sim {
             Event::Left { announced, answered } => {
                 self.trace.line(self.now, format_args!("left n{n} {answered}/{announced}"));
             }
+            Event::BlockRotten { key } => {
+                self.trace.line(self.now, format_args!("rotten n{n} {key}"));
+            }
         }
     }
 
