@@ -17,7 +17,10 @@
 //! - the origin ([`origin`]), serving bytes that are a pure function of object, version and
 //!   offset ([`content`]); an object can be replaced mid-run by a new version
 //!   ([`FaultKind::ReplaceObject`]);
-//! - faults ([`fault`]), the workload ([`workload`]), the report ([`report`]);
+//! - faults ([`fault`]), the workload ([`workload`]), the report ([`report`]); a rotting store
+//!   ([`FaultKind::Rot`]) changes bytes the cache holds, as a faulty disk or memory would;
+//! - block digests: nodes hash through [`content::SimHasher`], which returns the digests
+//!   production computes ([`dart_core::integrity`]) but hashes each generator slice once per run;
 //! - the oracle: every byte a client receives or a cache stores (of the one version the response's
 //!   head names, of the version the node believes in), every response head, coalescing, the
 //!   machine's own invariants, timers. It observes the machine's outputs; it does not run
