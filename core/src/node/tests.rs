@@ -761,6 +761,26 @@ fn a_relay_serving_a_held_block_ends_it_with_the_blocks_digest() {
 }
 
 #[test]
+fn the_wire_form_of_a_block_answer() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let e = engine();
+    h.store.insert(e.block_key(&e.identify(URL), 1), content(BLOCK, BLOCK));
+    relay_request(&mut h, 7, 1);
+    let head = h.head_of(7).expect("a head");
+    let body = h.body_of(7);
+    let (block, footer) = body.split_at(body.len() - FOOTER_LEN as usize);
+    let mut wire = format!("status {}\n", head.status);
+    for (name, value) in head.headers.iter() {
+        wire.push_str(&format!("{name}: {}\n", String::from_utf8_lossy(value)));
+    }
+    let hex: String = footer.iter().map(|b| format!("{b:02x}")).collect();
+    wire.push_str(&format!("body: {} block bytes, then the footer {hex}\n", block.len()));
+    assert_eq!(xxh3_128(block).footer(), footer);
+    insta::assert_snapshot!(wire);
+}
+
+#[test]
 fn a_relay_never_passes_on_a_block_that_rotted_in_its_store_and_reads_it_afresh() {
     let mut h = Harness::new(reader_of("p:9000"));
     size_known(&mut h);
