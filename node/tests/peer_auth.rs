@@ -280,10 +280,7 @@ async fn a_caller_without_a_valid_mac_is_refused_never_relayed_for_and_never_lea
     let good = block_mac(&ours, &target, &url, unix_now());
     let r = peer_get(peer, &target, &url, Some(&good)).await;
     assert_eq!(r.status, 200, "a valid MAC: {}", r.text());
-    let block = generate(SEED, 0, BLOCK as usize);
-    let (got, footer) = r.body.split_at(r.body.len().saturating_sub(16));
-    assert!(got == &block[..], "block 0");
-    assert!(footer == &dart_core::integrity::xxh3_128(&block).footer()[..], "block 0's digest");
+    assert!(support::peer_block(&r.body) == &generate(SEED, 0, BLOCK as usize)[..], "block 0");
     assert!(cluster.stats.requests() > 0, "the relay fetched the block");
 
     // With the block now held, a refused caller still gets none of it.

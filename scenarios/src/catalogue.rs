@@ -660,24 +660,24 @@ fn lying_peer() -> Scenario {
         "lying-peer",
         "an interior node answers blocks of the wrong length or garbage",
         |seed, scale| {
-            let nodes = pick(scale, 12, 50) as usize;
-            let size = pick(scale, 2, 64) * MIB;
-            let mut spec = everyone_reads(
-                seed,
-                nodes,
-                vec![ObjectDef::plain(size, seed)],
-                pick(scale, 128 << 10, 4 * MIB),
-                ms(5),
-            );
-            let liar = tree_order(&spec.cluster, 0, 0)[1];
             let lie = if seed % 2 == 0 { Lie::WrongLength } else { Lie::Garbage };
-            spec.plan = FaultPlan {
-                faults: vec![fault(ms(0), secs(60), FaultKind::Lies { node: liar, lie })],
-            };
-            spec
+            liar_spec(seed, scale, lie)
         },
     )
     .expect(|run, check| liar_routed_around(run, check, "WrongLength", "as wrong-length"))
+}
+
+/// Everyone reads one object while an interior node (the first below the root of chunk 0's
+/// tree) tells `lie` for the first 60 s.
+fn liar_spec(seed: u64, scale: Scale, lie: Lie) -> SimSpec {
+    let nodes = pick(scale, 12, 50) as usize;
+    let size = pick(scale, 2, 64) * MIB;
+    let objects = vec![ObjectDef::plain(size, seed)];
+    let mut spec = everyone_reads(seed, nodes, objects, pick(scale, 128 << 10, 4 * MIB), ms(5));
+    let liar = tree_order(&spec.cluster, 0, 0)[1];
+    spec.plan =
+        FaultPlan { faults: vec![fault(ms(0), secs(60), FaultKind::Lies { node: liar, lie })] };
+    spec
 }
 
 /// What a lying interior node's scenario must show: every read finishes, requesters open the
@@ -719,26 +719,7 @@ fn lying_peer_corrupt() -> Scenario {
     Scenario::new(
         "lying-peer-corrupt",
         "an interior node flips bytes in blocks of the right length",
-        |seed, scale| {
-            let nodes = pick(scale, 12, 50) as usize;
-            let size = pick(scale, 2, 64) * MIB;
-            let mut spec = everyone_reads(
-                seed,
-                nodes,
-                vec![ObjectDef::plain(size, seed)],
-                pick(scale, 128 << 10, 4 * MIB),
-                ms(5),
-            );
-            let liar = tree_order(&spec.cluster, 0, 0)[1];
-            spec.plan = FaultPlan {
-                faults: vec![fault(
-                    ms(0),
-                    secs(60),
-                    FaultKind::Lies { node: liar, lie: Lie::Corrupt },
-                )],
-            };
-            spec
-        },
+        |seed, scale| liar_spec(seed, scale, Lie::Corrupt),
     )
     // Every block ends with its digest (dart_core::integrity): a flipped byte is refused by the
     // requester before anything is cached or served whole (the checker watches both).

@@ -745,8 +745,9 @@ fn a_cut_through_relay_truncates_a_block_whose_digest_fails_and_caches_nothing()
     assert_eq!(h.node.stats().peer_digest_mismatch, 1);
 }
 
+/// A relay serving a block it holds: the answer ends with the block's digest, in this wire form.
 #[test]
-fn a_relay_serving_a_held_block_ends_it_with_the_blocks_digest() {
+fn the_wire_form_of_a_block_answer() {
     let mut h = Harness::new(reader_of("p:9000"));
     size_known(&mut h);
     let e = engine();
@@ -758,16 +759,6 @@ fn a_relay_serving_a_held_block_ends_it_with_the_blocks_digest() {
     assert_eq!(head.content_length(), Some(BLOCK + FOOTER_LEN));
     assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
     assert!(h.sends().is_empty(), "served from the store");
-}
-
-#[test]
-fn the_wire_form_of_a_block_answer() {
-    let mut h = Harness::new(reader_of("p:9000"));
-    size_known(&mut h);
-    let e = engine();
-    h.store.insert(e.block_key(&e.identify(URL), 1), content(BLOCK, BLOCK));
-    relay_request(&mut h, 7, 1);
-    let head = h.head_of(7).expect("a head");
     let body = h.body_of(7);
     let (block, footer) = body.split_at(body.len() - FOOTER_LEN as usize);
     let mut wire = format!("status {}\n", head.status);

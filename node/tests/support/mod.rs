@@ -155,6 +155,17 @@ pub async fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
     send(&one_shot(), http::Method::GET, url, headers).await
 }
 
+/// The block a peer's block answer body carries, after checking that the body ends with that
+/// block's digest footer (`dart_core::integrity`).
+pub fn peer_block(body: &[u8]) -> &[u8] {
+    let footer_len = dart_core::integrity::FOOTER_LEN as usize;
+    assert!(body.len() >= footer_len, "a block answer of {} bytes has no footer", body.len());
+    let (block, footer) = body.split_at(body.len() - footer_len);
+    let digest = dart_core::integrity::xxh3_128(block).footer();
+    assert!(footer == &digest[..], "the answer does not end with its block's digest");
+    block
+}
+
 /// The value of the Prometheus sample `series` (`name{labels}`) in `metrics`.
 pub fn sample(metrics: &str, series: &str) -> u64 {
     metrics

@@ -740,19 +740,21 @@ impl Sim {
         let id = p.call;
         let ok = p.ended == Some(true);
         let head = p.head.expect("an ended answer has a head");
+        // A whole block answer: the block's parts, then its digest footer.
+        let block_answer =
+            (ok && head.status == 200 && p.key.is_some()).then(|| split_footer(&p.body));
         if ok && head.status == 200 {
             if head.content_length() != Some(p.body_len) {
                 let what = format!("relay {rid} head {head:?} for {} bytes", p.body_len);
                 return self.violate(Some(j), what);
             }
-            if let Some(key) = p.key {
+            if let (Some(key), Some((block, footer))) = (p.key, &block_answer) {
                 // Exactly the block of the version its head names (of some version if none),
                 // then its digest.
-                let (block, footer) = split_footer(&p.body);
                 let checked = self
                     .head_version(key, &head.headers)
-                    .and_then(|named| self.check_block(key, &block, named))
-                    .and_then(|k| self.check_footer(key, &block, k, &footer));
+                    .and_then(|named| self.check_block(key, block, named))
+                    .and_then(|k| self.check_footer(key, block, k, footer));
                 if let Err(what) = checked {
                     return self
                         .violate(Some(j), format!("relay {rid} served a wrong block: {what}"));
@@ -761,14 +763,14 @@ impl Sim {
         }
         let ending = Some((!ok).then(|| "the relay aborted its answer".to_owned()));
         let version = p.key.and_then(|k| self.head_version(k, &head.headers).ok().flatten());
-        let parts = if ok && head.status == 200 && p.key.is_some() {
+        let parts = match block_answer {
             // The block re-joined as one slice of the generator, then its footer.
-            let (block, footer) = split_footer(&p.body);
-            let mut parts = self.coalesce(p.key, block, version);
-            parts.push(Bytes::from(footer));
-            parts
-        } else {
-            self.coalesce(p.key, p.body, version)
+            Some((block, footer)) => {
+                let mut parts = self.coalesce(p.key, block, version);
+                parts.push(Bytes::from(footer));
+                parts
+            }
+            None => self.coalesce(p.key, p.body, version),
         };
         let n = self.calls[&id].node;
         let (from, to) = (Endpoint::Node(j), Endpoint::Node(n));
