@@ -237,7 +237,14 @@ pub struct Node {
     /// key dropped and stored again may lose its digest early (it is then served unchecked).
     kept_digests: BTreeMap<crate::hash::BlockKey, crate::integrity::BlockDigest>,
     kept_order: VecDeque<crate::hash::BlockKey>,
+    /// The last blocks hashed, by handle ([`Node::digest_of`]): a block a relay receives is
+    /// checked, kept and sent on as one handle, and hashed once. A handle held here keeps its
+    /// bytes alive, so an equal pointer and length are the same bytes.
+    recent_digests: VecDeque<(bytes::Bytes, crate::integrity::BlockDigest)>,
 }
+
+/// Blocks remembered in [`Node::recent_digests`] (each pins its buffer).
+const RECENT_DIGESTS: usize = 4;
 
 /// Most block digests kept (the oldest go first): 256 GiB of 4 MiB blocks. A block whose
 /// digest went is served as it is.
@@ -282,7 +289,23 @@ impl Node {
             hasher: std::sync::Arc::new(crate::integrity::Xxh3),
             kept_digests: BTreeMap::new(),
             kept_order: VecDeque::new(),
+            recent_digests: VecDeque::new(),
         })
+    }
+
+    /// The digest of `block` ([`crate::integrity`]), hashed at most once per handle among the
+    /// last few.
+    pub(super) fn digest_of(&mut self, block: &bytes::Bytes) -> crate::integrity::BlockDigest {
+        let same = |b: &bytes::Bytes| b.as_ptr() == block.as_ptr() && b.len() == block.len();
+        if let Some((_, digest)) = self.recent_digests.iter().find(|(b, _)| same(b)) {
+            return *digest;
+        }
+        let digest = self.hasher.digest(block);
+        if self.recent_digests.len() == RECENT_DIGESTS {
+            self.recent_digests.pop_front();
+        }
+        self.recent_digests.push_back((block.clone(), digest));
+        digest
     }
 
     /// The digest block `key` had when this process stored it, while kept.
@@ -296,7 +319,7 @@ impl Node {
         if self.kept_digests.contains_key(&key) {
             return;
         }
-        let digest = self.hasher.digest(data);
+        let digest = self.digest_of(data);
         self.kept_digests.insert(key, digest);
         self.kept_order.push_back(key);
         self.bound_kept_digests();
@@ -677,6 +700,7 @@ impl Node {
             }
         }
         assert!(self.kept_digests.len() <= KEPT_DIGESTS_MAX, "kept digests past their bound");
+        assert!(self.recent_digests.len() <= RECENT_DIGESTS, "recent digests past their bound");
         for (&op, (rid, ..)) in &self.store_ops {
             let req = self.requests.get(rid).expect("a store op of no request");
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");

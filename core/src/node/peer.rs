@@ -398,9 +398,9 @@ impl Node {
     fn checked_block(&mut self, io: IoId) -> Result<Bytes, Observation> {
         let x = self.exchanges.get_mut(&io).expect("a live exchange");
         let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
-        let block = job.copy.take();
-        let footer = std::mem::take(&mut job.footer);
-        match check_block(self.hasher.as_ref(), block, &footer, job.expected) {
+        let (block, footer, expected) =
+            (job.copy.take(), std::mem::take(&mut job.footer), job.expected);
+        match check_block(block, &footer, expected, |b| self.digest_of(b)) {
             Ok(block) => {
                 self.engine.note_peer_digest(true);
                 Ok(block)

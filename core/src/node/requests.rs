@@ -128,9 +128,6 @@ pub(super) struct Request {
     pub requester: Option<String>,
     /// Its registry-mode role.
     pub mirror: Option<Mirror>,
-    /// The whole block the read found in its store and the digest it was stored with, which it
-    /// matched ([`Node::kept_digest`]): a relay that serves it sends that digest as its footer.
-    pub checked: Option<(Bytes, crate::integrity::BlockDigest)>,
 }
 
 impl Wait {
@@ -163,7 +160,6 @@ impl Request {
             answer_by: None,
             requester: None,
             mirror: None,
-            checked: None,
         }
     }
 
@@ -507,14 +503,12 @@ impl Node {
                 let req = self.requests.remove(&rid).expect("a driven request");
                 if !req.cancelled {
                     if req.plane == Plane::Peer {
-                        // A relay's block ends with its digest (crate::integrity): the one it
-                        // was stored with when it comes from the store, else of its bytes.
+                        // A relay's block ends with its digest (crate::integrity). One from
+                        // the store matched the digest it was stored with already
+                        // (check_held), and is not hashed again (digest_of).
                         let block = req.read.served_block().expect("a relay finishes served");
-                        let digest = match &req.checked {
-                            Some((held, digest)) if same_handle(held, block) => *digest,
-                            _ => self.hasher.digest(block),
-                        };
-                        self.emit(Output::Body { id: rid, data: digest.footer() });
+                        let footer = self.digest_of(block).footer();
+                        self.emit(Output::Body { id: rid, data: footer });
                     }
                     self.emit(Output::End { id: rid });
                 }
@@ -766,7 +760,7 @@ impl Node {
             }
         }
         let block = match block {
-            Some(b) if whole => self.check_held(rid, key, b),
+            Some(b) if whole => self.check_held(key, b),
             other => other,
         };
         self.working.push(rid);
@@ -783,29 +777,22 @@ impl Node {
         self.working.pop();
     }
 
-    /// Request `rid` found the whole `block` of `key` in the store: it is served only if it
-    /// still hashes to the digest it was stored with (a relay hashes the block for its footer
-    /// anyway; a client read of a whole block pays one hash). One that does not rotted in the
+    /// A read found the whole `block` of `key` in the store: it is served only if it still
+    /// hashes to the digest it was stored with (a relay's footer then reuses that hash; a client
+    /// read of a whole block pays one hash). One that does not rotted in the
     /// store: it is dropped and counted, and the read takes the block afresh as if it had
     /// missed, so the rot reaches neither a peer nor a client. A part of a block (a range read's
     /// window), a block stored before this process, or one whose digest is no longer kept, is
     /// served as it is.
-    fn check_held(
-        &mut self,
-        rid: RequestId,
-        key: crate::hash::BlockKey,
-        block: Bytes,
-    ) -> Option<Bytes> {
+    fn check_held(&mut self, key: crate::hash::BlockKey, block: Bytes) -> Option<Bytes> {
         let Some(kept) = self.kept_digest(&key) else { return Some(block) };
-        if self.hasher.digest(&block) != kept {
+        if self.digest_of(&block) != kept {
             self.counters.rotten_blocks_dropped += 1;
             self.event(Event::BlockRotten { key });
             // Its kept digest goes with it.
             self.emit(Output::StoreDrop { keys: vec![key] });
             return None;
         }
-        let req = self.requests.get_mut(&rid).expect("a store op's request is live");
-        req.checked = Some((block.clone(), kept));
         Some(block)
     }
 
@@ -1017,9 +1004,4 @@ fn client_head(head: &ResponseHead, method: Method) -> Head {
     }
     let body = method == Method::Get && head.content_length > 0;
     Head { status: head.status, headers, body }
-}
-
-/// Whether `a` and `b` are handles on the same bytes (the same buffer, offset and length).
-fn same_handle(a: &Bytes, b: &Bytes) -> bool {
-    a.as_ptr() == b.as_ptr() && a.len() == b.len()
 }
