@@ -745,6 +745,34 @@ fn a_cut_through_relay_truncates_a_block_whose_digest_fails_and_caches_nothing()
     assert_eq!(h.node.stats().peer_digest_mismatch, 1);
 }
 
+/// Counts the blocks it hashes.
+#[derive(Debug, Default)]
+struct CountingHasher(std::sync::atomic::AtomicUsize);
+
+impl crate::integrity::BlockHasher for CountingHasher {
+    fn digest(&self, block: &Bytes) -> crate::integrity::BlockDigest {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        xxh3_128(block)
+    }
+}
+
+#[test]
+fn a_relayed_block_is_hashed_once_for_its_check_its_kept_digest_and_its_footer() {
+    let hasher = std::sync::Arc::new(CountingHasher::default());
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.node.set_block_hasher(hasher.clone());
+    size_known(&mut h);
+    relay_request(&mut h, 7, 1);
+    let up = h.take_sends().remove(0);
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head());
+    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK)));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.store.len(), 1);
+    assert_eq!(hasher.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
 /// A relay serving a block it holds: the answer ends with the block's digest, in this wire form.
 #[test]
 fn the_wire_form_of_a_block_answer() {
