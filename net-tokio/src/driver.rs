@@ -503,18 +503,18 @@ impl<D: Dialer> NodeDriver<D> {
                     }
                     // A store that panics is a miss, never a stuck read.
                     let get = || self.store_get(&key, window);
-                    if self.rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-                        // The read runs in the task that asked, with its worker handed off:
-                        // the executor keeps running on the other threads, and the answer needs
-                        // no hop to a pool thread and back.
-                        let block = tokio::task::block_in_place(get);
-                        self.feed(Input::Store { op, block });
-                    } else {
-                        let driver = self.clone();
-                        self.rt.spawn_blocking(move || {
-                            let block = driver.store_get(&key, window);
-                            driver.feed(Input::Store { op, block });
-                        });
+                    // Where it can, the read runs in the task that asked, with its worker
+                    // handed off: the executor keeps running on the other threads, and the
+                    // answer needs no hop to a pool thread and back.
+                    match crate::seam::block_in_place(&self.rt, get) {
+                        Ok(block) => self.feed(Input::Store { op, block }),
+                        Err(_) => {
+                            let driver = self.clone();
+                            self.rt.spawn_blocking(move || {
+                                let block = driver.store_get(&key, window);
+                                driver.feed(Input::Store { op, block });
+                            });
+                        }
                     }
                 }
                 Deferred::StorePut(key, data, class) => {

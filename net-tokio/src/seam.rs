@@ -387,13 +387,7 @@ impl Seam for TokioSeam {
     type Dialer = TokioDialer;
 
     async fn bind(&self, addr: SocketAddr) -> io::Result<Self::Listener> {
-        let socket = match addr {
-            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-        };
-        socket.set_reuseaddr(true)?;
-        socket.bind(addr)?;
-        socket.listen(LISTEN_BACKLOG)
+        listen_tcp(addr).await
     }
 
     fn dialer(&self) -> TokioDialer {
@@ -424,5 +418,133 @@ impl ShellClock {
         let far = Duration::from_secs(100 * 365 * 86_400);
         let d = Duration::from_nanos(at.as_nanos()).min(far);
         self.origin.checked_add(d).unwrap_or_else(|| self.origin + Duration::from_secs(86_400))
+    }
+}
+
+/// Binds a listening TCP socket. On real tokio it sets `SO_REUSEADDR` and asks for
+/// [`LISTEN_BACKLOG`]; madsim's simulated sockets have neither option (the one place the two
+/// builds differ in socket set-up).
+#[cfg(not(madsim))]
+async fn listen_tcp(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+#[cfg(madsim)]
+async fn listen_tcp(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Runs a blocking call (a disk read) in the task that needs its result, with the worker thread
+/// handed off, where the runtime can do that (tokio's multi-thread runtime). Elsewhere (tokio's
+/// current-thread runtime, turmoil, madsim) it gives the call back, for the caller to offload
+/// with `spawn_blocking`.
+#[cfg(not(madsim))]
+pub(crate) fn block_in_place<R, F: FnOnce() -> R>(
+    rt: &tokio::runtime::Handle,
+    call: F,
+) -> Result<R, F> {
+    if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        Ok(tokio::task::block_in_place(call))
+    } else {
+        Err(call)
+    }
+}
+
+#[cfg(madsim)]
+pub(crate) fn block_in_place<R, F: FnOnce() -> R>(
+    _rt: &tokio::runtime::Handle,
+    call: F,
+) -> Result<R, F> {
+    Err(call)
+}
+
+/// The tasks a server spawned, so that a drain can abort those still running: tokio's `JoinSet`
+/// reduced to what [`crate::server::serve`] uses, built on `tokio::spawn` and abort handles only,
+/// so it runs the same on tokio, turmoil and madsim (madsim has no `JoinSet`).
+pub struct TaskSet {
+    live: std::collections::BTreeMap<u64, tokio::task::AbortHandle>,
+    next: u64,
+    done_tx: tokio::sync::mpsc::UnboundedSender<u64>,
+    done_rx: tokio::sync::mpsc::UnboundedReceiver<u64>,
+}
+
+impl Drop for TaskSet {
+    /// Like `JoinSet`: the tasks of a set that goes away are aborted.
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+/// Reports its task's end when the task's future is dropped: finished or aborted alike.
+struct TaskDone {
+    id: u64,
+    tx: tokio::sync::mpsc::UnboundedSender<u64>,
+}
+
+impl Drop for TaskDone {
+    fn drop(&mut self) {
+        let _ = self.tx.send(self.id);
+    }
+}
+
+impl Default for TaskSet {
+    fn default() -> Self {
+        let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
+        TaskSet { live: Default::default(), next: 0, done_tx, done_rx }
+    }
+}
+
+impl TaskSet {
+    /// Spawns `task` on the current runtime.
+    pub fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        let id = self.next;
+        self.next += 1;
+        let done = TaskDone { id, tx: self.done_tx.clone() };
+        let handle = tokio::spawn(async move {
+            let _done = done;
+            task.await;
+        });
+        self.live.insert(id, handle.abort_handle());
+    }
+
+    /// Forgets one task that has ended, if any has.
+    pub fn try_join_next(&mut self) -> Option<()> {
+        let id = self.done_rx.try_recv().ok()?;
+        self.live.remove(&id);
+        Some(())
+    }
+
+    /// Waits for one task to end; `None` at once when none is running.
+    pub async fn join_next(&mut self) -> Option<()> {
+        while !self.live.is_empty() {
+            let id = self.done_rx.recv().await?;
+            if self.live.remove(&id).is_some() {
+                return Some(());
+            }
+        }
+        None
+    }
+
+    /// Tasks spawned and not yet seen to end.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether no task is running.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Asks every running task to stop; each is seen to end by [`join_next`](Self::join_next).
+    pub fn abort_all(&self) {
+        for handle in self.live.values() {
+            handle.abort();
+        }
     }
 }

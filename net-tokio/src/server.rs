@@ -39,7 +39,6 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
 /// How long a keep-alive connection may sit idle between requests by default (Go's
 /// `IdleTimeout` of the earlier implementation's servers; nginx uses 75 s).
@@ -131,7 +130,7 @@ where
     // Holds every connection task so a drain that times out can abort them; finished tasks are
     // reaped on each accept, so it never holds more than `connections_max` live ones plus those
     // that ended since the last accept.
-    let mut connections = JoinSet::new();
+    let mut connections = crate::seam::TaskSet::default();
     let mut failures = AcceptFailures::default();
     let reclaim = Reclaim::default();
     tokio::pin!(shutdown);

@@ -35,7 +35,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 /// Runs the command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -103,7 +102,8 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
 }
 
 async fn shutdown_signal() {
-    #[cfg(unix)]
+    // madsim simulates Ctrl-C only.
+    #[cfg(all(unix, not(madsim)))]
     {
         use tokio::signal::unix::{signal, SignalKind};
         match signal(SignalKind::terminate()) {
@@ -118,7 +118,7 @@ async fn shutdown_signal() {
             }
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(any(not(unix), madsim))]
     {
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -137,7 +137,16 @@ pub struct Running<D: Dialer = TokioDialer> {
     /// The executor of the node machine (stats, metrics, store, roster fetches).
     pub driver: Arc<NodeDriver<D>>,
     stop: watch::Sender<bool>,
-    servers: JoinSet<Drained>,
+    /// The servers' tasks, aborted when this is dropped without a shutdown.
+    servers: Vec<tokio::task::JoinHandle<Drained>>,
+}
+
+impl<D: Dialer> Drop for Running<D> {
+    fn drop(&mut self) {
+        for server in &self.servers {
+            server.abort();
+        }
+    }
 }
 
 impl<D: Dialer> Running<D> {
@@ -145,8 +154,8 @@ impl<D: Dialer> Running<D> {
     pub async fn shutdown(mut self) -> Drained {
         let _ = self.stop.send(true);
         let mut result = Drained::Clean;
-        while let Some(r) = self.servers.join_next().await {
-            if !matches!(r, Ok(Drained::Clean)) {
+        for server in std::mem::take(&mut self.servers) {
+            if !matches!(server.await, Ok(Drained::Clean)) {
                 result = Drained::TimedOut;
             }
         }
@@ -154,6 +163,21 @@ impl<D: Dialer> Running<D> {
         // directory finds its lock free and the blocks already served.
         self.driver.close().await;
         result
+    }
+}
+
+impl<D: Dialer> Running<D> {
+    /// Stops serving at once, as a crash would: every server and connection is aborted, no
+    /// drain, the store is left as it is. Returns when the listeners are closed, so that the same
+    /// addresses can be bound again (a simulated restart).
+    pub async fn abort(mut self) {
+        let servers = std::mem::take(&mut self.servers);
+        for server in &servers {
+            server.abort();
+        }
+        for server in servers {
+            let _ = server.await;
+        }
     }
 }
 
@@ -348,20 +372,20 @@ pub async fn start_on<S: Seam>(
         connections_max: options.connections_max.min(limits::ADMIN_CONNECTIONS_MAX),
         ..options
     };
-    let mut servers = JoinSet::new();
+    let mut servers = Vec::new();
     let d = driver.clone();
     let handler = move |req| d.clone().handle(Plane::Client, req);
-    servers.spawn(serve(client_listener, handler, stopped(stop_rx.clone()), options));
+    servers.push(tokio::spawn(serve(client_listener, handler, stopped(stop_rx.clone()), options)));
     if let Some(l) = peer {
         let d = driver.clone();
         let handler = move |req| d.clone().handle(Plane::Peer, req);
-        servers.spawn(serve(l, handler, stopped(stop_rx.clone()), options));
+        servers.push(tokio::spawn(serve(l, handler, stopped(stop_rx.clone()), options)));
     }
     if let Some(l) = admin {
         let d = driver.clone();
         let id: Arc<str> = flags.self_id.as_str().into();
         let handler = move |req| admin_handle(d.clone(), id.clone(), req);
-        servers.spawn(serve(l, handler, stopped(stop_rx.clone()), admin_options));
+        servers.push(tokio::spawn(serve(l, handler, stopped(stop_rx.clone()), admin_options)));
     }
     let mode_text = match &mode {
         UpstreamMode::Static(u) => format!("origin {}", strip_userinfo(u)),
