@@ -275,6 +275,9 @@ impl hyper::rt::Timer for HeadTimer {
         Box::pin(self.new_sleep())
     }
 
+    // The conversions between std's and tokio's `Instant` are identities under madsim, where
+    // tokio's is std's (virtual there).
+    #[allow(clippy::useless_conversion)]
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
         if let Some(s) = sleep.as_mut().downcast_mut_pin::<HeadSleep>() {
             self.arm(Pin::into_inner(s));
@@ -283,6 +286,7 @@ impl hyper::rt::Timer for HeadTimer {
         }
     }
 
+    #[allow(clippy::useless_conversion)]
     fn now(&self) -> Instant {
         tokio::time::Instant::now().into()
     }

@@ -240,12 +240,14 @@ pub async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Out
 
 /// The whole subset, in order (the module doc lists the cases).
 pub async fn script<C: Cluster>(w: &World<'_, C>) {
+    let t0 = tokio::time::Instant::now();
     herd(w).await;
     dead_root(w).await;
     silent_peer(w).await;
     partition_heals(w).await;
     hang_up(w).await;
     restart_keeps_cache(w).await;
+    w.note(format!("subset: done in {} ms of simulated time", t0.elapsed().as_millis()));
 }
 
 async fn herd<C: Cluster>(w: &World<'_, C>) {
