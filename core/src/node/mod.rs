@@ -499,6 +499,9 @@ impl Node {
                 p2p.breaker.handle_timeout(now);
             }
         }
+        // A roster fetch that ended above at its bound may have ended a discovery round that
+        // outlasted its interval, which makes the next round due now: it starts now.
+        self.discovery_due(now);
     }
 
     fn drain_circuit_events(&mut self) {

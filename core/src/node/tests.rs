@@ -1180,6 +1180,29 @@ fn discovery_places_over_the_members_a_round_meets_and_nothing_it_only_hears_of(
     assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + crate::discovery::DEFAULT_INTERVAL));
 }
 
+/// Found by the turmoil/madsim subset: a roster fetch that hung past the discovery interval
+/// ended its round at its own bound, inside `handle_timeout` and after the round check, so the
+/// next round was due at that very instant and `handle_timeout` left a timer at `now` (the
+/// driver's timer task died on that assertion, and the node's timers with it).
+#[test]
+fn a_discovery_round_that_outlasts_its_interval_starts_the_next_in_the_same_timeout() {
+    let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
+    h.advance(Duration::ZERO);
+    let ask = h.take_sends().remove(0);
+    h.io(ask.id, IoEvent::Connected);
+    // The seed accepted and says nothing: the fetch ends at its head bound, past the interval.
+    let mut waited = Duration::ZERO;
+    while h.take_sends().is_empty() {
+        let next = h.node.poll_timeout().expect("the fetch's bound is armed");
+        assert!(waited < Duration::from_secs(60), "the fetch never ended");
+        waited = next.saturating_duration_since(h.now);
+        h.advance(waited); // asserts that handle_timeout moved every timer past now
+    }
+    assert!(h.now > Instant::ZERO + crate::discovery::DEFAULT_INTERVAL, "outlasted the interval");
+    assert_eq!(h.node.directory().expect("discovery").stats().rounds, 2, "the next round began");
+    h.node.check_invariants();
+}
+
 #[test]
 fn a_member_that_announces_its_departure_leaves_the_view_at_once() {
     let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
