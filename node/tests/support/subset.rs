@@ -5,6 +5,8 @@
 //! checked.
 //!
 //! The cases, in order, on one cluster:
+//! 0. a boot from a cyclic seed list (`--discover static:`, node `i` knows only node `i + 1`):
+//!    within three discovery rounds every view holds all five members, with one epoch;
 //! 1. a thundering herd: every node reads one cold object at once; the origin pays it once;
 //! 2. a dead root: the first chunk's root dies a quarter into a herd read; the others finish,
 //!    each read ending within one request bound and one dial bound of the death;
@@ -15,7 +17,8 @@
 //! 5. a client that hangs up while its node waits on a silent parent: the permit is abandoned and
 //!    the parent charged nothing;
 //! 6. a restart with the cache kept: a node that read an object is stopped and started again on
-//!    its cache; it serves the object again without the origin, and the cluster reads on.
+//!    its cache; it meets the cluster again within three discovery rounds, reads the object
+//!    exact and none of it from the origin, and the cluster reads on (see the case for its gap).
 //!
 //! The two simulators apply these faults with different verbs. [`Cluster`] is the one place that
 //! says how; each harness implements it:
@@ -59,18 +62,20 @@ pub fn host(i: usize) -> String {
     format!("n{i}")
 }
 
-fn peers() -> String {
-    (0..NODES).map(|i| format!("n{i}@n{i}:{PEER_PORT}")).collect::<Vec<_>>().join(",")
-}
+/// Time between discovery rounds.
+pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Node `i`'s flags: the binary's, with small blocks so that reads take many exchanges.
+/// Node `i`'s flags: the binary's, with small blocks so that reads take many exchanges. Members
+/// find each other from a cyclic seed list: node `i` knows only node `i + 1`.
 pub fn flags(i: usize) -> NodeFlags {
     NodeFlags {
         public_upstream: vec!["origin".into()],
         listen: format!(":{CLIENT_PORT}"),
         admin: String::new(),
         peer_listen: format!(":{PEER_PORT}"),
-        peers: peers(),
+        discover: format!("static:{}:{PEER_PORT}", host((i + 1) % NODES)),
+        discover_interval: DISCOVER_INTERVAL,
+        peer_advertise: format!("{}:{PEER_PORT}", host(i)),
         self_id: host(i),
         block_size: BLOCK,
         chunk_size: 64 * BLOCK,
@@ -241,6 +246,7 @@ pub async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Out
 /// The whole subset, in order (the module doc lists the cases).
 pub async fn script<C: Cluster>(w: &World<'_, C>) {
     let t0 = tokio::time::Instant::now();
+    boot(w).await;
     herd(w).await;
     dead_root(w).await;
     silent_peer(w).await;
@@ -248,6 +254,36 @@ pub async fn script<C: Cluster>(w: &World<'_, C>) {
     hang_up(w).await;
     restart_keeps_cache(w).await;
     w.note(format!("subset: done in {} ms of simulated time", t0.elapsed().as_millis()));
+}
+
+/// The member ids and epoch of node `i`'s view.
+fn view<C: Cluster>(w: &World<'_, C>, i: usize) -> (Vec<String>, u64) {
+    w.driver(i).with_node(|n| {
+        let view = n.engine().p2p().expect("a cluster node").placement.view();
+        (view.members().iter().map(|m| m.id.clone()).collect(), view.epoch())
+    })
+}
+
+/// Every node boots knowing only the next one's address: within three discovery rounds every
+/// view holds all five members, with one epoch.
+async fn boot<C: Cluster>(w: &World<'_, C>) {
+    let t0 = tokio::time::Instant::now();
+    let all: Vec<String> = (0..NODES).map(host).collect();
+    while (0..NODES).any(|i| !w.cluster.drivers().lock().expect("drivers").contains_key(&i)) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    loop {
+        let views: Vec<_> = (0..NODES).map(|i| view(w, i)).collect();
+        if views.iter().all(|(ids, epoch)| *ids == all && *epoch == views[0].1) {
+            break;
+        }
+        assert!(
+            t0.elapsed() <= 3 * DISCOVER_INTERVAL,
+            "views did not converge within three rounds: {views:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    w.note(format!("boot: every view holds all {NODES} after {} ms", t0.elapsed().as_millis()));
 }
 
 async fn herd<C: Cluster>(w: &World<'_, C>) {
@@ -401,8 +437,14 @@ async fn hang_up<C: Cluster>(w: &World<'_, C>) {
     w.check_invariants();
 }
 
-/// A node that read an object restarts on its cache: it serves the object again without the
-/// origin, and a herd read after the restart completes.
+/// A node that read an object restarts on its cache: it meets the cluster again within three
+/// discovery rounds and reads the object, exact, without the origin.
+///
+/// Known gap: the blocks come from peers, not from the kept in-memory cache (the trace counts
+/// them: 0 of 16). A node learns what its store holds from the disk store's recovery at open,
+/// which the in-memory store handed to `start_on` does not offer; restarted alone as the chunk's
+/// root it reads the object from the origin again. The disk store under the simulators is not
+/// built (it reads and writes through real threads and files).
 async fn restart_keeps_cache<C: Cluster>(w: &World<'_, C>) {
     let node = tree("kept.bin")[NODES - 1];
     w.everyone_reads("kept.bin", &[], "before restart").await;
@@ -410,17 +452,27 @@ async fn restart_keeps_cache<C: Cluster>(w: &World<'_, C>) {
     w.cluster.kill(node);
     w.cluster.restart(node);
     w.restarted(node, &old).await;
+    let t0 = tokio::time::Instant::now();
+    let all: Vec<String> = (0..NODES).map(host).collect();
+    while view(w, node).0 != all {
+        assert!(t0.elapsed() <= 3 * DISCOVER_INTERVAL, "n{node} did not meet the cluster again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let before = w.origin_bytes();
     let want = generate(OBJECT_SEED, 0, SIZE as usize);
     let (status, body, ms) = w.read(node, "kept.bin").await;
     let ok = status == 200 && body.as_deref().ok() == Some(&want[..]);
     let paid = w.origin_bytes() - before;
+    let kept = w.driver(node).with_node(|n| n.stats().block_source_cache);
     w.note(format!(
-        "restart: n{node} {status} {} in {ms} ms after its restart; origin served {paid} bytes",
-        if ok { "exact" } else { "WRONG" }
+        "restart: n{node} met the cluster {} ms after its restart, then read {status} {} in {ms} \
+         ms with {kept} of {} blocks from its kept cache; origin served {paid} bytes",
+        t0.elapsed().as_millis(),
+        if ok { "exact" } else { "WRONG" },
+        SIZE / BLOCK,
     ));
     assert!(ok, "restart: n{node} got {status} {:?}", body.map(|b| b.len()));
-    // The cache answers; at most the 1-byte version probe reaches the origin.
+    // At most the 1-byte version probe reaches the origin.
     assert!(paid <= 1, "the restarted node read {paid} bytes from the origin");
     w.everyone_reads("fresh.bin", &[], "after restart").await;
     w.check_invariants();
