@@ -2,7 +2,7 @@
 //! madsim: the shipped `dart_node::start_on` on the production seam (`TokioSeam`), whose sockets,
 //! timers and tasks are madsim's when the crate is built with `--cfg madsim` (tokio is
 //! madsim-tokio through the workspace's rename). Faults are madsim's own: node kill and restart,
-//! pause and resume, link clogging. Each seed runs a different interleaving of every task.
+//! socket reset, pause and resume, link clogging. Each seed runs a different interleaving of every task.
 //!
 //! Built only with the cfg, in its own target directory (the whole dependency tree builds again):
 //!
@@ -57,6 +57,10 @@ impl Cluster for Madsim {
 
     fn kill(&self, i: usize) {
         self.handle.kill(self.nodes[i]);
+    }
+
+    fn reset(&self, i: usize) {
+        NetSim::current().reset_node(self.nodes[i]);
     }
 
     fn restart(&self, i: usize) {

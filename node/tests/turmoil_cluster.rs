@@ -1,5 +1,6 @@
-//! The shared scenario subset (`support/subset.rs`: a herd, a dead root, a silent peer, a
-//! partition that heals, a client that hangs up, a restart with the cache kept) on five real
+//! The shared scenario subset (`support/subset.rs`: a boot from a cyclic seed list, a herd, a
+//! dead root, a reset root, a silent peer, a partition that heals, a client that hangs up, a
+//! restart with the cache kept) on five real
 //! nodes (`dart_node::start_on`, the shipped wiring) and an origin inside one turmoil simulation,
 //! seeded. The same seed must give the same trace twice. `tests/madsim_cluster.rs` runs the same
 //! subset under madsim.
@@ -41,8 +42,9 @@ fn others(i: usize) -> Vec<String> {
 struct Turmoil {
     drivers: Drivers<TurmoilDialer>,
     origin: Arc<OriginStats>,
-    /// Per node: bumped to make its host drop the running node and start it again.
-    restarts: Vec<tokio::sync::watch::Sender<u64>>,
+    /// Per node: (start generation, up). A new generation makes its host drop the running node
+    /// and start it again; `up` false makes it drop the node and wait.
+    control: Vec<tokio::sync::watch::Sender<(u64, bool)>>,
 }
 
 impl Cluster for Turmoil {
@@ -66,11 +68,18 @@ impl Cluster for Turmoil {
         }
     }
 
+    fn reset(&self, i: usize) {
+        self.control[i].send_modify(|(_, up)| *up = false);
+    }
+
     fn restart(&self, i: usize) {
         for other in others(i) {
             turmoil::repair(host(i), other);
         }
-        self.restarts[i].send_modify(|g| *g += 1);
+        self.control[i].send_modify(|(generation, up)| {
+            *generation += 1;
+            *up = true;
+        });
     }
 
     fn stall(&self, i: usize) {
@@ -114,31 +123,34 @@ fn simulate(seed: u64) -> String {
         }
     });
     let drivers: Drivers<TurmoilDialer> = Arc::new(Mutex::new(BTreeMap::new()));
-    let mut restarts = Vec::new();
+    let mut control = Vec::new();
     for i in 0..NODES {
-        let (tx, rx) = tokio::sync::watch::channel(0u64);
-        restarts.push(tx);
+        let (tx, rx) = tokio::sync::watch::channel((0u64, true));
+        control.push(tx);
         let drivers = drivers.clone();
         // The cache outlives the node: a restart starts it again on the same store.
         let store = Arc::new(MemCache::default());
         sim.host(host(i), move || {
-            let (drivers, store, mut restart) = (drivers.clone(), store.clone(), rx.clone());
+            let (drivers, store, mut control) = (drivers.clone(), store.clone(), rx.clone());
             async move {
                 loop {
+                    let generation = control.borrow_and_update().0;
                     let running = dart_node::start_on(TurmoilSeam, &flags(i), Some(store.clone()))
                         .await
                         .map_err(|e| e.to_string())?;
                     drivers.lock().expect("drivers").insert(i, running.driver.clone());
-                    if restart.changed().await.is_err() {
+                    let down = control.wait_for(|&(g, up)| g != generation || !up).await.is_ok();
+                    if !down {
                         std::future::pending::<()>().await;
                     }
                     running.abort().await;
+                    let _ = control.wait_for(|&(_, up)| up).await;
                 }
             }
         });
     }
     let trace = Arc::new(Mutex::new(String::new()));
-    let cluster = Turmoil { drivers, origin, restarts };
+    let cluster = Turmoil { drivers, origin, control };
     let t = trace.clone();
     sim.client("reader", async move {
         subset::script(&World { cluster: &cluster, trace: t }).await;

@@ -5,18 +5,20 @@
 //! checked.
 //!
 //! The cases, in order, on one cluster:
-//! 0. a boot from a cyclic seed list (`--discover static:`, node `i` knows only node `i + 1`):
+//! 1. a boot from a cyclic seed list (`--discover static:`, node `i` knows only node `i + 1`):
 //!    within three discovery rounds every view holds all five members, with one epoch;
-//! 1. a thundering herd: every node reads one cold object at once; the origin pays it once;
-//! 2. a dead root: the first chunk's root dies a quarter into a herd read; the others finish,
+//! 2. a thundering herd: every node reads one cold object at once; the origin pays it once;
+//! 3. a dead root: the first chunk's root dies a quarter into a herd read; the others finish,
 //!    each read ending within one request bound and one dial bound of the death;
-//! 3. a silent peer: an interior node of the tree stops answering (connections it accepted stay
+//! 4. a reset root: every socket of the first chunk's root closes a quarter into a herd read;
+//!    the others finish within a cold head bound, a dial bound and a second of it;
+//! 5. a silent peer: an interior node of the tree stops answering (connections it accepted stay
 //!    open); reads route around it well inside the response-head bound (10 s);
-//! 4. a partition between two halves that heals after 3 s: every read completes and, a minute
+//! 6. a partition between two halves that heals after 3 s: every read completes and, a minute
 //!    later, no circuit is open;
-//! 5. a client that hangs up while its node waits on a silent parent: the permit is abandoned and
+//! 7. a client that hangs up while its node waits on a silent parent: the permit is abandoned and
 //!    the parent charged nothing;
-//! 6. a restart with the cache kept: a node that read an object is stopped and started again on
+//! 8. a restart with the cache kept: a node that read an object is stopped and started again on
 //!    its cache; it meets the cluster again within three discovery rounds, reads an object that
 //!    never changes (`--immutable`) exact from the cache it kept and none of it from the origin,
 //!    and the cluster reads on.
@@ -27,6 +29,7 @@
 //! | verb | turmoil | madsim |
 //! |---|---|---|
 //! | [`Cluster::kill`] | every link of the node black-holed (turmoil cannot stop a host from inside the simulation) | `Handle::kill`: its tasks stop and its sockets reset |
+//! | [`Cluster::reset`] | the host aborts its node's servers and connections (their peers see them closed), and starts nothing until the restart | `NetSim::reset_node`: every socket of the node closes, listeners too; a peer waiting to read on one is not told (it waits out its bound) |
 //! | [`Cluster::restart`] | links repaired, then the host drops its node and starts it again on the same cache | `Handle::restart`: the node's init task runs again, on the same cache |
 //! | [`Cluster::stall`] | `turmoil::hold` on every link of the node (accepted connections stay open, nothing moves) | `Handle::pause`: none of its tasks runs |
 //! | [`Cluster::cut`] | `turmoil::partition` | `clog_link` both ways |
@@ -117,7 +120,11 @@ pub trait Cluster: Sync {
     fn origin(&self) -> &OriginStats;
     /// Node `i` dies: nothing it had in flight completes and nothing reaches it.
     fn kill(&self, i: usize);
-    /// Node `i` starts again on its cache (after [`kill`](Self::kill)).
+    /// Every connection and listener of node `i` closes at once (peers see them reset or
+    /// closed); the process runs on, unreachable, until [`restart`](Self::restart).
+    fn reset(&self, i: usize);
+    /// Node `i` starts again on its cache (after [`kill`](Self::kill) or
+    /// [`reset`](Self::reset)).
     fn restart(&self, i: usize);
     /// Node `i` goes silent: connections stay open, nothing moves on them.
     fn stall(&self, i: usize);
@@ -252,6 +259,7 @@ pub async fn script<C: Cluster>(w: &World<'_, C>) {
     boot(w).await;
     herd(w).await;
     dead_root(w).await;
+    reset_root(w).await;
     silent_peer(w).await;
     partition_heals(w).await;
     hang_up(w).await;
@@ -321,6 +329,43 @@ async fn dead_root<C: Cluster>(w: &World<'_, C>) {
         let after = t.saturating_sub(killed_at);
         assert!(after <= bound + 2_000, "a read ended {after} ms after the root died");
     }
+    let old = w.driver(root);
+    w.cluster.restart(root);
+    w.restarted(root, &old).await;
+    w.check_invariants();
+}
+
+/// The first chunk's root has every socket reset a quarter into a herd read: every read
+/// completes within a cold response-head bound, a dial bound and a second of the reset. Under
+/// turmoil the requesters' connections close, so they fail at once; under madsim a requester
+/// waiting to read on a reset connection is not told, so it waits out its head bound (the trace
+/// counts those timeouts).
+async fn reset_root<C: Cluster>(w: &World<'_, C>) {
+    let root = tree("reset.bin")[0];
+    let before = w.origin_bytes();
+    let t0 = tokio::time::Instant::now();
+    let timeouts = |w: &World<'_, C>| -> u64 {
+        (0..NODES).filter(|&i| i != root).map(|i| w.driver(i).counters().timeouts).sum()
+    };
+    let timeouts_before = timeouts(w);
+    let readers = async { w.everyone_reads("reset.bin", &[root], "reset root").await };
+    let resetter = async {
+        while w.origin_bytes() - before < SIZE / 4 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        w.cluster.reset(root);
+        w.note(format!("reset root: n{root} reset after {} bytes", w.origin_bytes() - before));
+        t0.elapsed().as_millis()
+    };
+    let (times, reset_at) = tokio::join!(readers, resetter);
+    let b = Bounds::default();
+    let bound = (b.cold_peer_head() + b.peer_dial + Duration::from_secs(1)).as_millis();
+    for t in &times {
+        let after = t.saturating_sub(reset_at);
+        assert!(after <= bound, "a read ended {after} ms after the root's sockets reset");
+    }
+    let charged = timeouts(w) - timeouts_before;
+    w.note(format!("reset root: {charged} exchanges timed out"));
     let old = w.driver(root);
     w.cluster.restart(root);
     w.restarted(root, &old).await;
