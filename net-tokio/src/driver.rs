@@ -183,7 +183,12 @@ pub struct NodeDriver<D: Dialer> {
     timer: Notify,
     /// Woken when the last put running on the blocking pool ends.
     puts_idle: Notify,
+    /// Timer ticks that panicked (the timer task survives them: see `run_timers`).
+    timer_panics: AtomicU64,
 }
+
+/// How long the timer task pauses after a tick that panicked.
+const TIMER_PANIC_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How long [`NodeDriver::close`] waits for puts still running before it closes the store.
 pub const CLOSE_PUTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -240,6 +245,7 @@ impl<D: Dialer> NodeDriver<D> {
                 next_request: AtomicU64::new(0),
                 timer: Notify::new(),
                 puts_idle: Notify::new(),
+                timer_panics: AtomicU64::new(0),
             }
         });
         driver.feed(Input::WallClock { unix_ms: driver.unix_ms() });
@@ -282,6 +288,12 @@ impl<D: Dialer> NodeDriver<D> {
     /// The node machine's own counters.
     pub fn counters(&self) -> NodeCounters {
         self.lock().node.counters()
+    }
+
+    /// Timer ticks whose handling panicked: a bug in the node machine, logged at error level;
+    /// the timer task went on (0 in every test and scenario).
+    pub fn timer_panics(&self) -> u64 {
+        self.timer_panics.load(Ordering::Relaxed)
     }
 
     /// The metric registry.
@@ -621,7 +633,18 @@ impl<D: Dialer> NodeDriver<D> {
                 biased;
                 _ = stop.changed() => return,
                 () = self.timer.notified() => {}
-                () = sleep => self.tick(),
+                () = sleep => {
+                    // One task fires every bound of the node: if it died on a panic, every
+                    // exchange bound, probe and discovery round would stop for good. A panicking
+                    // tick is logged and counted instead, and the loop goes on after a pause (a
+                    // bug that panics on every tick then costs a log line per pause, not a core).
+                    let tick = std::panic::AssertUnwindSafe(|| self.tick());
+                    if std::panic::catch_unwind(tick).is_err() {
+                        self.timer_panics.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!("a timer tick panicked in the node machine; timers go on");
+                        tokio::time::sleep(TIMER_PANIC_PAUSE).await;
+                    }
+                }
             }
         }
     }

@@ -161,6 +161,7 @@ impl<C: Cluster> World<'_, C> {
         for (i, d) in self.cluster.drivers().lock().expect("drivers").iter() {
             d.with_node(|n| n.check_invariants());
             assert_eq!(d.counters().panics, 0, "n{i} panicked");
+            assert_eq!(d.timer_panics(), 0, "n{i} panicked in a timer tick");
         }
     }
 
