@@ -10,14 +10,14 @@
 //! 2. a thundering herd: every node reads one cold object at once; the origin pays it once;
 //! 3. a dead root: the first chunk's root dies a quarter into a herd read; the others finish,
 //!    each read ending within one request bound and one dial bound of the death;
-//! 4. a reset root: every socket of the first chunk's root closes a quarter into a herd read;
-//!    the others finish within a cold head bound, a dial bound and a second of it;
-//! 5. a silent peer: an interior node of the tree stops answering (connections it accepted stay
+//! 4. a silent peer: an interior node of the tree stops answering (connections it accepted stay
 //!    open); reads route around it well inside the response-head bound (10 s);
-//! 6. a partition between two halves that heals after 3 s: every read completes and, a minute
+//! 5. a partition between two halves that heals after 3 s: every read completes and, a minute
 //!    later, no circuit is open;
-//! 7. a client that hangs up while its node waits on a silent parent: the permit is abandoned and
+//! 6. a client that hangs up while its node waits on a silent parent: the permit is abandoned and
 //!    the parent charged nothing;
+//! 7. a reset root: every socket of the first chunk's root closes a quarter into a herd read;
+//!    the others finish within a head bound, a dial bound and a second of it;
 //! 8. a restart with the cache kept: a node that read an object is stopped and started again on
 //!    its cache; it meets the cluster again within three discovery rounds, reads an object that
 //!    never changes (`--immutable`) exact from the cache it kept and none of it from the origin,
@@ -260,10 +260,10 @@ pub async fn script<C: Cluster>(w: &World<'_, C>) {
     boot(w).await;
     herd(w).await;
     dead_root(w).await;
-    reset_root(w).await;
     silent_peer(w).await;
     partition_heals(w).await;
     hang_up(w).await;
+    reset_root(w).await;
     restart_keeps_cache(w).await;
     w.note(format!("subset: done in {} ms of simulated time", t0.elapsed().as_millis()));
 }
@@ -337,10 +337,11 @@ async fn dead_root<C: Cluster>(w: &World<'_, C>) {
 }
 
 /// The first chunk's root has every socket reset a quarter into a herd read: every read
-/// completes within a cold response-head bound, a dial bound and a second of the reset. Under
-/// turmoil the requesters' connections close, so they fail at once; under madsim a requester
-/// waiting to read on a reset connection is not told, so it waits out its head bound (the trace
-/// counts those timeouts).
+/// completes, exact, within a response-head bound, a dial bound and a second of the reset. Under
+/// turmoil the requesters' connections close, so they fail at once (seed 0x5EEDC1: the whole
+/// reads take 1.3-1.7 s); under madsim a requester waiting to read on a reset connection
+/// is not told, so it waits out its head bound, which by this point of the subset has adapted
+/// to the stalls before it (reads end 5.6-7.3 s after the reset; the trace counts the timeouts).
 async fn reset_root<C: Cluster>(w: &World<'_, C>) {
     let root = tree("reset.bin")[0];
     let before = w.origin_bytes();
@@ -360,7 +361,7 @@ async fn reset_root<C: Cluster>(w: &World<'_, C>) {
     };
     let (times, reset_at) = tokio::join!(readers, resetter);
     let b = Bounds::default();
-    let bound = (b.cold_peer_head() + b.peer_dial + Duration::from_secs(1)).as_millis();
+    let bound = (b.peer_head + b.peer_dial + Duration::from_secs(1)).as_millis();
     for t in &times {
         let after = t.saturating_sub(reset_at);
         assert!(after <= bound, "a read ended {after} ms after the root's sockets reset");
