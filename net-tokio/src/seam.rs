@@ -1,9 +1,14 @@
 //! The seam between the shell and its network: listeners that accept byte streams and dialers
 //! that open them, so the same servers and clients run on real tokio sockets and inside turmoil
-//! (and, later, madsim) simulated networks.
+//! and madsim simulated networks.
 //!
 //! Timers and tasks use tokio's (`tokio::time`, `tokio::spawn`), which turmoil virtualises; the
 //! core's notion of time comes from [`ShellClock`], which reads tokio's clock, never std's.
+//!
+//! Under madsim (`--cfg madsim`) `tokio` is madsim's runtime (the workspace depends on tokio
+//! through `madsim-tokio`), so [`TokioSeam`] itself is the simulated network. What madsim lacks
+//! is bridged here and nowhere else: listen options ([`TokioSeam`]'s bind), handing a worker off
+//! for a disk read (`block_in_place`) and `JoinSet` ([`TaskSet`]).
 
 use dart_core::policy::{Refusal, UpstreamPolicy};
 use dart_core::time::Instant as CoreInstant;
