@@ -340,29 +340,9 @@ async fn herd<C: Cluster>(w: &World<'_, C>) {
 /// exchange already in flight to it ends at its own bound (head 10 s, or request 30 s once the
 /// head is in); every later request pays at most one dial bound (1 s), which opens the circuit.
 async fn dead_root<C: Cluster>(w: &World<'_, C>) {
-    let order = tree("root.bin");
-    let root = order[0];
-    let before = w.origin_bytes();
-    let t0 = tokio::time::Instant::now();
-    let readers = async { w.everyone_reads("root.bin", &[root], "dead root").await };
-    let killer = async {
-        while w.origin_bytes() - before < SIZE / 4 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        w.cluster.kill(root);
-        w.note(format!("dead root: n{root} died after {} bytes", w.origin_bytes() - before));
-        t0.elapsed().as_millis()
-    };
-    let (times, killed_at) = tokio::join!(readers, killer);
-    let bound = (Bounds::default().peer_request + Bounds::default().peer_dial).as_millis();
-    for t in &times {
-        let after = t.saturating_sub(killed_at);
-        assert!(after <= bound + 2_000, "a read ended {after} ms after the root died");
-    }
-    let old = w.driver(root);
-    w.cluster.restart(root);
-    w.restarted(root, &old).await;
-    w.check_invariants();
+    let b = Bounds::default();
+    let bound = b.peer_request + b.peer_dial + Duration::from_secs(2);
+    root_fails_mid_read(w, "root.bin", "dead root", "died", |c, root| c.kill(root), bound).await;
 }
 
 /// The first chunk's root has every socket reset a quarter into a herd read: every read
@@ -372,31 +352,48 @@ async fn dead_root<C: Cluster>(w: &World<'_, C>) {
 /// is not told, so it waits out its head bound, which by this point of the subset has adapted
 /// to the stalls before it (reads end 5.6-7.3 s after the reset; the trace counts the timeouts).
 async fn reset_root<C: Cluster>(w: &World<'_, C>) {
-    let root = tree("reset.bin")[0];
+    let b = Bounds::default();
+    let bound = b.peer_head + b.peer_dial + Duration::from_secs(1);
+    root_fails_mid_read(w, "reset.bin", "reset root", "reset", |c, root| c.reset(root), bound)
+        .await;
+}
+
+/// Every node but the root of `object`'s first chunk reads it at once; `fail` strikes the root a
+/// quarter into the reads. Every read is exact and ends within `bound` of the strike; the root
+/// then restarts.
+async fn root_fails_mid_read<C: Cluster>(
+    w: &World<'_, C>,
+    object: &str,
+    label: &str,
+    verb: &str,
+    fail: impl FnOnce(&C, usize),
+    bound: Duration,
+) {
+    let root = tree(object)[0];
     let before = w.origin_bytes();
     let t0 = tokio::time::Instant::now();
     let timeouts = |w: &World<'_, C>| -> u64 {
         (0..NODES).filter(|&i| i != root).map(|i| w.driver(i).counters().timeouts).sum()
     };
     let timeouts_before = timeouts(w);
-    let readers = async { w.everyone_reads("reset.bin", &[root], "reset root").await };
-    let resetter = async {
+    let readers = async { w.everyone_reads(object, &[root], label).await };
+    let striker = async {
         while w.origin_bytes() - before < SIZE / 4 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        w.cluster.reset(root);
-        w.note(format!("reset root: n{root} reset after {} bytes", w.origin_bytes() - before));
+        fail(w.cluster, root);
+        w.note(format!("{label}: n{root} {verb} after {} bytes", w.origin_bytes() - before));
         t0.elapsed().as_millis()
     };
-    let (times, reset_at) = tokio::join!(readers, resetter);
-    let b = Bounds::default();
-    let bound = (b.peer_head + b.peer_dial + Duration::from_secs(1)).as_millis();
+    let (times, struck_at) = tokio::join!(readers, striker);
     for t in &times {
-        let after = t.saturating_sub(reset_at);
-        assert!(after <= bound, "a read ended {after} ms after the root's sockets reset");
+        let after = t.saturating_sub(struck_at);
+        assert!(
+            after <= bound.as_millis(),
+            "{label}: a read ended {after} ms after n{root} {verb}"
+        );
     }
-    let charged = timeouts(w) - timeouts_before;
-    w.note(format!("reset root: {charged} exchanges timed out"));
+    w.note(format!("{label}: {} exchanges timed out", timeouts(w) - timeouts_before));
     let old = w.driver(root);
     w.cluster.restart(root);
     w.restarted(root, &old).await;
