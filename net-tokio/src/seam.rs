@@ -8,7 +8,8 @@
 //! Under madsim (`--cfg madsim`) `tokio` is madsim's runtime (the workspace depends on tokio
 //! through `madsim-tokio`), so [`TokioSeam`] itself is the simulated network. What madsim lacks
 //! is bridged here and nowhere else: listen options ([`TokioSeam`]'s bind), handing a worker off
-//! for a disk read (`block_in_place`) and `JoinSet` ([`TaskSet`]).
+//! for a disk read (`block_in_place`), `JoinSet` ([`TaskSet`]) and the stop signals
+//! ([`shutdown_signal`]: madsim has Ctrl-C only).
 
 use dart_core::policy::{Refusal, UpstreamPolicy};
 use dart_core::time::Instant as CoreInstant;
@@ -423,6 +424,30 @@ impl ShellClock {
         let far = Duration::from_secs(100 * 365 * 86_400);
         let d = Duration::from_nanos(at.as_nanos()).min(far);
         self.origin.checked_add(d).unwrap_or_else(|| self.origin + Duration::from_secs(86_400))
+    }
+}
+
+/// Resolves at the process's stop signal: SIGTERM or Ctrl-C (SIGINT); madsim simulates Ctrl-C
+/// only.
+pub async fn shutdown_signal() {
+    #[cfg(all(unix, not(madsim)))]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(any(not(unix), madsim))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

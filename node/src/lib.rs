@@ -80,7 +80,7 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
         "open-file soft limit (raised to the hard limit)"
     );
     say!("{}", node.banner);
-    shutdown_signal().await;
+    dart_net_tokio::seam::shutdown_signal().await;
     // Tell the broadcast targets first, while the listeners still answer: they drop this node
     // from their views now instead of after --forget-after.
     let margin = std::time::Duration::from_millis(100);
@@ -99,29 +99,6 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
         ),
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    // madsim simulates Ctrl-C only.
-    #[cfg(all(unix, not(madsim)))]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(any(not(unix), madsim))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// A running node.
