@@ -578,3 +578,39 @@ impl TaskSet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TaskSet;
+
+    #[tokio::test]
+    async fn a_task_set_sees_ends_aborts_the_rest_and_aborts_on_drop() {
+        let mut set = TaskSet::default();
+        assert!(set.join_next().await.is_none(), "an empty set has nothing to wait for");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        set.spawn(async {});
+        set.spawn(async move {
+            let _ = rx.await;
+        });
+        set.spawn(std::future::pending());
+        assert_eq!(set.len(), 3);
+        assert!(set.join_next().await.is_some(), "the task that ends at once is seen to end");
+        assert_eq!(set.len(), 2);
+        tx.send(()).expect("the second task waits");
+        assert!(set.join_next().await.is_some());
+        assert!(set.try_join_next().is_none(), "the pending task has not ended");
+        set.abort_all();
+        assert!(set.join_next().await.is_some(), "an aborted task is seen to end");
+        assert!(set.is_empty());
+        assert!(set.join_next().await.is_none());
+
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let mut dropped = TaskSet::default();
+        dropped.spawn(async move {
+            let _keep = tx;
+            std::future::pending::<()>().await;
+        });
+        drop(dropped);
+        assert!(rx.await.is_err(), "dropping the set aborted its task (its sender went away)");
+    }
+}
