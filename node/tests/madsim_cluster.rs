@@ -12,8 +12,8 @@
 //! ```
 //!
 //! Seeds: `MADSIM_TEST_SEED=<n>` (replay; madsim prints it on failure), `MADSIM_TEST_NUM=<count>`
-//! (a sweep from that seed), `MADSIM_TEST_CHECK_DETERMINISM=1` (each seed runs twice and the
-//! second run must draw the same random numbers in the same order).
+//! (a sweep from that seed), `MADSIM_TEST_CHECK_DETERMINISM=1` (each seed runs twice: the second
+//! run must draw the same random numbers in the same order, and write the same trace).
 
 #![cfg(madsim)]
 
@@ -152,11 +152,26 @@ async fn the_shared_subset_on_five_real_nodes_under_madsim() {
     net.add_dns_record("reader", ip(200));
     let reader = handle.create_node().name("reader").ip(ip(200)).build();
     let cluster = Madsim { handle: handle.clone(), nodes, drivers, origin };
+    let trace = Arc::new(Mutex::new(String::new()));
+    let written = trace.clone();
     reader
         .spawn(async move {
-            let trace = Arc::new(Mutex::new(String::new()));
-            subset::script(&World { cluster: &cluster, trace }).await;
+            subset::script(&World { cluster: &cluster, trace: written }).await;
         })
         .await
         .expect("the subset ran to its end");
+    let trace = trace.lock().expect("trace").clone();
+    // Under MADSIM_TEST_CHECK_DETERMINISM this function runs twice per seed in one process:
+    // the second run's trace must be the first's, line for line (madsim itself compares the
+    // random draws).
+    let mut traces = TRACES.lock().expect("traces");
+    match traces.get(&seed) {
+        Some(first) => assert_eq!(first, &trace, "seed {seed}: two runs gave different traces"),
+        None => {
+            traces.insert(seed, trace);
+        }
+    }
 }
+
+/// The trace of each seed run so far in this process.
+static TRACES: Mutex<BTreeMap<u64, String>> = Mutex::new(BTreeMap::new());
