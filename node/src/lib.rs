@@ -141,9 +141,7 @@ impl<D: Dialer> Running<D> {
         self.driver.close().await;
         result
     }
-}
 
-impl<D: Dialer> Running<D> {
     /// Stops serving at once, as a crash would: every server and connection is aborted, no
     /// drain, the store is left as it is. Returns when the listeners are closed, so that the same
     /// addresses can be bound again (a simulated restart).
