@@ -11,7 +11,12 @@
 //! The hedge delay is the exact p99 of a bounded window of recent peer fetches that *held* the
 //! block (a fast miss must not collapse it), floored at [`DELAY_FLOOR`] so a fast cluster does not
 //! hedge on noise and capped at [`DELAY_CAP`] so a pathological sample cannot disable hedging.
-//! Until [`SAMPLES_MIN`] samples exist there is no estimate and no hedge.
+//! Until [`SAMPLES_MIN`] samples exist there is no estimate; a node then hedges after
+//! [`COLD_DELAY`], and it starts with one hedge banked. Without both, a node that meets a stalled
+//! peer on its first fetch could neither hedge (no delay, no credit: 20 fetches earn the first
+//! hedge at the default ratio) nor fail over before its cold head bound (1.5 s): the
+//! `stalled-peer` scenario's slowest read was that bound plus the read, 2.4 × a stall-free read.
+//! The banked hedge is the one burst the cap allows: at most one extra request per node, once.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -24,6 +29,9 @@ pub const WINDOW: usize = 512;
 pub const DELAY_FLOOR: Duration = Duration::from_millis(5);
 /// Longest hedge delay.
 pub const DELAY_CAP: Duration = Duration::from_secs(2);
+/// The hedge delay of a node without an estimate yet: a quarter of the default cold response-head
+/// wait (`Bounds::cold_peer_head`, 1.5 s), as the head wait is four times the p99 it presumes.
+pub const COLD_DELAY: Duration = Duration::from_millis(375);
 /// Default [`HedgeLimiter::ratio`].
 pub const DEFAULT_HEDGE_RATIO: f64 = 0.05;
 
@@ -78,7 +86,8 @@ impl LatencyEstimator {
 
 /// Keeps the long-run share of hedged fetches at or below `ratio`: every fetch earns `ratio` of a
 /// hedge, a hedge spends one, and banked credit is capped at one so an idle period cannot release
-/// a burst.
+/// a burst. A limiter with a non-zero ratio starts with that one hedge banked (a node that just
+/// started may hedge its first slow fetch); over `n` fetches it allows at most `1 + ratio × n`.
 #[derive(Clone, Debug)]
 pub struct HedgeLimiter {
     ratio: f64,
@@ -89,7 +98,8 @@ impl HedgeLimiter {
     /// A limiter allowing `ratio` (clamped to `[0, 1]`; not a number means the default).
     pub fn new(ratio: f64) -> Self {
         let ratio = if ratio.is_nan() { DEFAULT_HEDGE_RATIO } else { ratio.clamp(0.0, 1.0) };
-        HedgeLimiter { ratio, credit: 0.0 }
+        let credit = if ratio > 0.0 { 1.0 } else { 0.0 };
+        HedgeLimiter { ratio, credit }
     }
 
     /// The configured share.
@@ -203,6 +213,16 @@ mod tests {
             off.on_fetch();
         }
         assert!(!off.try_hedge(), "a zero ratio never hedges");
+        // A fresh limiter holds the one hedge a node starts with, and no more.
+        let mut fresh = HedgeLimiter::new(0.05);
+        assert!(fresh.try_hedge(), "a node that just started may hedge once");
+        assert!(!fresh.try_hedge());
+        for _ in 0..19 {
+            fresh.on_fetch();
+        }
+        assert!(!fresh.try_hedge(), "19 fetches earn 0.95 of a hedge");
+        fresh.on_fetch();
+        assert!(fresh.try_hedge(), "the 20th earns the next");
         // A long run of fast fetches (none needed a hedge) banks at most one.
         let mut l = HedgeLimiter::new(0.05);
         for _ in 0..100_000 {

@@ -164,6 +164,9 @@ pub struct EngineStats {
     pub hedge_primary_won: u64,
     /// Hedged blocks the backup won.
     pub hedge_backup_won: u64,
+    /// Blocks a read waiting on peers took from this node's store instead, when another read
+    /// of this node stored them first (its peer fetches were cancelled, not charged).
+    pub landed: u64,
     /// Blocks a read asked a neighbour for before paying the origin (spec/overlay.md §5).
     pub neighbour_asks: u64,
     /// Of those, blocks the neighbour held (origin reads saved).
@@ -337,13 +340,14 @@ impl Engine {
         self.latency.quantile(q)
     }
 
-    /// How long a primary peer fetch runs before a hedge may race it; `None` with hedging off
-    /// or before the estimator has enough samples.
+    /// How long a primary peer fetch runs before a hedge may race it: the estimator's delay, or
+    /// [`hedge::COLD_DELAY`] before it has enough samples; `None` with hedging off (`--hedge`
+    /// off or a zero ratio).
     pub(crate) fn hedge_delay(&self) -> Option<std::time::Duration> {
-        if !self.config.hedge {
+        if !self.config.hedge || self.hedges.ratio() == 0.0 {
             return None;
         }
-        self.latency.hedge_delay()
+        Some(self.latency.hedge_delay().unwrap_or(hedge::COLD_DELAY))
     }
 
     pub(crate) fn on_peer_fetch(&mut self) {

@@ -1158,11 +1158,45 @@ impl Read {
                     if let Some(relay) = engine.upstream_ref(job.key, &self.object.id, &asked, now)
                     {
                         job.upstreams.push_front(relay);
+                        if job.in_flight() && self.launch(engine, &mut job, contender, now) {
+                            // The other contender (a backup at the relay's own upstream, most
+                            // likely: the very peer the relay gave up on) is still out. The
+                            // relay takes the freed place at once instead of after that one
+                            // answers: still at most two contenders, at two addresses.
+                            self.state = State::AwaitPeer(job);
+                            return;
+                        }
                     }
                 }
                 self.next_source(engine, job, now);
             }
         }
+    }
+
+    /// Whether this read waits on peers for block `key` and could take `len` bytes of it from
+    /// elsewhere: no stream has started (a cut-through relay's committed stream has no rival).
+    pub fn awaits_peer_for(&self, key: BlockKey, len: u64) -> bool {
+        matches!(&self.state, State::AwaitPeer(job)
+            if job.key == key && !job.streaming && job.expected == len)
+    }
+
+    /// Block `key` landed in this node's store while this read waited on peers for it (another
+    /// read of this node fetched it, from a peer or the origin, of the version this read
+    /// reads): the read takes it and drops its race. The contenders are cancelled, never
+    /// charged: a peer that was merely slower than another path did nothing wrong. False, and
+    /// nothing changes, unless [`Read::awaits_peer_for`] holds.
+    pub fn take_landed(&mut self, engine: &mut Engine, key: BlockKey, data: &Bytes) -> bool {
+        if !self.awaits_peer_for(key, data.len() as u64) {
+            return false;
+        }
+        let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
+            unreachable!("checked above")
+        };
+        self.cancel_race(&mut job);
+        engine.stats.landed += 1;
+        self.count(&mut engine.stats.block_source_cache);
+        self.deliver(engine, job.seg, data);
+        true
     }
 
     /// The end of a cut-through stream: the bytes were already forwarded; only a complete block of

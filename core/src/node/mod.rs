@@ -222,6 +222,9 @@ pub struct Node {
     next_op: u64,
     /// Roster fetches in flight.
     roster_fetches: usize,
+    /// Blocks stored during the current input, handed to other reads waiting on peers for them
+    /// once its handling is over ([`Node::hand_landed`]).
+    landed: Vec<(crate::hash::BlockKey, bytes::Bytes)>,
     /// Requests whose handling is on the stack (the culprits if it panics).
     working: Vec<RequestId>,
     /// The exchange whose event is being handled.
@@ -281,6 +284,7 @@ impl Node {
             next_io: 0,
             next_op: 0,
             roster_fetches: 0,
+            landed: Vec::new(),
             working: Vec::new(),
             working_io: None,
             counters: NodeCounters::default(),
@@ -385,6 +389,7 @@ impl Node {
     pub fn handle_input(&mut self, input: Input, now: Instant) {
         self.guarded(now, |node| {
             node.dispatch(input, now);
+            node.hand_landed(now);
             node.send_joins(now);
         });
         debug_assert!(self.out.len() <= OUTPUTS_MAX, "outputs piling up: the driver must drain");
@@ -451,6 +456,7 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.guarded(now, |node| {
             node.fire_timers(now);
+            node.hand_landed(now);
             node.send_joins(now);
         });
         assert!(self.poll_timeout().is_none_or(|t| t > now), "handle_timeout must move the timer");
@@ -517,6 +523,7 @@ impl Node {
             Output::StorePut { key, data, .. } => {
                 self.recovered.remove(key);
                 self.keep_digest(*key, data);
+                self.landed.push((*key, data.clone()));
             }
             Output::StoreDrop { keys } => {
                 for key in keys {

@@ -390,10 +390,16 @@ impl Node {
     fn act(&mut self, rid: RequestId, action: Action, now: Instant) {
         let req = self.requests.get_mut(&rid).expect("a driven request");
         if req.cancelled && !req.background && asks(&action) {
-            // Nobody waits for this request any more: it ends instead of asking anything else.
-            self.requests.remove(&rid);
+            // Nobody waits for this request any more: it ends instead of asking anything else,
+            // and leaves what it still races (a relay asked again beside a backup in flight).
+            let req = self.requests.remove(&rid).expect("a driven request");
             if let Action::FetchPeer { permit, .. } = action {
                 self.engine.abandon(permit, now);
+            }
+            if let Wait::Peers(slots) = req.wait {
+                for io in slots.into_iter().flatten() {
+                    self.leave_exchange(io, rid, now);
+                }
             }
             return;
         }
@@ -718,6 +724,44 @@ impl Node {
     /// Request `rid` stops waiting on exchange `io`: a shared peer fetch goes on for its other
     /// readers; otherwise the exchange is cancelled and its permit abandoned (a read that left
     /// says nothing about the peer).
+    /// Hands each block stored during this input to the other reads that still wait on peers
+    /// for it (`Read::take_landed`): a read whose primary is stuck on a stalled peer gets the
+    /// block another read of this node (its hedge, a relay's own fetch, an origin flight)
+    /// brought in, instead of waiting out its head bound. Only reads of the version the node
+    /// stores, none of whose fetches is the one that just ended (its readers get its answer),
+    /// and that can act now.
+    pub(super) fn hand_landed(&mut self, now: Instant) {
+        while !self.landed.is_empty() {
+            for (key, data) in std::mem::take(&mut self.landed) {
+                let waiting: Vec<RequestId> = self
+                    .requests
+                    .iter()
+                    .filter(|(_, r)| {
+                        // A read whose body window is full acts on nothing until drained
+                        // (`drive`): it could not drop its race now.
+                        !r.cancelled
+                            && r.window < BODY_WINDOW
+                            && r.read.awaits_peer_for(key, data.len() as u64)
+                            && matches!(r.wait, Wait::Peers(slots)
+                                if slots.iter().flatten().all(|io| self.exchanges.contains_key(io)))
+                            && self.may_store(r.read.object(), r.read.version())
+                    })
+                    .map(|(rid, _)| *rid)
+                    .collect();
+                for rid in waiting {
+                    self.isolated(now, |node| {
+                        node.working.push(rid);
+                        let req = node.requests.get_mut(&rid).expect("a waiting read");
+                        if req.read.take_landed(&mut node.engine, key, &data) {
+                            node.drive(rid, now);
+                        }
+                        node.working.pop();
+                    });
+                }
+            }
+        }
+    }
+
     pub(super) fn leave_exchange(&mut self, io: IoId, rid: RequestId, now: Instant) {
         let Some(x) = self.exchanges.get_mut(&io) else { return };
         if let Job::Peer(p) = &mut x.job {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::breaker::{BackoffPolicy, Breaker, BreakerConfig, CircuitState};
+use crate::engine::hedge::{COLD_DELAY, DEFAULT_HEDGE_RATIO};
 use crate::engine::route::Placement;
 use crate::engine::{EngineConfig, P2p};
 use crate::geometry::Geometry;
@@ -2083,6 +2084,11 @@ fn a_read_never_takes_a_peer_block_of_a_version_its_node_learnt_after_the_read_b
 /// A reader in a four-member view; returns the node and its ancestors for `URL`'s block 0,
 /// nearest first (parent, grandparent, ...).
 fn hedging_reader(hedge_ratio: f64) -> (Node, Vec<String>) {
+    hedging_reader_warm(hedge_ratio, true)
+}
+
+/// [`hedging_reader`], with a warm estimator (16 recent peer fetches of 20 ms) or none.
+fn hedging_reader_warm(hedge_ratio: f64, warm: bool) -> (Node, Vec<String>) {
     let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
     let mut e = Engine::new(EngineConfig {
         geometry,
@@ -2107,7 +2113,7 @@ fn hedging_reader(hedge_ratio: f64) -> (Node, Vec<String>) {
     let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
     e.enable_p2p(P2p { placement, breaker });
     // A warm estimator: recent peer fetches took 20 ms.
-    for _ in 0..16 {
+    for _ in 0..if warm { 16 } else { 0 } {
         e.record_peer_latency(Duration::from_millis(20));
     }
     let access = Access { public: vec!["origin".parse().expect("pattern")], ..Access::default() };
@@ -2983,6 +2989,110 @@ fn a_relay_that_reports_its_upstream_slow_is_asked_once_more_before_that_upstrea
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
     let b = breaker_of(&h);
     assert_eq!(b.soft + b.hard, 0, "a relay that reports its upstream slow is not blamed");
+}
+
+#[test]
+fn a_relay_that_reports_its_upstream_slow_while_a_backup_races_is_asked_again_at_once() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    h.io(backup.id, IoEvent::Connected);
+    h.outputs.retain(|o| !matches!(o, Output::Send(_)));
+    // The parent gave up on its own upstream (most likely the grandparent the backup waits on)
+    // and goes on fetching past it: it takes the freed place now, not after the backup answers.
+    h.io(primary.id, upstream_slow());
+    let again = peer_sends(&h).pop().expect("the relay asked again at once");
+    assert!(again.url.starts_with(&format!("http://{}/", ancestors[0])), "{}", again.url);
+    answer_peer(&mut h, &again, 0);
+    assert!(h.cancelled(backup.id), "the backup lost");
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    let b = breaker_of(&h);
+    assert_eq!(b.soft + b.hard, 0, "neither the relay nor the slow backup is blamed");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_relay_whose_requester_left_asks_its_upstream_no_more_and_leaves_its_backup() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    // A relay read (its requester left later) rather than a client read: a relay keeps its
+    // exchanges when its requester leaves (`Node::release`), and asks nothing further.
+    relay_request(&mut h, 1, 0);
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let primary = h.take_sends().remove(0);
+    assert!(primary.url.starts_with(&format!("http://{}/", ancestors[0])), "the parent first");
+    h.io(primary.id, IoEvent::Connected);
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    h.feed(Input::Cancel { id: RequestId(1) });
+    h.outputs.retain(|o| !matches!(o, Output::Send(_)));
+    // The relay's "upstream slow" would ask it again beside the backup; nobody waits any more,
+    // so the read ends and leaves the backup too (the harness checks no exchange is orphaned).
+    h.io(primary.id, upstream_slow());
+    assert!(peer_sends(&h).is_empty(), "nothing asked for a requester that left");
+    assert!(h.cancelled(backup.id));
+    assert_eq!(h.node.live_requests(), 0);
+    let b = breaker_of(&h);
+    assert_eq!(b.soft + b.hard, 0);
+}
+
+#[test]
+fn a_node_without_an_estimate_hedges_its_first_slow_fetch_after_the_cold_delay() {
+    let (node, ancestors) = hedging_reader_warm(DEFAULT_HEDGE_RATIO, false);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    // No estimate: the hedge is due after the cold delay, paid from the hedge a node starts with.
+    assert_eq!(h.node.poll_timeout(), Some(h.now + COLD_DELAY));
+    h.advance(COLD_DELAY);
+    let backup = peer_sends(&h).pop().expect("a backup");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    answer_peer(&mut h, &backup, 0);
+    assert!(h.cancelled(primary.id));
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.node.stats().hedge_fired, 1);
+    // The banked hedge is spent: the next slow fetch (of another block) is not hedged until
+    // fetches have earned another (20 at the default ratio).
+    h.outputs.clear();
+    h.read(2, Some(&format!("bytes={BLOCK}-{}", BLOCK + 9)));
+    let second = peer_sends(&h).remove(0);
+    h.io(second.id, IoEvent::Connected);
+    h.advance(COLD_DELAY);
+    assert_eq!(peer_sends(&h).len(), 1, "no second hedge");
+    answer_peer(&mut h, &second, 1);
+    assert!(h.ended(2));
+    assert_eq!(h.node.stats().hedge_fired, 1);
+}
+
+#[test]
+fn a_block_another_read_stored_ends_the_wait_of_a_read_stuck_on_a_slow_peer() {
+    // One hedge in the bank, none earned: the first read hedges, the second cannot.
+    let (node, ancestors) = hedging_reader(DEFAULT_HEDGE_RATIO);
+    let mut h = Harness::new(node);
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    // A second read of the same block joins the fetch from the (stalled) parent.
+    h.read(2, Some("bytes=0-9"));
+    assert!(peer_sends(&h).is_empty(), "joined, not sent again");
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("the first read's backup");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])));
+    assert_eq!(peer_sends(&h).len(), 1, "only one hedge");
+    answer_peer(&mut h, &backup, 0);
+    // The first read stored the block; the second takes it instead of waiting out its bound.
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.body_of(2), content(0, 10).to_vec());
+    assert!(h.ended(2));
+    assert!(h.cancelled(primary.id), "nobody waits on the parent any more");
+    let b = breaker_of(&h);
+    assert_eq!((b.soft, b.hard), (0, 0), "the slow parent is not charged");
+    assert_eq!(h.node.stats().landed, 1);
+    assert_eq!(h.node.live_requests(), 0);
 }
 
 #[test]
