@@ -415,11 +415,12 @@ fn stalled_peer() -> Scenario {
         let base_worst = latencies(&base, Phase::Safety, &[]).last().copied().unwrap_or_default();
         let timeouts = r.peer_answers.get(&(stalled, "TimedOut".to_owned())).copied().unwrap_or(0);
         let opens = circuits_to(r, &member_addr(stalled)).filter(|(_, e)| e.to == CircuitState::Open).count();
-        check.gap(
+        // Met since a node without an estimate hedges its first slow fetch (375 ms, one hedge
+        // banked at start) and a block another read stored ends the waits on the stalled node:
+        // before, each of its children paid the 1.5 s cold head wait (2.3-2.6 x).
+        check.that(
             worst.as_secs_f64() <= 2.0 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 2 × the stall-free {base_worst:?}"),
-            "each node pays the peer head wait (1.5 s before it has an estimate, then 4 × p99 with a 1 s \
-             floor) on the stalled node until its circuit opens; a read that meets it cold pays it once per node",
         );
         check.that(
             blamed_relays(r, stalled) == 0,
