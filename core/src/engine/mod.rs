@@ -164,6 +164,11 @@ pub struct EngineStats {
     pub hedge_primary_won: u64,
     /// Hedged blocks the backup won.
     pub hedge_backup_won: u64,
+    /// Blocks the home of their chunk asked its successor for, held-only, before the origin
+    /// ([`Engine::successor_relay`]).
+    pub successor_asks: u64,
+    /// Of those, blocks the successor held (origin reads saved).
+    pub successor_hits: u64,
     /// Blocks a read waiting on peers took from this node's store instead, when another read
     /// of this node stored them first (its peer fetches were cancelled, not charged).
     pub landed: u64,
@@ -404,6 +409,31 @@ impl Engine {
         let refused: Vec<&String> = p2p.breaker.unhealthy(now).collect();
         let neighbours = self.neighbours.as_mut()?;
         neighbours.choose(placement.view(), |_, addr| !refused.iter().any(|r| *r == addr))
+    }
+
+    /// At the home of `key`'s chunk, about to pay the origin: the member ranked next, to ask
+    /// held-only first, unless it is `requester` (it asked because it does not hold the block),
+    /// its circuit refuses, or the object's peers are distrusted. While the home was unusable to
+    /// the readers (dead, cut off), that member was their substitute root and fetched the blocks
+    /// they read; a home that comes back finds them there instead of paying the origin again.
+    pub(crate) fn successor_relay(
+        &mut self,
+        key: BlockKey,
+        file: &str,
+        requester: Option<&str>,
+        now: Instant,
+    ) -> Option<route::PeerRef> {
+        if self.peers_distrusted(file, now) {
+            return None;
+        }
+        let p2p = self.p2p.as_ref()?;
+        let next = p2p.placement.successor(key.chunk)?;
+        if requester == Some(next.id.as_str())
+            || p2p.breaker.unhealthy(now).any(|a| *a == next.addr)
+        {
+            return None;
+        }
+        Some(next)
     }
 
     /// Turns on the peer path: misses go to this node's tree ancestors before the origin.

@@ -299,11 +299,48 @@ fn a_leaf_pulls_through_its_ancestors_and_the_origin_is_read_once_per_block() {
 }
 
 #[test]
-fn the_root_of_a_chunk_reads_the_origin_without_asking_peers() {
+fn the_root_of_a_chunk_asks_only_its_successor_held_only_then_reads_the_origin() {
     let mut c = Cluster::new(5, 2, 8, Mode::Honours);
-    let root = c.ranked(0)[0];
+    let ranked = c.ranked(0);
+    let root = ranked[0];
     assert_eq!(c.read(root, None), End::Finish(c.expected(0, 7)));
+    // One held-only ask per block of the member ranked next, which never fetches; nobody else.
+    for (i, n) in c.nodes.iter().enumerate() {
+        let asks = if i == ranked[1] { 2 } else { 0 };
+        assert_eq!((n.relay_requests, n.held_only_requests), (asks, asks), "node {i}");
+    }
+    let s = c.nodes[root].engine.stats();
+    assert_eq!((s.successor_asks, s.successor_hits, s.neighbour_asks), (2, 0, 0));
+    assert_eq!(c.origin.fetches.len(), 2);
+}
+
+#[test]
+fn a_root_that_comes_back_reads_what_its_successor_fetched_instead_of_the_origin() {
+    // While the root was unusable, its successor was the readers' root and fetched the blocks.
+    let mut c = Cluster::new(5, 2, 8, Mode::Honours);
+    immutable(&mut c); // a planted copy carries no version: only an immutable object's is served
+    let ranked = c.ranked(0);
+    c.plant(ranked[1], 0);
+    c.plant(ranked[1], 1);
+    assert_eq!(c.read(ranked[0], None), End::Finish(c.expected(0, 7)));
+    assert_eq!(c.origin.fetches.len(), 0, "the origin paid once, for the successor");
+    let s = c.nodes[ranked[0]].engine.stats();
+    assert_eq!((s.successor_asks, s.successor_hits), (2, 2));
+}
+
+#[test]
+fn a_relay_at_the_root_does_not_ask_the_successor() {
+    // A relay read at the root serves the tree below it: in a healthy herd its requester is
+    // often that very successor, and every block would pay the round trip.
+    let mut c = Cluster::new(5, 2, 8, Mode::Honours);
+    let ranked = c.ranked(0);
+    let url = c.url.clone();
+    let e = &c.nodes[ranked[0]].engine;
+    let key = e.block_key(&e.identify(&url), 0);
+    let read = c.nodes[ranked[0]].engine.begin_relay(key, Some(url), 1);
+    assert_eq!(c.drive(ranked[0], read), End::Finish(c.expected(0, 3)));
     assert!(c.nodes.iter().all(|n| n.relay_requests == 0));
+    assert_eq!(c.origin.fetches.len(), 1);
 }
 
 #[test]
@@ -607,7 +644,10 @@ fn the_home_of_a_chunk_never_asks_a_neighbour() {
     let home = c.ranked(0)[0];
     c.enable_neighbours(home, 4);
     assert_eq!(c.read(home, None), End::Finish(c.expected(0, 7)));
-    assert!(c.nodes.iter().all(|n| n.relay_requests == 0));
+    // Its successor only (held-only, one per block), never a scored neighbour.
+    let successor = c.ranked(0)[1];
+    let asked: Vec<usize> = (0..5).filter(|&i| c.nodes[i].relay_requests > 0).collect();
+    assert_eq!(asked, vec![successor]);
     assert_eq!(c.nodes[home].engine.stats().neighbour_asks, 0);
 }
 

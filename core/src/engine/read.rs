@@ -371,6 +371,8 @@ struct Job {
     /// A neighbour was asked for this block before the origin (its address), or the engine
     /// had none to ask (`Some(None)`).
     neighbour: Option<Option<String>>,
+    /// That neighbour is the home's successor ([`Engine::successor_relay`]).
+    successor: bool,
 }
 
 impl Job {
@@ -452,6 +454,8 @@ pub struct Read {
     /// For a relay that served its block: the block, whose digest ends the response
     /// ([`crate::integrity`]).
     served: Option<Bytes>,
+    /// For a relay: the member that asked (`X-DART-Node`), never asked back held-only.
+    requester: Option<String>,
     state: State,
     out: VecDeque<Action>,
 }
@@ -530,9 +534,16 @@ impl Read {
             slow_peers: Vec::new(),
             ahead: false,
             served: None,
+            requester: None,
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
+    }
+
+    /// Names the member this relay serves: the read never asks it back held-only (it asked
+    /// because it does not hold the block).
+    pub fn set_requester(&mut self, member: Option<String>) {
+        self.requester = member;
     }
 
     /// The object's identity.
@@ -823,6 +834,7 @@ impl Read {
                 hedged: false,
                 asked_again: false,
                 neighbour: None,
+                successor: false,
             },
             now,
         );
@@ -998,10 +1010,24 @@ impl Read {
         now: Instant,
     ) -> Option<String> {
         debug_assert!(!job.in_flight(), "the origin is next: nothing is in flight");
-        let peer = engine.neighbour_relay(job.key, &self.object.id, now)?;
+        let (peer, successor) = match engine.neighbour_relay(job.key, &self.object.id, now) {
+            Some(peer) => (peer, false),
+            // Only for this node's own reads (and their read-ahead): a relay read at the home
+            // serves the tree below it, whose every block would pay the ask in a healthy herd.
+            None if !self.is_relay() || self.ahead => {
+                let requester = self.requester.as_deref();
+                (engine.successor_relay(job.key, &self.object.id, requester, now)?, true)
+            }
+            None => return None,
+        };
         let permit = engine.admit(&peer.addr, now)?;
         job.tried_peer = true;
-        engine.stats.neighbour_asks += 1;
+        job.successor = successor;
+        if successor {
+            engine.stats.successor_asks += 1;
+        } else {
+            engine.stats.neighbour_asks += 1;
+        }
         engine.on_peer_fetch();
         let addr = peer.addr.clone();
         job.race[Contender::Primary.index()] = Some(addr.clone());
@@ -1119,7 +1145,11 @@ impl Read {
                 }
                 self.cancel_race(&mut job);
                 if job.neighbour.as_ref().is_some_and(|n| n.as_deref() == Some(asked.as_str())) {
-                    engine.stats.neighbour_hits += 1;
+                    if job.successor {
+                        engine.stats.successor_hits += 1;
+                    } else {
+                        engine.stats.neighbour_hits += 1;
+                    }
                 }
                 if job.hedged {
                     match contender {
@@ -1424,6 +1454,7 @@ impl Read {
                     hedged: false,
                     asked_again: false,
                     neighbour: None,
+                    successor: false,
                 });
             }
             None => self.finish(),

@@ -146,6 +146,18 @@ impl Placement {
         Some(self.view.ready_member(first as usize).id.as_str())
     }
 
+    /// When this node is the home of `chunk` (first of [`Placement::ranked`]), the member ranked
+    /// next: the one every reader's tree puts at the top while the home is unusable to them (a
+    /// dead home is *replaced* by it). `None` when this node is not the home, or is alone.
+    pub fn successor(&self, chunk: ChunkKey) -> Option<PeerRef> {
+        let order = self.ranking(chunk);
+        if order.first().copied() != self.self_ready {
+            return None;
+        }
+        let m = self.view.ready_member(*order.get(1)? as usize);
+        (!m.addr.is_empty()).then(|| PeerRef { id: m.id.clone(), addr: m.addr.clone() })
+    }
+
     /// [`ReaderFlags`] of `readers` (any order; `tag`: its grant's tag, if it has one), from the
     /// memo when it is the last set seen.
     fn reader_flags(&self, readers: &[String], tag: Option<u64>) -> std::sync::Arc<ReaderFlags> {

@@ -140,11 +140,12 @@ impl Node {
             }
         };
         let requester = request.headers.get_str(HEADER_NODE).map(str::to_owned);
-        let read = match url {
+        let mut read = match url {
             // Held-only: serve what is held, named by its version; never fetch (the hop stays).
             Some(url) if held_only => self.engine.begin_relay_held(key, url, hop),
             url => self.engine.begin_relay(key, url, next_hop),
         };
+        read.set_requester(requester.clone());
         self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), budget, requester, now);
     }
 
