@@ -294,6 +294,22 @@ impl prometheus_client::collector::Collector for Collected {
             "event",
             &hedges,
         )?;
+        let successor = [("asked", s.successor_asks), ("held", s.successor_hits)];
+        counter(
+            &mut enc,
+            "dart_successor_relay",
+            "Blocks this node, the home of their chunk, asked the member ranked next for \
+             (held-only) before the origin, and those it held.",
+            "result",
+            &successor,
+        )?;
+        plain_counter(
+            &mut enc,
+            "dart_block_landed",
+            "Blocks a read waiting on peers took from this node's store instead, after another \
+             read of this node stored them (its peer fetches cancelled, not charged).",
+            s.landed,
+        )?;
         plain_counter(
             &mut enc,
             "dart_store_blocks_rotten",

@@ -293,11 +293,12 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
         );
         let object = run.spec.cluster.objects[0].size;
         let origin_share = r.origin.body_bytes as f64 / object as f64;
-        check.gap(
+        // Met since the home asks its successor before the origin: the readers converge on the
+        // successor (one fetch per block), and the root, back after the fault, reads what the
+        // successor fetched (1.75-1.88 x before, most of it that catch-up read).
+        check.that(
             origin_share <= 1.25,
             format!("origin bytes {:.2} × the object ≤ 1.25", origin_share),
-            "the tree is laid over usable members, but each node learns the root is dead on its own: \
-             readers whose relays have not yet opened the dead root's circuit still reach the origin",
         );
         let blamed = blamed_relays(r, root);
         check.gap(
@@ -309,12 +310,14 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
         check.note(format!(
             "slowest read {worst:?} vs {base_worst:?} without the fault; origin {} range requests vs {}; \
              {blamed} timeouts charged to honest relays; {} stale refetches; {} blocks asked of a \
-             neighbour before the origin, {} held",
+             neighbour before the origin, {} held; {} asked of the home's successor, {} held",
             r.origin.range_requests,
             base.origin.range_requests,
             r.stale_refetches,
             engine_total(r, |e| e.neighbour_asks),
             engine_total(r, |e| e.neighbour_hits),
+            engine_total(r, |e| e.successor_asks),
+            engine_total(r, |e| e.successor_hits),
         ));
     })
 }
