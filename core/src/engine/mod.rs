@@ -160,8 +160,6 @@ pub struct EngineStats {
     pub peer_version_mismatch: u64,
     /// Hedges fired: a backup peer fetch raced a slow primary.
     pub hedge_fired: u64,
-    /// Of the hedges fired, those whose backup was an origin fill (no ancestor left to race).
-    pub hedge_origin: u64,
     /// Hedged blocks the primary still won.
     pub hedge_primary_won: u64,
     /// Hedged blocks the backup won.
@@ -471,15 +469,6 @@ impl Engine {
     pub fn begin_read_ahead(&mut self, key: BlockKey, url: String) -> Read {
         let mut read = Read::relay(self, key, Some(url), 0);
         read.set_ahead();
-        read
-    }
-
-    /// Starts an origin fill of block `key`: a read-ahead read that asks no peer (the store,
-    /// then the origin), the backup of a hedge with no ancestor left to race.
-    pub fn begin_origin_fill(&mut self, key: BlockKey, url: String) -> Read {
-        let mut read = Read::relay(self, key, Some(url), 0);
-        read.set_ahead();
-        read.set_origin_only();
         read
     }
 

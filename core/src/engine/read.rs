@@ -193,13 +193,6 @@ pub enum PeerAnswer {
 /// What the shell must do next.
 #[derive(Debug)]
 pub enum Action {
-    /// Start an origin fill of block `key` for this read's object and credential
-    /// ([`Engine::begin_origin_fill`]): the hedge's backup when no other ancestor is left. It
-    /// answers nobody; this read takes the block when it lands ([`Read::take_landed`]).
-    FillFromOrigin {
-        /// The block.
-        key: BlockKey,
-    },
     /// Send `GET url` with `Range: bytes=0-0` and answer with [`Read::handle_probe`].
     Probe {
         /// Upstream URL.
@@ -380,8 +373,6 @@ struct Job {
     neighbour: Option<Option<String>>,
     /// That neighbour is the home's successor ([`Engine::successor_relay`]).
     successor: bool,
-    /// The hedge's backup is an origin fill ([`Action::FillFromOrigin`]).
-    origin_backup: bool,
 }
 
 impl Job {
@@ -465,9 +456,6 @@ pub struct Read {
     served: Option<Bytes>,
     /// For a relay: the member that asked (`X-DART-Node`), never asked back held-only.
     requester: Option<String>,
-    /// An origin fill ([`Engine::begin_origin_fill`]): it asks no peer, only the store and the
-    /// origin.
-    origin_only: bool,
     state: State,
     out: VecDeque<Action>,
 }
@@ -547,7 +535,6 @@ impl Read {
             ahead: false,
             served: None,
             requester: None,
-            origin_only: false,
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
@@ -573,10 +560,6 @@ impl Read {
 
     pub(super) fn set_ahead(&mut self) {
         self.ahead = true;
-    }
-
-    pub(super) fn set_origin_only(&mut self) {
-        self.origin_only = true;
     }
 
     /// Adds one to a block-source or relay statistic, unless this is a read-ahead read.
@@ -852,7 +835,6 @@ impl Read {
                 asked_again: false,
                 neighbour: None,
                 successor: false,
-                origin_backup: false,
             },
             now,
         );
@@ -882,11 +864,12 @@ impl Read {
                 continue;
             };
             job.tried_peer = true;
-            // The backup is the next ancestor at another address, or, with none left (this
-            // node is a child of the chunk's root), the origin.
+            // A hedge is possible only with another address left to race.
             let hedge_after = match contender {
-                Contender::Primary => engine.hedge_delay(),
-                Contender::Backup => None,
+                Contender::Primary if job.upstreams.iter().any(|p| p.addr != peer.addr) => {
+                    engine.hedge_delay()
+                }
+                Contender::Primary | Contender::Backup => None,
             };
             if contender == Contender::Primary {
                 engine.on_peer_fetch();
@@ -919,7 +902,9 @@ impl Read {
             return;
         }
         let primary = job.race[0].clone();
-        let ancestor_left = job.upstreams.iter().any(|p| Some(&p.addr) != primary.as_ref());
+        if !job.upstreams.iter().any(|p| Some(&p.addr) != primary.as_ref()) {
+            return;
+        }
         if !engine.try_hedge() {
             return;
         }
@@ -927,19 +912,9 @@ impl Read {
             State::AwaitPeer(job) => job,
             _ => unreachable!("checked above"),
         };
-        if ancestor_left && self.launch(engine, &mut job, Contender::Backup, now) {
+        if self.launch(engine, &mut job, Contender::Backup, now) {
             job.hedged = true;
             engine.stats.hedge_fired += 1;
-        } else if !ancestor_left {
-            // No ancestor left but the one asked (the chunk's root, or the last usable one):
-            // the backup is the origin, through an origin fill of this node that answers
-            // nobody. When it stores the block, this read takes it (`take_landed`); if the
-            // primary wins first, the fill still fills the cache.
-            job.hedged = true;
-            job.origin_backup = true;
-            engine.stats.hedge_fired += 1;
-            engine.stats.hedge_origin += 1;
-            self.out.push_back(Action::FillFromOrigin { key: job.key });
         }
         self.state = State::AwaitPeer(job);
     }
@@ -953,9 +928,6 @@ impl Read {
         key: BlockKey,
         now: Instant,
     ) -> VecDeque<PeerRef> {
-        if self.origin_only {
-            return VecDeque::new();
-        }
         if matches!(self.kind, Kind::Client { .. }) {
             // A relay reads on another's behalf: it routes over the reader set it has, and
             // never joins one.
@@ -1004,7 +976,7 @@ impl Read {
             self.state = State::AwaitLookup(job);
             return;
         }
-        if job.neighbour.is_none() && !self.origin_only {
+        if job.neighbour.is_none() {
             // About to pay the origin: a neighbour may hold the block (spec/overlay.md §5).
             let asked = self.ask_neighbour(engine, &mut job, now);
             let done = asked.is_some();
@@ -1243,26 +1215,13 @@ impl Read {
     /// reads): the read takes it and drops its race. The contenders are cancelled, never
     /// charged: a peer that was merely slower than another path did nothing wrong. False, and
     /// nothing changes, unless [`Read::awaits_peer_for`] holds.
-    pub fn take_landed(
-        &mut self,
-        engine: &mut Engine,
-        key: BlockKey,
-        data: &Bytes,
-        now: Instant,
-    ) -> bool {
+    pub fn take_landed(&mut self, engine: &mut Engine, key: BlockKey, data: &Bytes) -> bool {
         if !self.awaits_peer_for(key, data.len() as u64) {
             return false;
         }
         let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             unreachable!("checked above")
         };
-        if job.origin_backup {
-            // The origin fill won the race it was launched into.
-            engine.stats.hedge_backup_won += 1;
-            if let Some(primary) = job.race[Contender::Primary.index()].clone() {
-                self.mark_slow(engine, primary, now);
-            }
-        }
         self.cancel_race(&mut job);
         engine.stats.landed += 1;
         self.count(&mut engine.stats.block_source_cache);
@@ -1496,7 +1455,6 @@ impl Read {
                     asked_again: false,
                     neighbour: None,
                     successor: false,
-                    origin_backup: false,
                 });
             }
             None => self.finish(),

@@ -172,9 +172,7 @@ impl World {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.engine, got);
                 }
-                Action::FetchPeer { .. }
-                | Action::CancelPeer { .. }
-                | Action::FillFromOrigin { .. } => {
+                Action::FetchPeer { .. } | Action::CancelPeer { .. } => {
                     panic!("single node never asks a peer")
                 }
                 Action::Store { key, data, .. } => {

@@ -113,8 +113,6 @@ pub struct NodeCounters {
     /// Peer block fetches a read joined instead of asking the peer again (another read of this
     /// node was fetching the same block from the same peer).
     pub peer_fetches_joined: u64,
-    /// Origin fills started as a hedge's backup ([`crate::engine::Action::FillFromOrigin`]).
-    pub origin_fills: u64,
     /// Blocks kept from an earlier process that a look-up found for an object that may change:
     /// dropped unserved ([`Node::recovered_blocks`]).
     pub unversioned_dropped: u64,

@@ -53,16 +53,8 @@ fn node_with_access(engine: Engine, self_id: &str, access: Access) -> Node {
 }
 
 /// A reader outside a one-member view whose every miss goes to `parent`.
-/// A reader whose one ancestor is `parent`, hedging off (these tests script one exchange at a
-/// time; [`reader_hedging_to_origin`] has the origin backup on).
 fn reader_of(parent: &str) -> Node {
-    reader_of_hedging(parent, false)
-}
-
-fn reader_of_hedging(parent: &str, hedge: bool) -> Node {
-    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
-    let mut e =
-        Engine::new(EngineConfig { geometry, read_ahead: 0, hedge, ..EngineConfig::default() });
+    let mut e = engine();
     let view = View::new(vec![Member::ready("parent", parent)]);
     let placement = Placement::new(view, "reader", 2, 1);
     let breaker = Breaker::new(BreakerConfig {
@@ -619,58 +611,6 @@ fn a_dead_parent_costs_one_dial_bound_then_its_circuit_is_open() {
     h.outputs.clear();
     h.read(2, Some("bytes=2048-2050"));
     assert!(h.sends().iter().all(|r| r.endpoint == Endpoint::Origin), "the open parent is skipped");
-}
-
-/// [`reader_of`] with hedging on: its parent is the chunk's root, so a hedge's backup is an
-/// origin fill.
-fn reader_hedging_to_origin() -> Node {
-    reader_of_hedging("p:9000", true)
-}
-
-#[test]
-fn a_child_of_the_root_hedges_to_the_origin_and_takes_the_block_when_it_lands() {
-    let mut h = Harness::new(reader_hedging_to_origin());
-    h.read(1, Some("bytes=0-9"));
-    let probe = h.take_sends().remove(0);
-    h.answer_origin(&probe);
-    let peer = h.take_sends().remove(0);
-    assert_eq!(peer.endpoint, Endpoint::Peer);
-    h.io(peer.id, IoEvent::Connected);
-    // No estimate yet: the hedge is due after the cold delay, and no ancestor is left but the
-    // root being asked, so the backup is an origin fill of the block.
-    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + COLD_DELAY));
-    h.advance(COLD_DELAY);
-    let fill = h.take_sends().remove(0);
-    assert_eq!(fill.endpoint, Endpoint::Origin, "the backup is the origin");
-    h.answer_origin(&fill);
-    // The fill stored the block; the read took it and dropped the root, uncharged.
-    assert_eq!(h.body_of(1), content(0, 10).to_vec());
-    assert!(h.ended(1));
-    assert!(h.cancelled(peer.id));
-    let b = &h.node.engine().p2p().expect("p2p").breaker;
-    assert_eq!((b.counters().soft, b.counters().hard, b.counters().abandoned), (0, 0, 1));
-    let s = h.node.stats();
-    assert_eq!((s.hedge_fired, s.hedge_origin, s.hedge_backup_won, s.landed), (1, 1, 1, 1));
-    assert!(h.node.engine().is_slow("p:9000", h.now), "asked last by the next reads");
-    assert_eq!(h.node.live_requests(), 0);
-}
-
-#[test]
-fn a_primary_that_answers_before_the_origin_fill_wins_and_the_fill_still_fills() {
-    let mut h = Harness::new(reader_hedging_to_origin());
-    h.read(1, Some("bytes=0-9"));
-    let probe = h.take_sends().remove(0);
-    h.answer_origin(&probe);
-    let peer = h.take_sends().remove(0);
-    h.advance(COLD_DELAY);
-    let fill = h.take_sends().remove(0);
-    answer_peer(&mut h, &peer, 0);
-    assert_eq!(h.body_of(1), content(0, 10).to_vec());
-    assert!(h.ended(1));
-    h.answer_origin(&fill);
-    let s = h.node.stats();
-    assert_eq!((s.hedge_fired, s.hedge_primary_won, s.hedge_backup_won), (1, 1, 0));
-    assert_eq!(h.node.live_requests(), 0, "the fill ended too");
 }
 
 #[test]
