@@ -132,7 +132,8 @@ pub struct EngineStats {
     pub objects_distrusted: u64,
     /// Fetched blocks served but refused by the cache (Range-ignored bytes).
     pub uncacheable: u64,
-    /// Cached blocks found with the wrong length (treated as misses).
+    /// Cached blocks found with the wrong length (treated as misses; once per read or relay
+    /// that meets one, not again when it looks again before the origin).
     pub cache_corrupt: u64,
     /// Bytes received from peers on the block path.
     pub peer_bytes: u64,

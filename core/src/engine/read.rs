@@ -741,7 +741,9 @@ impl Read {
                     self.deliver(engine, job.seg, &data);
                 }
                 Some(_) | None => {
-                    if cached.is_some() {
+                    // The look-again before the origin finds the same short block: it was
+                    // counted when this read first met it.
+                    if cached.is_some() && !job.rechecked {
                         engine.stats.cache_corrupt += 1;
                     }
                     if !job.rechecked {
