@@ -27,6 +27,10 @@ pub const HEADER_UPSTREAM_STATUS: &str = "x-dart-upstream-status";
 /// `504` + `X-DART-Upstream-Status: 504` just before, so the requester fails over without
 /// blaming it.
 pub const HEADER_BUDGET: &str = "x-dart-budget-ms";
+/// How long the requester lets this relay's response body stand still, in milliseconds: a relay
+/// cuts off its own upstream's stalled body a margin sooner, so its abort reaches the requester
+/// before the requester's own progress bound fires and blames it.
+pub const HEADER_PROGRESS: &str = "x-dart-progress-ms";
 /// Header asking a relay to serve only a block it holds, never to fetch it (`1`), while
 /// `X-DART-Origin` still names the object so the relay answers with the version it holds
 /// (a neighbour's ask before the origin, docs/overlay.md).

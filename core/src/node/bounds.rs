@@ -26,7 +26,8 @@ pub struct Bounds {
     /// Bounds a whole peer exchange, body included.
     pub peer_request: Duration,
     /// A peer body that stops moving is cut off after the estimated p99 block fetch time plus
-    /// this margin (without an estimate: twice this).
+    /// this margin (without an estimate: twice this); a relay's fetch, also a sixteenth (at
+    /// least 20 ms) before its requester's bound (`X-DART-Progress-Ms`) when that is shorter.
     pub peer_progress_margin: Duration,
     /// Gives up connecting to an origin after this long.
     pub origin_dial: Duration,

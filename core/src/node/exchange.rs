@@ -5,7 +5,7 @@ use super::body::BodyBuf;
 use super::io::{Endpoint, Headers, IoEvent, IoId, IoRequest, Output, Purpose, RequestId};
 use super::Node;
 use crate::breaker::Permit;
-use crate::codec::wire::HEADER_BUDGET;
+use crate::codec::wire::{HEADER_BUDGET, HEADER_PROGRESS};
 use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::BodyPlan;
 use crate::engine::ObjectMeta;
@@ -324,12 +324,13 @@ impl Node {
             self.sign_peer_request(method, &url, &body, &mut headers, now);
         }
         // A peer body that stops moving is cut off after about one estimated block time plus
-        // a margin (without an estimate yet: the margin twice).
+        // a margin (without an estimate yet: the margin twice); a relay's, a margin before its
+        // requester's would be, and the peer learns the bound as its own requester's.
         let progress_bound = match (&job, endpoint) {
-            (Job::Peer(_), Endpoint::Peer) => {
-                let margin = self.config.bounds.peer_progress_margin;
-                let block_time = self.engine.peer_latency(0.99).unwrap_or(margin);
-                Some(block_time.saturating_add(margin).min(request))
+            (Job::Peer(p), Endpoint::Peer) => {
+                let bound = self.peer_progress_bound(p.readers.first().map(|r| r.rid), request);
+                headers.push(HEADER_PROGRESS, bound.as_millis().max(1).to_string());
+                Some(bound)
             }
             _ => None,
         };
@@ -387,6 +388,30 @@ impl Node {
         match budget {
             Some(budget) => adaptive.min(budget.saturating_sub(budget_margin(budget))),
             None => adaptive,
+        }
+        .max(Duration::from_millis(1))
+    }
+
+    /// How long a peer fetch for `reader` lets the peer's body stand still: the p99 of recent
+    /// peer fetches that held their block plus [`Bounds::peer_progress_margin`] (the margin
+    /// twice without an estimate), within the whole-request bound `request`; for a relay, also
+    /// less than its requester's progress bound by [`budget_margin`]. A relay waiting on a
+    /// stalled upstream body then gives up on it first, and its abort (a broken body) reaches
+    /// its requester before the requester's own bound would time it out: in a chain that
+    /// streams one block, every hop's body stops at once, and without the margin each hop's
+    /// bound fired within a millisecond of its upstream's and timed out an honest relay.
+    pub(super) fn peer_progress_bound(
+        &self,
+        reader: Option<RequestId>,
+        request: Duration,
+    ) -> Duration {
+        let margin = self.config.bounds.peer_progress_margin;
+        let block_time = self.engine.peer_latency(0.99).unwrap_or(margin);
+        let own = block_time.saturating_add(margin).min(request);
+        let theirs = reader.and_then(|rid| self.requests.get(&rid)).and_then(|r| r.progress);
+        match theirs {
+            Some(p) => own.min(p.saturating_sub(budget_margin(p))),
+            None => own,
         }
         .max(Duration::from_millis(1))
     }

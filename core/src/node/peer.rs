@@ -9,7 +9,7 @@ use super::io::{
     BlockSource, Endpoint, Event, FetchKind, Head, Headers, Inbound, IoEvent, IoId, Output, Plane,
     RequestId,
 };
-use super::requests::Wait;
+use super::requests::{Requester, Wait};
 use super::{Node, LEARNED_MAX, ROSTER_FETCHES_MAX};
 use crate::breaker::{Observation, Permit};
 use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MAX};
@@ -104,6 +104,19 @@ impl Node {
                 }
             },
         };
+        // The requester's body progress bound, capped at our whole-request bound; absent: none.
+        let progress = match request.headers.get(crate::codec::wire::HEADER_PROGRESS) {
+            None => None,
+            Some(v) => match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) {
+                Some(ms) if ms > 0 => {
+                    Some(std::time::Duration::from_millis(ms).min(self.config.bounds.peer_request))
+                }
+                _ => {
+                    let msg = "dart: bad progress bound (a positive number of milliseconds)";
+                    return self.reply(id, Plane::Peer, 400, msg, Headers::new());
+                }
+            },
+        };
         // An empty value means cache-only, as an absent header does (peer.md §3.1).
         let origin = match request.headers.get(HEADER_ORIGIN) {
             None | Some(b"") => None,
@@ -146,7 +159,8 @@ impl Node {
             url => self.engine.begin_relay(key, url, next_hop),
         };
         read.set_requester(requester.clone());
-        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), budget, requester, now);
+        let requester = Requester { name: requester, budget, progress };
+        self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), requester, now);
     }
 
     /// Asks `addr` for a block on behalf of request `rid`: joins a fetch of the same block from

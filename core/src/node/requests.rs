@@ -121,6 +121,8 @@ pub(super) struct Request {
     pub hedge_at: Option<Instant>,
     /// A relay's requester's head budget (`X-DART-Budget-Ms`).
     pub budget: Option<std::time::Duration>,
+    /// A relay's requester's body progress bound (`X-DART-Progress-Ms`).
+    pub progress: Option<std::time::Duration>,
     /// When a relay that has not committed its head answers `504` + upstream `504` instead.
     pub answer_by: Option<Instant>,
     /// The member a relay serves (its `X-DART-Node`): a relay never waits on a fetch that
@@ -128,6 +130,17 @@ pub(super) struct Request {
     pub requester: Option<String>,
     /// Its registry-mode role.
     pub mirror: Option<Mirror>,
+}
+
+/// What a relay's requester said of itself on its peer request.
+#[derive(Debug, Clone, Default)]
+pub struct Requester {
+    /// Its member name (`X-DART-Node`).
+    pub name: Option<String>,
+    /// How long it waits for our response head (`X-DART-Budget-Ms`).
+    pub budget: Option<std::time::Duration>,
+    /// How long it lets our body stand still (`X-DART-Progress-Ms`).
+    pub progress: Option<std::time::Duration>,
 }
 
 impl Wait {
@@ -157,6 +170,7 @@ impl Request {
             filled: None,
             hedge_at: None,
             budget: None,
+            progress: None,
             answer_by: None,
             requester: None,
             mirror: None,
@@ -293,8 +307,8 @@ impl Node {
         self.admit_request(id, request, now);
     }
 
-    /// Registers a request with its read and drives it; a relay with its requester's `budget`
-    /// and name.
+    /// Registers a request with its read and drives it; a relay with what its requester said
+    /// of itself.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn admit(
         &mut self,
@@ -303,17 +317,22 @@ impl Node {
         method: Method,
         read: Read,
         forward: Headers,
-        budget: Option<std::time::Duration>,
-        requester: Option<String>,
+        requester: Requester,
         now: Instant,
     ) {
+        let Requester { name, budget, progress } = requester;
         let answer_by = budget.map(|b| {
             let at = now.saturating_add(b.saturating_sub(super::exchange::budget_margin(b) / 2));
             self.answer_timers.insert((at, id));
             at
         });
-        let request =
-            Request { budget, answer_by, requester, ..Request::new(plane, method, read, forward) };
+        let request = Request {
+            budget,
+            progress,
+            answer_by,
+            requester: name,
+            ..Request::new(plane, method, read, forward)
+        };
         self.admit_request(id, request, now);
     }
 

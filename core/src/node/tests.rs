@@ -2342,6 +2342,52 @@ fn a_relay_whose_upstream_is_silent_answers_within_its_requesters_budget_and_bla
 }
 
 #[test]
+fn a_relay_cuts_off_a_stalled_upstream_body_a_margin_before_its_requester_would_cut_it_off() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), 1);
+    let headers = Headers::new()
+        .with("x-dart-origin", URL)
+        .with("x-dart-hop", "0")
+        .with("x-dart-progress-ms", "1600");
+    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    let up = h.take_sends().remove(0);
+    // The relay's own bound is 2 s without an estimate; its requester's, less 1/16, is shorter
+    // and is what it says upstream.
+    assert_eq!(up.headers.get_str("x-dart-progress-ms"), Some("1500"));
+    h.io(up.id, IoEvent::Connected);
+    let head = Headers::new().with("content-length", BLOCK.to_string());
+    h.io(up.id, IoEvent::Head { status: 200, headers: head });
+    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK / 2)));
+    assert_eq!(h.head_of(7).map(|head| head.status), Some(200), "cut through: committed");
+    h.advance(Duration::from_millis(1499));
+    assert!(!h.cancelled(up.id));
+    h.advance(Duration::from_millis(1));
+    assert!(h.cancelled(up.id), "the stalled upstream body is cut off at 1.5 s");
+    assert_eq!(breaker_of(&h).soft, 1, "and charged by this relay");
+    assert!(h.aborted(7), "its requester sees a broken body 100 ms before its own bound");
+}
+
+#[test]
+fn a_bad_progress_bound_is_refused_with_a_clear_error() {
+    for bad in ["0", "-5", "soon", ""] {
+        let mut h = Harness::new(reader_of("p:9000"));
+        let e = engine();
+        let key = e.block_key(&e.identify(URL), 1);
+        let headers = Headers::new()
+            .with("x-dart-origin", URL)
+            .with("x-dart-hop", "0")
+            .with("x-dart-progress-ms", bad);
+        h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+        assert_eq!(h.head_of(7).map(|head| head.status), Some(400), "{bad:?}");
+        let body = String::from_utf8(h.body_of(7)).expect("text");
+        assert!(body.contains("bad progress bound"), "{bad:?}: {body}");
+        assert!(h.take_sends().is_empty(), "{bad:?}: nothing goes upstream");
+    }
+}
+
+#[test]
 fn a_requester_does_not_blame_a_relay_that_reports_its_upstream_slow() {
     let (node, ancestors) = hedging_reader(0.0);
     let mut h = Harness::new(node);
