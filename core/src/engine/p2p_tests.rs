@@ -329,6 +329,23 @@ fn a_root_that_comes_back_reads_what_its_successor_fetched_instead_of_the_origin
 }
 
 #[test]
+fn a_root_whose_successor_stalls_is_not_held_up_by_it_and_does_not_charge_it() {
+    let mut c = Cluster::new(5, 2, 16, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (root, successor) = (ranked[0], ranked[1]);
+    c.nodes[successor].fault = Fault::Stalled;
+    assert_eq!(c.read(root, None), End::Finish(c.expected(0, 15)));
+    // Asked once (its short held-only head wait ran out), then remembered slow and skipped:
+    // the other three blocks go straight to the origin.
+    assert_eq!(c.nodes[successor].relay_requests, 1);
+    assert_eq!(c.origin.fetches.len(), 4);
+    let b = &c.nodes[root].engine.p2p().expect("p2p").breaker;
+    assert_eq!(b.counters().soft, 0, "a held-only ask that ran out is not a verdict");
+    assert_eq!(c.state_of(root, successor), CircuitState::Closed);
+    assert!(c.nodes[root].engine.is_slow(&addr(successor), c.now), "remembered slow");
+}
+
+#[test]
 fn a_relay_at_the_root_does_not_ask_the_successor() {
     // A relay read at the root serves the tree below it: in a healthy herd its requester is
     // often that very successor, and every block would pay the round trip.

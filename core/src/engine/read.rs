@@ -1022,6 +1022,10 @@ impl Read {
             }
             None => return None,
         };
+        if engine.is_slow(&peer.addr, now) {
+            // It timed out or lost a race lately: an ask that may be skipped skips it.
+            return None;
+        }
         let permit = engine.admit(&peer.addr, now)?;
         job.tried_peer = true;
         job.successor = successor;
@@ -1175,7 +1179,16 @@ impl Read {
                 self.next_source(engine, job, now);
             }
             PeerAnswer::Failed(observation) => {
-                settle(engine, permit, observation.outcome(), now);
+                let held_only =
+                    job.neighbour.as_ref().is_some_and(|n| n.as_deref() == Some(asked.as_str()));
+                if held_only && observation == Observation::TimedOut {
+                    // A held-only ask waits only a short head bound (about one hedge delay: it
+                    // needs no upstream), too short to judge a busy peer by: not charged, but
+                    // remembered slow, so the next asks skip it for a while.
+                    settle(engine, permit, Outcome::Abandoned, now);
+                } else {
+                    settle(engine, permit, observation.outcome(), now);
+                }
                 if observation != Observation::Miss {
                     engine.stats.peer_failover += 1;
                 }

@@ -1093,6 +1093,39 @@ fn a_held_only_relay_serves_what_it_holds_named_by_its_version_and_never_fetches
 }
 
 #[test]
+fn a_held_only_ask_waits_the_dial_bound_to_connect_then_a_short_head_bound_and_charges_nothing() {
+    let mut node = reader_of("p:9000");
+    let config = crate::overlay::set::Config::default();
+    assert!(node.enable_neighbours(config, crate::rng::from_seed(3), Instant::ZERO));
+    let mut h = Harness::new(node);
+    h.advance(Duration::ZERO);
+    h.publish(1);
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.sends().into_iter().find(|r| r.endpoint == Endpoint::Origin).expect("a probe");
+    h.outputs.retain(|o| !matches!(o, Output::Send(r) if r.id == probe.id));
+    h.answer_origin(&probe);
+    let ask = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Peer).expect("parent");
+    h.io(ask.id, IoEvent::Connected);
+    h.io(ask.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    let held = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Peer);
+    let held = held.expect("the neighbour is asked before the origin");
+    assert_eq!(held.headers.get_str("x-dart-held-only"), Some("1"));
+    // Reaching it is the dial bound's business (1 s): a slow connect is not a late head.
+    h.advance(Duration::from_millis(900));
+    assert!(!h.cancelled(held.id));
+    h.io(held.id, IoEvent::Connected);
+    // Connected, it has one cold hedge delay (375 ms) to answer: it needs no upstream.
+    let cold = crate::engine::hedge::COLD_DELAY;
+    h.advance(cold - Duration::from_millis(1));
+    assert!(!h.cancelled(held.id));
+    h.advance(Duration::from_millis(1));
+    assert!(h.cancelled(held.id), "given up after the short head bound");
+    assert_eq!(breaker_of(&h).soft, 0, "and not charged: a busy peer is not a failed one");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content_of(1, 0, 10).to_vec(), "the origin paid");
+}
+
+#[test]
 fn a_neighbours_held_block_is_used_only_when_it_names_the_version_the_read_serves() {
     let mut node = reader_of("p:9000");
     let config = crate::overlay::set::Config::default();
