@@ -92,31 +92,24 @@ impl Node {
             }
         };
         // The requester's head budget, capped at our own longest head wait; absent: no budget.
-        let budget = match request.headers.get(crate::codec::wire::HEADER_BUDGET) {
-            None => None,
-            Some(v) => match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) {
-                Some(ms) if ms > 0 => {
-                    Some(std::time::Duration::from_millis(ms).min(self.config.bounds.peer_head))
-                }
-                _ => {
-                    let msg = "dart: bad budget (a positive number of milliseconds)";
-                    return self.reply(id, Plane::Peer, 400, msg, Headers::new());
-                }
-            },
+        let cap = self.config.bounds.peer_head;
+        let budget = match millis_header(&request.headers, crate::codec::wire::HEADER_BUDGET, cap) {
+            Ok(budget) => budget,
+            Err(()) => {
+                let msg = "dart: bad budget (a positive number of milliseconds)";
+                return self.reply(id, Plane::Peer, 400, msg, Headers::new());
+            }
         };
         // The requester's body progress bound, capped at our whole-request bound; absent: none.
-        let progress = match request.headers.get(crate::codec::wire::HEADER_PROGRESS) {
-            None => None,
-            Some(v) => match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) {
-                Some(ms) if ms > 0 => {
-                    Some(std::time::Duration::from_millis(ms).min(self.config.bounds.peer_request))
-                }
-                _ => {
+        let cap = self.config.bounds.peer_request;
+        let progress =
+            match millis_header(&request.headers, crate::codec::wire::HEADER_PROGRESS, cap) {
+                Ok(progress) => progress,
+                Err(()) => {
                     let msg = "dart: bad progress bound (a positive number of milliseconds)";
                     return self.reply(id, Plane::Peer, 400, msg, Headers::new());
                 }
-            },
-        };
+            };
         // An empty value means cache-only, as an absent header does (peer.md §3.1).
         let origin = match request.headers.get(HEADER_ORIGIN) {
             None | Some(b"") => None,
@@ -830,5 +823,21 @@ impl Node {
             Some(ticket) => self.event(Event::Roster { ticket, result }),
             None => self.discovery_answered(addr, result, now),
         }
+    }
+}
+
+/// A header holding a positive number of milliseconds, capped at `cap`: `Ok(None)` when absent,
+/// `Err(())` when present but not such a number.
+fn millis_header(
+    headers: &Headers,
+    name: &str,
+    cap: std::time::Duration,
+) -> Result<Option<std::time::Duration>, ()> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) {
+            Some(ms) if ms > 0 => Ok(Some(std::time::Duration::from_millis(ms).min(cap))),
+            _ => Err(()),
+        },
     }
 }
