@@ -376,6 +376,11 @@ struct Job {
 }
 
 impl Job {
+    /// Whether `asked` was this block's held-only ask (a neighbour's or the successor's).
+    fn asked_held_only(&self, asked: &str) -> bool {
+        self.neighbour.as_ref().is_some_and(|n| n.as_deref() == Some(asked))
+    }
+
     fn in_flight(&self) -> bool {
         self.race.iter().any(Option::is_some)
     }
@@ -1150,7 +1155,7 @@ impl Read {
                     }
                 }
                 self.cancel_race(&mut job);
-                if job.neighbour.as_ref().is_some_and(|n| n.as_deref() == Some(asked.as_str())) {
+                if job.asked_held_only(&asked) {
                     if job.successor {
                         engine.stats.successor_hits += 1;
                     } else {
@@ -1179,8 +1184,7 @@ impl Read {
                 self.next_source(engine, job, now);
             }
             PeerAnswer::Failed(observation) => {
-                let held_only =
-                    job.neighbour.as_ref().is_some_and(|n| n.as_deref() == Some(asked.as_str()));
+                let held_only = job.asked_held_only(&asked);
                 if held_only && observation == Observation::TimedOut {
                     // A held-only ask waits only a short head bound (about one hedge delay: it
                     // needs no upstream), too short to judge a busy peer by: not charged, but

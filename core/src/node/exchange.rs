@@ -13,12 +13,12 @@ use crate::time::Instant;
 use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 
-/// What a relay keeps of its requester's head budget for itself: it waits on its own upstream
-/// for the budget less this margin, and answers its requester when half the margin is left.
 /// The shortest head wait of a held-only ask ([`Node::held_only_head_bound`]): a held block's
 /// head on a busy link may queue behind other bytes for tens of milliseconds.
 pub(super) const HELD_ONLY_HEAD_FLOOR: Duration = Duration::from_millis(100);
 
+/// What a relay keeps of its requester's head budget for itself: it waits on its own upstream
+/// for the budget less this margin, and answers its requester when half the margin is left.
 pub(super) fn budget_margin(budget: Duration) -> Duration {
     (budget / 16).max(Duration::from_millis(20))
 }
