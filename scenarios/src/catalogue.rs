@@ -1511,14 +1511,15 @@ fn check_departure(
 /// Every running node's final view holds exactly the running nodes' ids.
 fn views_agree(r: &RunReport, check: &mut Check) {
     let mut want: Vec<String> =
-        r.nodes.iter().filter(|n| !n.view.is_empty()).map(|n| n.member_id.clone()).collect();
+        r.nodes.iter().filter(|n| !n.view_ids().is_empty()).map(|n| n.member_id.clone()).collect();
     want.sort();
     let odd: Vec<String> = r
         .nodes
         .iter()
         .enumerate()
-        .filter(|(_, n)| !n.view.is_empty() && n.view != want)
-        .map(|(i, n)| format!("n{i}: {:?}", n.view))
+        .map(|(i, n)| (i, n.view_ids()))
+        .filter(|(_, ids)| !ids.is_empty() && *ids != want)
+        .map(|(i, ids)| format!("n{i}: {ids:?}"))
         .collect();
     check.that(
         odd.is_empty(),

@@ -302,10 +302,13 @@ impl SimNode {
 
     /// The member ids in the machine's view (empty while down or without a peer path).
     pub fn view_ids(&self) -> Vec<String> {
+        self.view().map_or(Vec::new(), |v| v.members().iter().map(|m| m.id.clone()).collect())
+    }
+
+    /// The current view (a clone sharing the member list), if running with a peer path.
+    pub fn view(&self) -> Option<dart_core::membership::View> {
         let p2p = self.machine.as_ref().and_then(|m| m.engine().p2p());
-        p2p.map_or(Vec::new(), |p| {
-            p.placement.view().members().iter().map(|m| m.id.clone()).collect()
-        })
+        p2p.map(|p| p.placement.view().clone())
     }
 
     /// Whether the process is running.

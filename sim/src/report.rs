@@ -129,7 +129,7 @@ impl fmt::Display for Violation {
 }
 
 /// Per-node summary.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NodeReport {
     /// The engine's counters (of its last incarnation).
     pub engine: EngineStats,
@@ -147,8 +147,9 @@ pub struct NodeReport {
     pub breaker: Option<BreakerCounters>,
     /// Peers whose circuit is not closed at the end, with their state.
     pub unclosed: Vec<(String, CircuitState)>,
-    /// The member ids of the final view (empty while down or without a peer path).
-    pub view: Vec<String>,
+    /// The final view (`None` while down or without a peer path): a clone that shares the
+    /// node's member list, so a report of N nodes costs no N² copies of ids.
+    pub view: Option<dart_core::membership::View>,
     /// Every view the node moved to under discovery, with when, across incarnations.
     pub view_changes: Vec<(Instant, Vec<String>)>,
     /// This incarnation's member id.
@@ -195,6 +196,15 @@ pub struct RunReport {
     pub versions: Vec<Vec<crate::origin::Version>>,
     /// The trace lines, when recorded.
     pub trace: Option<Vec<String>>,
+}
+
+impl NodeReport {
+    /// The member ids of the final view (empty while down or without a peer path).
+    pub fn view_ids(&self) -> Vec<String> {
+        self.view
+            .as_ref()
+            .map_or(Vec::new(), |v| v.members().iter().map(|m| m.id.clone()).collect())
+    }
 }
 
 impl RunReport {

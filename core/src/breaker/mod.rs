@@ -273,6 +273,15 @@ impl<K: Ord + Clone> Breaker<K> {
         self.peers.iter().filter(|(_, _, e)| e.state(now) == CircuitState::Open).count()
     }
 
+    /// The tracked peers whose circuit is not closed at `now`, with their state, in no particular
+    /// order. Read-only; O(tracked peers), not O(members).
+    pub fn unclosed(&self, now: Instant) -> impl Iterator<Item = (&K, CircuitState)> + '_ {
+        self.peers
+            .iter()
+            .map(move |(_, k, e)| (k, e.state(now)))
+            .filter(|(_, s)| *s != CircuitState::Closed)
+    }
+
     /// How many peers are tracked.
     pub fn tracked(&self) -> usize {
         self.peers.len()

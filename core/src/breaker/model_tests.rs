@@ -589,6 +589,12 @@ impl Harness {
             prop_assert_eq!(b.healthy(&addr, now), m.healthy(addr, now), "health of {}", addr);
             let refused = b.unhealthy(now).any(|a| *a == addr);
             prop_assert_eq!(refused, !m.healthy(addr, now), "unhealthy lists {}", addr);
+            let unclosed: Vec<CircuitState> =
+                b.unclosed(now).filter(|(a, _)| **a == addr).map(|(_, s)| s).collect();
+            let want = m.state(addr, now);
+            let want: Vec<CircuitState> =
+                if want == CircuitState::Closed { vec![] } else { vec![want] };
+            prop_assert_eq!(unclosed, want, "unclosed lists {}", addr);
         }
         prop_assert_eq!(b.open_count(now), m.open_count(now));
         prop_assert_eq!(b.probes_in_flight(), m.probes_in_flight());

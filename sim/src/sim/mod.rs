@@ -722,7 +722,9 @@ impl Sim {
 
     fn report(mut self) -> RunReport {
         let now = self.now;
-        let peers: Vec<String> = (0..self.nodes.len()).map(member_addr).collect();
+        // Peer addresses by node index: `unclosed` lists circuits in that order.
+        let peers: std::collections::HashMap<String, usize> =
+            (0..self.nodes.len()).map(|i| (member_addr(i), i)).collect();
         let nodes = self
             .nodes
             .iter_mut()
@@ -730,11 +732,13 @@ impl Sim {
             .map(|(n, &crashes)| {
                 let p2p = n.machine.as_ref().and_then(|m| m.engine().p2p());
                 let unclosed = p2p.map_or(Vec::new(), |p| {
-                    peers
-                        .iter()
-                        .map(|a| (a.clone(), p.breaker.state(a, now)))
-                        .filter(|(_, s)| *s != CircuitState::Closed)
-                        .collect()
+                    let mut unclosed: Vec<(usize, String, CircuitState)> = p
+                        .breaker
+                        .unclosed(now)
+                        .filter_map(|(a, s)| Some((*peers.get(a)?, a.clone(), s)))
+                        .collect();
+                    unclosed.sort_unstable_by_key(|(i, _, _)| *i);
+                    unclosed.into_iter().map(|(_, a, s)| (a, s)).collect()
                 });
                 NodeReport {
                     engine: n.stats(),
@@ -745,7 +749,7 @@ impl Sim {
                     breaker: p2p.map(|p| p.breaker.counters().clone()),
                     unclosed,
                     circuit_events: std::mem::take(&mut n.circuit_events),
-                    view: n.view_ids(),
+                    view: n.view(),
                     view_changes: std::mem::take(&mut n.view_changes),
                     member_id: n.member_id(),
                     counters: n.machine.as_ref().map(|m| m.counters()).unwrap_or_default(),
