@@ -723,7 +723,7 @@ impl Sim {
     fn report(mut self) -> RunReport {
         let now = self.now;
         // Peer addresses by node index: `unclosed` lists circuits in that order.
-        let peers: std::collections::HashMap<String, usize> =
+        let peers: BTreeMap<String, usize> =
             (0..self.nodes.len()).map(|i| (member_addr(i), i)).collect();
         let nodes = self
             .nodes
