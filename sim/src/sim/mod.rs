@@ -7,7 +7,7 @@ mod drive;
 mod transport;
 
 use crate::calls::{Call, CallId};
-use crate::config::{CheckLevel, SimSpec, FULL_CHECK_EVERY};
+use crate::config::{full_check_every, CheckLevel, SimSpec};
 use crate::content::Contents;
 use crate::fault::{FaultKind, ORIGIN_SIDE};
 use crate::net::{Endpoint, Net};
@@ -289,8 +289,8 @@ impl Sim {
         if self.violation.is_some() {
             return; // the run stops here; the state is not expected to be consistent
         }
-        let full =
-            self.spec.check == CheckLevel::Full || self.events.is_multiple_of(FULL_CHECK_EVERY);
+        let full = self.spec.check == CheckLevel::Full
+            || self.events.is_multiple_of(full_check_every(self.nodes.len()));
         let touched = match self.spec.check {
             CheckLevel::Full | CheckLevel::Touched => true,
             CheckLevel::Sampled { every } => self.events.is_multiple_of(every.max(1)),
