@@ -294,6 +294,17 @@ impl prometheus_client::collector::Collector for Collected {
             "event",
             &hedges,
         )?;
+        let probes =
+            [("sent", s.hedge_probes), ("alive", s.hedge_probes_alive), ("silent", s.hedge_origin)];
+        counter(
+            &mut enc,
+            "dart_hedge_probe",
+            "Hedges with no other ancestor left: the held-only liveness probe of the peer asked \
+             (sent), answered (alive: the read keeps waiting on it), or not (silent: the backup \
+             is an origin fill and the tree routes around the peer for a while).",
+            "result",
+            &probes,
+        )?;
         let successor = [("asked", s.successor_asks), ("held", s.successor_hits)];
         counter(
             &mut enc,

@@ -190,6 +190,10 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
     for event in ["fired", "primary_won", "backup_won"] {
         assert!(text.contains(&format!("dart_hedge_total{{event=\"{event}\"}} 0")), "{text}");
     }
+    for result in ["sent", "alive", "silent"] {
+        let sample = format!("dart_hedge_probe_total{{result=\"{result}\"}} 0");
+        assert!(text.contains(&sample), "{text}");
+    }
     assert!(text.contains("dart_relay_early_answer_total{reason=\"upstream_slow\"} 0"), "{text}");
     assert!(text.contains("dart_peer_failover_total 0"), "{text}");
     assert!(text.contains("dart_warm_blocks_dropped_total 0"), "{text}");

@@ -161,6 +161,13 @@ pub struct EngineStats {
     pub peer_version_mismatch: u64,
     /// Hedges fired: a backup peer fetch raced a slow primary.
     pub hedge_fired: u64,
+    /// Of the hedges fired, those with no other ancestor left to race: a held-only liveness
+    /// probe of the primary's peer ([`Read::handle_hedge_due`]).
+    pub hedge_probes: u64,
+    /// Of those probes, the ones the peer answered (it was alive: no origin backup).
+    pub hedge_probes_alive: u64,
+    /// Of those probes, the ones that went unanswered, so the backup was an origin fill.
+    pub hedge_origin: u64,
     /// Hedged blocks the primary still won.
     pub hedge_primary_won: u64,
     /// Hedged blocks the backup won.
@@ -212,6 +219,8 @@ pub struct Engine {
     /// Peers a read of this node found slow lately (timed out, or beaten by a backup), until
     /// when: every read asks them after its other ancestors ([`SLOW_MEMORY`]).
     slow: BTreeMap<String, Instant>,
+    /// Peers a hedge's liveness probe found silent, and until when ([`SILENT_MEMORY`]).
+    silent: BTreeMap<String, Instant>,
     /// Reader sets granted by objects' trackers, when the reader tree is on
     /// ([`Engine::enable_reader_tree`]).
     readers: Option<crate::tracker::ReaderCache>,
@@ -232,6 +241,10 @@ const DISTRUSTED_MAX: usize = 1024;
 
 /// How long a peer found slow is asked after the other ancestors by every read of the node.
 pub const SLOW_MEMORY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a peer found silent by a hedge's probe is backed up to the origin without another
+/// probe (unless it answers sooner): about the breaker's first cooldown, by when a dead peer's
+/// circuit has usually opened and the tree has replaced it.
+pub const SILENT_MEMORY: std::time::Duration = std::time::Duration::from_secs(3);
 /// Most peers remembered as slow (the oldest is forgotten first past it).
 const SLOW_PEERS_MAX: usize = 1024;
 
@@ -249,6 +262,7 @@ impl Engine {
             latency: hedge::LatencyEstimator::default(),
             hedges: hedge::HedgeLimiter::new(config_ratio),
             slow: BTreeMap::new(),
+            silent: BTreeMap::new(),
             readers: None,
             joins: Vec::new(),
             distrusted: BTreeMap::new(),
@@ -332,6 +346,31 @@ impl Engine {
     /// Whether a read of this node found `addr` slow within [`SLOW_MEMORY`] of `now`.
     pub fn is_slow(&self, addr: &str, now: Instant) -> bool {
         self.slow.get(addr).is_some_and(|until| *until > now)
+    }
+
+    /// A hedge's liveness probe found `addr` silent ([`Read::handle_hedge_due`]): for
+    /// [`SILENT_MEMORY`], or until `addr` answers again, a read whose last ancestor is `addr`
+    /// backs up to the origin at its hedge delay without probing again.
+    pub(crate) fn note_silent(&mut self, addr: &str, now: Instant) {
+        self.silent.retain(|_, until| *until > now);
+        if self.silent.len() >= SLOW_PEERS_MAX && !self.silent.contains_key(addr) {
+            let oldest = self.silent.iter().min_by_key(|(_, u)| **u).map(|(a, _)| a.clone());
+            if let Some(a) = oldest {
+                self.silent.remove(&a);
+            }
+        }
+        self.silent.insert(addr.to_owned(), now.saturating_add(SILENT_MEMORY));
+    }
+
+    /// `addr` answered: it is no longer silent.
+    pub(crate) fn forget_silent(&mut self, addr: &str) {
+        self.silent.remove(addr);
+    }
+
+    /// Whether a probe found `addr` silent within [`SILENT_MEMORY`] of `now`, and it has not
+    /// answered since.
+    pub fn is_silent(&self, addr: &str, now: Instant) -> bool {
+        self.silent.get(addr).is_some_and(|until| *until > now)
     }
 
     /// Records a peer fetch that held its block and took `d` (a miss or a failure never does:
@@ -473,6 +512,15 @@ impl Engine {
         read
     }
 
+    /// Starts an origin fill of block `key`: a read-ahead read that asks no peer (the store,
+    /// then the origin), the backup of a hedge with no ancestor left to race.
+    pub fn begin_origin_fill(&mut self, key: BlockKey, url: String) -> Read {
+        let mut read = Read::relay(self, key, Some(url), 0);
+        read.set_ahead();
+        read.set_origin_only();
+        read
+    }
+
     /// Counts a relay request declined by [`route::relay_check`] before any work.
     pub fn note_relay_declined(&mut self) {
         self.stats.relay_declined += 1;
@@ -509,8 +557,15 @@ impl Engine {
         }
         let readers = self.readers.as_ref().and_then(|c| c.peek_tagged(file, now));
         // The peers the breaker would refuse now, taken once: usually none, so no candidate
-        // costs a look-up (the same verdicts as `healthy` per candidate).
-        let refused: Vec<&String> = p2p.breaker.unhealthy(now).collect();
+        // costs a look-up (the same verdicts as `healthy` per candidate). And those a hedge's
+        // probe found silent lately: the tree replaces them as it replaces a dead member
+        // (`Placement::upstreams`), so the readers under a silent root converge on the member
+        // ranked next instead of each paying the origin; their fetches that ran on
+        // (`Action::CancelPeer`) open its circuit if it is dead.
+        let silent = self.silent.iter().filter(|(_, until)| **until > now).map(|(a, _)| a);
+        let mut refused: Vec<&String> = p2p.breaker.unhealthy(now).chain(silent).collect();
+        refused.sort_unstable();
+        refused.dedup();
         p2p.placement.upstreams_tagged(key.chunk, readers, &refused)
     }
 

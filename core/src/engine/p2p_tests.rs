@@ -156,7 +156,9 @@ impl Cluster {
                         now,
                     );
                 }
-                Action::CancelPeer { .. } => panic!("no race without a hedge"),
+                Action::CancelPeer { .. } | Action::FillFromOrigin { .. } => {
+                    panic!("no race without a hedge")
+                }
                 Action::FetchOrigin { start, end, .. } => {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.nodes[at].engine, got);

@@ -193,6 +193,13 @@ pub enum PeerAnswer {
 /// What the shell must do next.
 #[derive(Debug)]
 pub enum Action {
+    /// Start an origin fill of block `key` for this read's object and credential
+    /// ([`Engine::begin_origin_fill`]): the hedge's backup when no other ancestor is left. It
+    /// answers nobody; this read takes the block when it lands ([`Read::take_landed`]).
+    FillFromOrigin {
+        /// The block.
+        key: BlockKey,
+    },
     /// Send `GET url` with `Range: bytes=0-0` and answer with [`Read::handle_probe`].
     Probe {
         /// Upstream URL.
@@ -249,9 +256,17 @@ pub enum Action {
     },
     /// Stop the `contender`'s fetch (another contender won the race) and report its permit
     /// abandoned: a loser is never charged as a failure. No answer is expected for it.
+    ///
+    /// With `run_on`, the read stops waiting on it but the fetch is not stopped: it runs to
+    /// its end or its bounds, and its permit records how it ended. This is for a peer a liveness
+    /// probe found silent ([`Read::handle_hedge_due`]): the read went on without it, and only
+    /// the fetch's own outcome (a failed dial, a head that never came) can open its circuit, so
+    /// that the tree replaces it instead of every later block waiting on it first.
     CancelPeer {
         /// The loser.
         contender: Contender,
+        /// Let it run on unanswered (see above).
+        run_on: bool,
     },
     /// Fetch `start..=end` of `url` from the origin (coalesced by the shell's flight table) and
     /// answer with [`Read::handle_fetch`].
@@ -373,6 +388,26 @@ struct Job {
     neighbour: Option<Option<String>>,
     /// That neighbour is the home's successor ([`Engine::successor_relay`]).
     successor: bool,
+    /// The hedge's backup is an origin fill ([`Action::FillFromOrigin`]).
+    origin_backup: bool,
+    /// The hedge of a read with no ancestor left but the one asked: a held-only ask of that
+    /// same peer ([`Contender::Backup`]), whose answer tells a live peer from a silent one.
+    probe: Probe,
+}
+
+/// Where the liveness probe of a hedge with no ancestor left stands
+/// ([`Read::handle_hedge_due`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// None was sent.
+    None,
+    /// Sent, not answered.
+    Out,
+    /// The peer answered it (any head: it is alive, so its slowness is its upstream's).
+    Alive,
+    /// It failed to answer (no connection, no head within its bound, or not within one hedge
+    /// delay): the backup went to the origin.
+    Silent,
 }
 
 impl Job {
@@ -461,6 +496,9 @@ pub struct Read {
     served: Option<Bytes>,
     /// For a relay: the member that asked (`X-DART-Node`), never asked back held-only.
     requester: Option<String>,
+    /// An origin fill ([`Engine::begin_origin_fill`]): it asks no peer, only the store and the
+    /// origin.
+    origin_only: bool,
     state: State,
     out: VecDeque<Action>,
 }
@@ -540,6 +578,7 @@ impl Read {
             ahead: false,
             served: None,
             requester: None,
+            origin_only: false,
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
@@ -565,6 +604,10 @@ impl Read {
 
     pub(super) fn set_ahead(&mut self) {
         self.ahead = true;
+    }
+
+    pub(super) fn set_origin_only(&mut self) {
+        self.origin_only = true;
     }
 
     /// Adds one to a block-source or relay statistic, unless this is a read-ahead read.
@@ -842,6 +885,8 @@ impl Read {
                 asked_again: false,
                 neighbour: None,
                 successor: false,
+                origin_backup: false,
+                probe: Probe::None,
             },
             now,
         );
@@ -871,12 +916,11 @@ impl Read {
                 continue;
             };
             job.tried_peer = true;
-            // A hedge is possible only with another address left to race.
+            // The backup is the next ancestor at another address, or, with none left (this
+            // node is a child of the chunk's root), the origin.
             let hedge_after = match contender {
-                Contender::Primary if job.upstreams.iter().any(|p| p.addr != peer.addr) => {
-                    engine.hedge_delay()
-                }
-                Contender::Primary | Contender::Backup => None,
+                Contender::Primary => engine.hedge_delay(),
+                Contender::Backup => None,
             };
             if contender == Contender::Primary {
                 engine.on_peer_fetch();
@@ -902,28 +946,150 @@ impl Read {
     /// The primary fetch of this block has not answered within the hedge delay: race a backup at
     /// the next usable ancestor if the hedge budget allows. A stale call (the race moved on) does
     /// nothing.
-    pub fn handle_hedge_due(&mut self, engine: &mut Engine, now: Instant) {
+    ///
+    /// With no ancestor left but the one asked (this node is a child of the chunk's root, or
+    /// every other ancestor's circuit is open), the backup would be the origin, which a healthy
+    /// root is most likely reading for this very window already (its head waits on the
+    /// origin's): racing it there would make the origin serve the window twice. A primary whose
+    /// head came and whose body moved within the last hedge delay (`primary_moving`, the shell's
+    /// word) is a live peer on a slow path: the read keeps waiting, and a body that stops moving
+    /// is cut off by its progress bound. Otherwise the hedge first asks that peer held-only,
+    /// which needs no upstream and is answered at once by a live peer (a miss, or the block if it
+    /// landed meanwhile). An answer of any kind means the peer is alive: the read keeps waiting on
+    /// the primary. No answer (a failed dial or connection, or nothing within one more hedge
+    /// delay, when this is called again) means it is not: the backup is an origin fill of this
+    /// node ([`Action::FillFromOrigin`]), whose block the read takes when it lands.
+    pub fn handle_hedge_due(&mut self, engine: &mut Engine, primary_moving: bool, now: Instant) {
         let State::AwaitPeer(job) = &mut self.state else { return };
-        let ready = job.race[0].is_some() && job.race[1].is_none() && !job.streaming;
+        if job.streaming {
+            return;
+        }
+        if job.probe == Probe::Out {
+            // The probe's own delay ran out unanswered.
+            let Some(asked) = job.race[Contender::Backup.index()].clone() else { return };
+            let mut job = self.take_peer_job();
+            self.origin_backup(engine, &mut job, &asked, now);
+            self.state = State::AwaitPeer(job);
+            return;
+        }
+        let ready = job.race[0].is_some() && job.race[1].is_none();
         if !ready || job.hedged {
             return;
         }
-        let primary = job.race[0].clone();
-        if !job.upstreams.iter().any(|p| Some(&p.addr) != primary.as_ref()) {
+        let Some(primary) = job.race[0].clone() else { return };
+        let ancestor_left = job.upstreams.iter().any(|p| p.addr != primary);
+        if !ancestor_left && primary_moving {
             return;
         }
-        if !engine.try_hedge() {
+        let silent = !ancestor_left && engine.is_silent(&primary, now);
+        if !silent && !engine.try_hedge() {
             return;
         }
-        let mut job = match std::mem::replace(&mut self.state, State::Done) {
-            State::AwaitPeer(job) => job,
-            _ => unreachable!("checked above"),
-        };
-        if self.launch(engine, &mut job, Contender::Backup, now) {
+        let mut job = self.take_peer_job();
+        if ancestor_left {
+            if self.launch(engine, &mut job, Contender::Backup, now) {
+                job.hedged = true;
+                engine.stats.hedge_fired += 1;
+            }
+        } else if silent {
+            // A probe found this peer silent lately: no second probe (and no hedge credit, which
+            // its first one may have spent), the origin at once.
             job.hedged = true;
             engine.stats.hedge_fired += 1;
+            job.probe = Probe::Out;
+            self.origin_backup(engine, &mut job, &primary, now);
+        } else {
+            self.send_probe(engine, &mut job, primary, now);
         }
         self.state = State::AwaitPeer(job);
+    }
+
+    fn take_peer_job(&mut self) -> Job {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::AwaitPeer(job) => job,
+            _ => unreachable!("a read waiting on peers"),
+        }
+    }
+
+    /// Sends the liveness probe of [`Read::handle_hedge_due`]: a held-only ask of `addr` (the
+    /// primary's peer) as the backup, with one more hedge delay to answer in. When the breaker
+    /// refuses it, the backup goes to the origin at once (the peer's circuit just turned).
+    fn send_probe(&mut self, engine: &mut Engine, job: &mut Job, addr: String, now: Instant) {
+        job.hedged = true;
+        engine.stats.hedge_fired += 1;
+        engine.stats.hedge_probes += 1;
+        let Some(permit) = engine.admit(&addr, now) else {
+            job.probe = Probe::Out;
+            return self.origin_backup(engine, job, &addr, now);
+        };
+        job.probe = Probe::Out;
+        job.race[Contender::Backup.index()] = Some(addr.clone());
+        let id = engine.upstream_ref(job.key, &self.object.id, &addr, now).map(|p| p.id);
+        self.out.push_back(Action::FetchPeer {
+            contender: Contender::Backup,
+            hedge_after: engine.hedge_delay(),
+            peer: PeerRef { id: id.unwrap_or_default(), addr },
+            key: job.key,
+            url: self.url.clone(),
+            held_only: true,
+            hop: self.hop(),
+            expected_len: job.expected,
+            permit,
+            cut_through: self.is_relay() && engine.config.cut_through,
+        });
+    }
+
+    /// The probe's peer `addr` is silent: an origin fill of this node that answers nobody races
+    /// the primary. When it stores the block, this read takes it ([`Read::take_landed`]); if
+    /// the primary wins first, the fill still fills the cache. At most once per block. The node
+    /// remembers `addr` silent ([`Engine::note_silent`]).
+    fn origin_backup(&mut self, engine: &mut Engine, job: &mut Job, addr: &str, now: Instant) {
+        debug_assert_eq!(job.probe, Probe::Out);
+        job.probe = Probe::Silent;
+        engine.note_silent(addr, now);
+        if job.origin_backup {
+            return;
+        }
+        job.origin_backup = true;
+        engine.stats.hedge_origin += 1;
+        self.out.push_back(Action::FillFromOrigin { key: job.key });
+    }
+
+    /// The answer to the liveness probe ([`Read::send_probe`]), the backup of `job`.
+    fn probe_answered(
+        &mut self,
+        engine: &mut Engine,
+        mut job: Job,
+        permit: Option<Permit<String>>,
+        observation: Observation,
+        asked: String,
+        now: Instant,
+    ) {
+        let silent = matches!(
+            observation,
+            Observation::DialFailed | Observation::TimedOut | Observation::BodyInterrupted
+        );
+        if observation == Observation::TimedOut {
+            // A held-only ask's short bound: not charged (seeds: a busy peer is not a failed
+            // one), but remembered slow.
+            settle(engine, permit, Outcome::Abandoned, now);
+        } else {
+            settle(engine, permit, observation.outcome(), now);
+        }
+        if silent {
+            if job.probe == Probe::Out {
+                self.origin_backup(engine, &mut job, &asked, now);
+            }
+            self.mark_slow(engine, asked, now);
+        } else {
+            engine.forget_silent(&asked);
+            if job.probe == Probe::Out {
+                job.probe = Probe::Alive;
+                engine.stats.hedge_probes_alive += 1;
+            }
+        }
+        // Nothing else in flight (the primary failed meanwhile): on to the next source.
+        self.next_source(engine, job, now);
     }
 
     /// The usable ancestors to ask for `key`, nearest first, those found slow (by this read, or
@@ -935,6 +1101,9 @@ impl Read {
         key: BlockKey,
         now: Instant,
     ) -> VecDeque<PeerRef> {
+        if self.origin_only {
+            return VecDeque::new();
+        }
         if matches!(self.kind, Kind::Client { .. }) {
             // A relay reads on another's behalf: it routes over the reader set it has, and
             // never joins one.
@@ -955,11 +1124,13 @@ impl Read {
         }
     }
 
-    /// Stops every contender still in flight (the race is over).
+    /// Stops every contender still in flight (the race is over). Those asking a peer a probe
+    /// found silent run on, unanswered, to record how they end ([`Action::CancelPeer`]).
     fn cancel_race(&mut self, job: &mut Job) {
+        let run_on = job.probe == Probe::Silent;
         for contender in [Contender::Primary, Contender::Backup] {
             if job.race[contender.index()].take().is_some() {
-                self.out.push_back(Action::CancelPeer { contender });
+                self.out.push_back(Action::CancelPeer { contender, run_on });
             }
         }
     }
@@ -983,7 +1154,7 @@ impl Read {
             self.state = State::AwaitLookup(job);
             return;
         }
-        if job.neighbour.is_none() {
+        if job.neighbour.is_none() && !self.origin_only {
             // About to pay the origin: a neighbour may hold the block (spec/overlay.md §5).
             let asked = self.ask_neighbour(engine, &mut job, now);
             let done = asked.is_some();
@@ -1149,9 +1320,13 @@ impl Read {
         match answer {
             PeerAnswer::Block(data) if data.len() as u64 == job.expected => {
                 settle(engine, permit, Outcome::Answered, now);
+                engine.forget_silent(&asked);
                 if contender == Contender::Backup {
                     if let Some(primary) = job.race[Contender::Primary.index()].clone() {
-                        self.mark_slow(engine, primary, now);
+                        // (Not when the backup was the liveness probe of that same peer.)
+                        if primary != asked {
+                            self.mark_slow(engine, primary, now);
+                        }
                     }
                 }
                 self.cancel_race(&mut job);
@@ -1182,6 +1357,11 @@ impl Read {
                 engine.stats.peer_wrong_length += 1;
                 job.upstreams.clear();
                 self.next_source(engine, job, now);
+            }
+            PeerAnswer::Failed(observation)
+                if contender == Contender::Backup && job.probe != Probe::None =>
+            {
+                self.probe_answered(engine, job, permit, observation, asked, now)
             }
             PeerAnswer::Failed(observation) => {
                 let held_only = job.asked_held_only(&asked);
@@ -1234,13 +1414,26 @@ impl Read {
     /// reads): the read takes it and drops its race. The contenders are cancelled, never
     /// charged: a peer that was merely slower than another path did nothing wrong. False, and
     /// nothing changes, unless [`Read::awaits_peer_for`] holds.
-    pub fn take_landed(&mut self, engine: &mut Engine, key: BlockKey, data: &Bytes) -> bool {
+    pub fn take_landed(
+        &mut self,
+        engine: &mut Engine,
+        key: BlockKey,
+        data: &Bytes,
+        now: Instant,
+    ) -> bool {
         if !self.awaits_peer_for(key, data.len() as u64) {
             return false;
         }
         let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             unreachable!("checked above")
         };
+        if job.origin_backup {
+            // The origin fill won the race it was launched into.
+            engine.stats.hedge_backup_won += 1;
+            if let Some(primary) = job.race[Contender::Primary.index()].clone() {
+                self.mark_slow(engine, primary, now);
+            }
+        }
         self.cancel_race(&mut job);
         engine.stats.landed += 1;
         self.count(&mut engine.stats.block_source_cache);
@@ -1474,6 +1667,8 @@ impl Read {
                     asked_again: false,
                     neighbour: None,
                     successor: false,
+                    origin_backup: false,
+                    probe: Probe::None,
                 });
             }
             None => self.finish(),

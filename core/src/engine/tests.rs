@@ -172,7 +172,9 @@ impl World {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.engine, got);
                 }
-                Action::FetchPeer { .. } | Action::CancelPeer { .. } => {
+                Action::FetchPeer { .. }
+                | Action::CancelPeer { .. }
+                | Action::FillFromOrigin { .. } => {
                     panic!("single node never asks a peer")
                 }
                 Action::Store { key, data, .. } => {

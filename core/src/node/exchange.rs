@@ -79,6 +79,9 @@ pub(super) struct PeerJob {
     /// A held-only ask (`X-DART-Held-Only`): its answer must name the version the read
     /// serves, for an object that may change.
     pub held_only: bool,
+    /// No read waits on it any more, but it runs to its end so that its outcome is recorded
+    /// against the peer ([`crate::engine::Action::CancelPeer`]`::run_on`).
+    pub run_on: bool,
     /// The block's bytes so far, at most `expected`.
     pub copy: BodyBuf,
     /// The bytes after the block: its digest footer ([`crate::integrity`]), at most
@@ -144,7 +147,7 @@ pub(super) struct Exchange {
     /// moving is cut off here, not at the whole-request bound).
     progress_bound: Option<Duration>,
     /// When the head or the last body part arrived.
-    last_progress: Instant,
+    pub last_progress: Instant,
     deadline: Option<Instant>,
     pub job: Job,
 }

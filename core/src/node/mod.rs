@@ -113,6 +113,11 @@ pub struct NodeCounters {
     /// Peer block fetches a read joined instead of asking the peer again (another read of this
     /// node was fetching the same block from the same peer).
     pub peer_fetches_joined: u64,
+    /// Origin fills started as a hedge's backup ([`crate::engine::Action::FillFromOrigin`]).
+    pub origin_fills: u64,
+    /// Peer fetches left to run on unanswered, to record how a silent peer answers
+    /// ([`crate::engine::Action::CancelPeer`]`::run_on`).
+    pub peer_fetches_run_on: u64,
     /// Blocks kept from an earlier process that a look-up found for an object that may change:
     /// dropped unserved ([`Node::recovered_blocks`]).
     pub unversioned_dropped: u64,
@@ -726,8 +731,8 @@ impl Node {
             assert_eq!(unique.len(), readers.len(), "exchange {io} answers a read twice");
             if let exchange::Job::Peer(p) = &x.job {
                 assert!(
-                    p.ticket.is_some() == p.readers.is_empty(),
-                    "peer exchange {io} answers no read, or a ticket and reads"
+                    p.ticket.is_some() as u8 + p.run_on as u8 + !p.readers.is_empty() as u8 == 1,
+                    "peer exchange {io} answers no read, or a ticket and reads, or runs on"
                 );
             }
             for rid in readers {

@@ -246,14 +246,20 @@ impl Node {
 
     /// Request `rid`'s read dropped `contender` (another won): its exchange is cancelled and its
     /// permit abandoned — losing a race is not a failure — unless other reads share it.
-    pub(super) fn cancel_peer(&mut self, rid: RequestId, contender: Contender, now: Instant) {
+    pub(super) fn cancel_peer(
+        &mut self,
+        rid: RequestId,
+        contender: Contender,
+        run_on: bool,
+        now: Instant,
+    ) {
         let req = self.requests.get_mut(&rid).expect("a driven request");
         let Wait::Peers(mut slots) = req.wait else {
             unreachable!("{rid}: cancels a peer it does not wait on")
         };
         let io = slots[contender.index()].take().expect("a contender in flight");
         req.wait = if slots.iter().any(Option::is_some) { Wait::Peers(slots) } else { Wait::Ready };
-        self.leave_exchange(io, rid, now);
+        self.leave_exchange_as(io, rid, run_on, now);
     }
 
     /// Request `rid`'s hedge deadline (armed for `at`) came due.
@@ -266,9 +272,15 @@ impl Node {
         if req.cancelled || !matches!(req.wait, Wait::Peers(_)) {
             return;
         }
+        let Wait::Peers(slots) = req.wait else { unreachable!("checked above") };
+        let primary_moving = slots[Contender::Primary.index()].is_some_and(|io| {
+            let x = &self.exchanges[&io];
+            let recent = self.engine.hedge_delay().unwrap_or_default();
+            x.head && now.saturating_duration_since(x.last_progress) < recent
+        });
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a live request");
-        req.read.handle_hedge_due(&mut self.engine, now);
+        req.read.handle_hedge_due(&mut self.engine, primary_moving, now);
         self.drive(rid, now);
         self.working.pop();
     }
@@ -322,6 +334,7 @@ impl Node {
             member,
             expected: fetch.expected,
             held_only: fetch.held_only,
+            run_on: false,
             copy: BodyBuf::default(),
             footer: Vec::new(),
         };
@@ -546,6 +559,20 @@ impl Node {
                 Err(o) => PeerAnswer::Failed(o),
             };
             return self.event(Event::BlockFetched { ticket, answer: Some(answer) });
+        }
+        if job.run_on {
+            // Nobody waits on it: it ran on only to record how the peer answered. A held-only
+            // ask's short bound is not the peer's fault (as in `Read::handle_peer`).
+            debug_assert!(job.readers.is_empty());
+            let permit = permit.take().expect("a run-on fetch holds its permit");
+            let outcome = match observation {
+                Observation::TimedOut if job.held_only => crate::breaker::Outcome::Abandoned,
+                o => o.outcome(),
+            };
+            if let Some(p2p) = self.engine.p2p_mut() {
+                p2p.breaker.complete(permit, outcome, now);
+            }
+            return;
         }
         for reader in job.readers {
             // A stream judges any length itself (its bytes went out already); a whole-block

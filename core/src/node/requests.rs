@@ -489,7 +489,10 @@ impl Node {
                     self.read_ahead(rid, now);
                 }
             }
-            Action::CancelPeer { contender } => self.cancel_peer(rid, contender, now),
+            Action::CancelPeer { contender, run_on } => {
+                self.cancel_peer(rid, contender, run_on, now)
+            }
+            Action::FillFromOrigin { key } => self.fill_from_origin(rid, key, now),
             Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
                 let id = req.read.object().id.clone();
                 let fill = Fill::Block { key, expected: expected_len, size: object_size, class };
@@ -627,6 +630,32 @@ impl Node {
         }
     }
 
+    /// Starts an origin fill of block `key` for request `rid` (its hedge's backup): a background
+    /// read with `rid`'s URL and credential that asks the origin only (an origin flight joins
+    /// any fetch of the same window). Its block reaches `rid` when it lands (`hand_landed`).
+    fn fill_from_origin(&mut self, rid: RequestId, key: crate::hash::BlockKey, now: Instant) {
+        let Some(req) = self.requests.get(&rid) else { return };
+        if req.cancelled || self.live_requests() >= super::READ_AHEAD_LIVE_MAX {
+            return;
+        }
+        let (url, forward) = (req.read.url().to_owned(), req.forward.clone());
+        let id = RequestId(self.next_ahead);
+        self.next_ahead += 1;
+        self.counters.origin_fills += 1;
+        let read = self.engine.begin_origin_fill(key, url);
+        let request = Request {
+            cancelled: true,
+            background: true,
+            ..Request::new(Plane::Peer, Method::Get, read, forward)
+        };
+        self.requests.insert(id, request);
+        self.isolated(now, |node| {
+            node.working.push(id);
+            node.drive(id, now);
+            node.working.pop();
+        });
+    }
+
     /// Emits a response part unless the requester went away.
     pub(super) fn send_requester(&mut self, rid: RequestId, output: Output) {
         if self.requests.get(&rid).is_some_and(|r| !r.cancelled) {
@@ -712,6 +741,11 @@ impl Node {
     /// Request `rid` has nobody to answer any more: what it waits on is released (a relay's
     /// peer exchanges run on to fill the cache, asking nothing further).
     fn release(&mut self, rid: RequestId, now: Instant) {
+        let req = self.requests.get_mut(&rid).expect("a live request");
+        // Nobody waits for a backup any more.
+        if let Some(at) = req.hedge_at.take() {
+            self.hedge_timers.remove(&(at, rid));
+        }
         let req = self.requests.get(&rid).expect("a live request");
         let streaming = req.wait.peers().any(|io| self.peer_streaming(io, rid));
         if matches!(req.wait, Wait::Peers(_)) && (req.plane == Plane::Peer || streaming) {
@@ -771,7 +805,7 @@ impl Node {
                     self.isolated(now, |node| {
                         node.working.push(rid);
                         let req = node.requests.get_mut(&rid).expect("a waiting read");
-                        if req.read.take_landed(&mut node.engine, key, &data) {
+                        if req.read.take_landed(&mut node.engine, key, &data, now) {
                             node.drive(rid, now);
                         }
                         node.working.pop();
@@ -782,10 +816,28 @@ impl Node {
     }
 
     pub(super) fn leave_exchange(&mut self, io: IoId, rid: RequestId, now: Instant) {
+        self.leave_exchange_as(io, rid, false, now)
+    }
+
+    /// [`Node::leave_exchange`]; with `run_on`, a peer fetch nobody else waits on is not
+    /// cancelled but runs to its end unanswered, and its permit records how it ended
+    /// ([`crate::engine::Action::CancelPeer`]).
+    pub(super) fn leave_exchange_as(
+        &mut self,
+        io: IoId,
+        rid: RequestId,
+        run_on: bool,
+        now: Instant,
+    ) {
         let Some(x) = self.exchanges.get_mut(&io) else { return };
         if let Job::Peer(p) = &mut x.job {
             p.readers.retain(|r| r.rid != rid);
-            if !p.readers.is_empty() || p.ticket.is_some() {
+            if !p.readers.is_empty() || p.ticket.is_some() || p.run_on {
+                return;
+            }
+            if run_on {
+                p.run_on = true;
+                self.counters.peer_fetches_run_on += 1;
                 return;
             }
         }
@@ -1001,7 +1053,9 @@ fn asks(action: &Action) -> bool {
         | Action::Lookup { .. }
         | Action::FetchPeer { .. }
         | Action::FetchOrigin { .. } => true,
-        Action::CancelPeer { .. }
+        // It asks nothing the request waits on; a request nobody waits for starts no fill.
+        Action::FillFromOrigin { .. }
+        | Action::CancelPeer { .. }
         | Action::Respond(_)
         | Action::Store { .. }
         | Action::Emit(_)

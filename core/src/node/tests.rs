@@ -53,8 +53,16 @@ fn node_with_access(engine: Engine, self_id: &str, access: Access) -> Node {
 }
 
 /// A reader outside a one-member view whose every miss goes to `parent`.
+/// A reader whose one ancestor is `parent`, hedging off (these tests script one exchange at a
+/// time; [`reader_hedging_to_origin`] has the origin backup on).
 fn reader_of(parent: &str) -> Node {
-    let mut e = engine();
+    reader_of_hedging(parent, false)
+}
+
+fn reader_of_hedging(parent: &str, hedge: bool) -> Node {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    let mut e =
+        Engine::new(EngineConfig { geometry, read_ahead: 0, hedge, ..EngineConfig::default() });
     let view = View::new(vec![Member::ready("parent", parent)]);
     let placement = Placement::new(view, "reader", 2, 1);
     let breaker = Breaker::new(BreakerConfig {
@@ -611,6 +619,142 @@ fn a_dead_parent_costs_one_dial_bound_then_its_circuit_is_open() {
     h.outputs.clear();
     h.read(2, Some("bytes=2048-2050"));
     assert!(h.sends().iter().all(|r| r.endpoint == Endpoint::Origin), "the open parent is skipped");
+}
+
+/// [`reader_of`] with hedging on: its parent is the chunk's root, so a hedge first probes it
+/// held-only, and its backup, if the root is silent, is an origin fill.
+fn reader_hedging_to_origin() -> Node {
+    reader_of_hedging("p:9000", true)
+}
+
+/// Starts a one-block read of [`reader_hedging_to_origin`], lets its hedge come due and returns
+/// (the primary peer fetch, the liveness probe): a held-only ask of the same root.
+fn hedge_probe_of_the_root(h: &mut Harness) -> (IoRequest, IoRequest) {
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    assert_eq!(peer.endpoint, Endpoint::Peer);
+    h.io(peer.id, IoEvent::Connected);
+    // No estimate yet: the hedge is due after the cold delay. No ancestor is left but the root
+    // being asked, so the hedge asks the root held-only, not the origin.
+    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + COLD_DELAY));
+    h.advance(COLD_DELAY);
+    let ask = h.take_sends().remove(0);
+    assert_eq!(ask.endpoint, Endpoint::Peer, "no origin before the root is found silent");
+    assert_eq!(ask.url, peer.url, "the same root, the same block");
+    assert_eq!(ask.headers.get_str("x-dart-held-only"), Some("1"));
+    (peer, ask)
+}
+
+#[test]
+fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lands() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, ask) = hedge_probe_of_the_root(&mut h);
+    h.io(ask.id, IoEvent::Connected);
+    // Nothing within one more hedge delay: the root is silent, the backup is the origin.
+    h.advance(COLD_DELAY);
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin, "the backup is the origin");
+    h.answer_origin(&fill);
+    // The held-only ask ran out of its own short bound (about one hedge delay once connected),
+    // uncharged. The fill stored the block; the read took it and stopped waiting on the root,
+    // whose primary fetch runs on unanswered to record how the root answers it.
+    assert!(h.cancelled(ask.id));
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    assert_eq!(h.node.live_requests(), 0);
+    assert!(!h.cancelled(peer.id));
+    assert_eq!(h.node.counters().peer_fetches_run_on, 1);
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_probes_alive), (1, 1, 0));
+    assert_eq!((s.hedge_origin, s.hedge_backup_won, s.landed), (1, 1, 1));
+    assert!(h.node.engine().is_silent("p:9000", h.now), "backed up at once by the next reads");
+    // The primary's head bound (the cold 1.5 s) charges the root a timeout; the held-only
+    // ask's short bound charges nothing.
+    h.advance((Instant::ZERO + Duration::from_millis(1500)).saturating_duration_since(h.now));
+    assert!(h.node.exchanges().is_empty());
+    let b = breaker_of(&h);
+    assert_eq!((b.soft, b.hard, b.abandoned), (1, 0, 1));
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
+#[test]
+fn a_child_of_a_live_root_keeps_waiting_on_it_and_never_pays_the_origin_twice() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, ask) = hedge_probe_of_the_root(&mut h);
+    // The root answers at once that it does not hold the block yet (it is reading it from the
+    // origin): alive, so no origin backup, however long the primary then takes.
+    h.io(ask.id, IoEvent::Connected);
+    h.io(ask.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    h.advance(COLD_DELAY * 2);
+    assert!(h.sends().iter().all(|r| r.endpoint != Endpoint::Origin), "no origin backup");
+    answer_peer(&mut h, &peer, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_probes_alive, s.hedge_origin), (1, 1, 1, 0));
+    assert_eq!((s.hedge_primary_won, s.hedge_backup_won), (1, 0));
+    let b = &h.node.engine().p2p().expect("p2p").breaker;
+    assert_eq!((b.counters().soft, b.counters().hard), (0, 0), "a miss is an answer");
+    assert!(!h.node.engine().is_slow("p:9000", h.now));
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    let len = BLOCK.min(SIZE);
+    h.io(peer.id, IoEvent::Connected);
+    let headers = Headers::new().with("content-length", len.to_string());
+    h.io(peer.id, IoEvent::Head { status: 200, headers });
+    // The body is still moving when the hedge comes due: the root is alive on a slow path (a
+    // narrow link), so neither a probe nor the origin, which would carry the block twice.
+    h.advance(COLD_DELAY - Duration::from_millis(10));
+    h.io(peer.id, IoEvent::Body(content(0, len / 2)));
+    h.advance(Duration::from_millis(10));
+    assert!(h.take_sends().is_empty(), "no probe, no origin");
+    h.io(peer.id, IoEvent::Body(content(len / 2, len - len / 2)));
+    h.io(peer.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_origin), (0, 0, 0));
+}
+
+#[test]
+fn a_root_that_refuses_the_probe_connection_is_charged_and_the_origin_backup_starts_at_once() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, ask) = hedge_probe_of_the_root(&mut h);
+    h.io(ask.id, IoEvent::Failed(IoError::Connect("refused".into())));
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin, "no wait: the root is not there");
+    assert_eq!(breaker_of(&h).hard, 1, "a failed dial is the root's");
+    h.answer_origin(&fill);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    assert!(!h.cancelled(peer.id), "the primary runs on to its bound");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_primary_that_answers_before_the_origin_fill_wins_and_the_fill_still_fills() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, _ask) = hedge_probe_of_the_root(&mut h);
+    h.advance(COLD_DELAY);
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin);
+    answer_peer(&mut h, &peer, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    h.answer_origin(&fill);
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_primary_won, s.hedge_backup_won), (1, 1, 0));
+    assert_eq!(h.node.live_requests(), 0, "the fill ended too");
 }
 
 #[test]
