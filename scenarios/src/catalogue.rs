@@ -285,12 +285,20 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
             worst <= base_worst + per_level * depth + secs(2),
             format!("slowest read {worst:?} within baseline {base_worst:?} + one header and dial bound per tree level ({depth})"),
         );
+        // Since a child of the root probes it and backs up to the origin when it is silent
+        // (`Read::handle_hedge_due`): 1.52-2.01 x over 30 seeds at full scale, 1.58-1.67 x at
+        // test scale; 2.8-2.9 x before (a dial bound plus a head wait on the dead root).
+        check.that(
+            worst.as_secs_f64() <= 2.25 * base_worst.as_secs_f64(),
+            format!("slowest read {worst:?} ≤ 2.25 × the fault-free {base_worst:?}"),
+        );
         check.gap(
             worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
-            "one dial bound plus one head wait on the dead root (about 2.5 s) exceed half of a fault-free \
-             read (about 1.3 s at full scale, 1 s at test scale); met only where the root dies after \
-             the reads (`dead-root` at full scale)",
+            "a child of the dead root waits one hedge delay, then one more for its probe of the root, \
+             before its origin backup (375 ms each without an estimate, and the root dies early in \
+             the reads), and the readers below it wait that plus their chain's hops; met only where \
+             the root dies after the reads (`dead-root` at full scale)",
         );
         let object = run.spec.cluster.objects[0].size;
         let origin_share = r.origin.body_bytes as f64 / object as f64;

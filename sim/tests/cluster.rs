@@ -96,6 +96,10 @@ fn breaker_probe_deadlines_fire_as_node_timers_without_busy_loops() {
     peer.breaker.backoff =
         dart_core::breaker::BackoffPolicy::Fixed { cooldown: Duration::from_secs(1) };
     s.cluster.peer = Some(peer);
+    // Hedging off: a child of a chunk's root that its hedge finds silent routes around it for a
+    // while (`dart_core::engine::SILENT_MEMORY`), which keeps the data requests this test needs
+    // away from the stalled peer's half-open circuits.
+    s.cluster.hedge_ratio = 0.0;
     // Four objects read at spread-out times, so that requests keep reaching the stalled peer
     // after circuits on it open and turn half-open (a relay whose requester hangs up abandons its
     // own upstream request uncharged, so the requesters' own fetches must do the probing).
