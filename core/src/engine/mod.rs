@@ -22,8 +22,9 @@ mod tests;
 
 pub use meta::ObjectMeta;
 pub use read::{
-    block_verdict, Action, Contender, FetchedBlock, Method, PeerAnswer, Preconditions, Read,
-    ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window, RESTARTS_MAX,
+    block_verdict, probe_wait, Action, Contender, FetchedBlock, Method, PeerAnswer, Preconditions,
+    Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window, PROBE_WAIT_FLOOR,
+    RESTARTS_MAX,
 };
 
 use crate::breaker::{Admission, Breaker, Outcome, Permit};

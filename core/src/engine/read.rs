@@ -956,34 +956,45 @@ impl Read {
     /// is cut off by its progress bound. Otherwise the hedge first asks that peer held-only,
     /// which needs no upstream and is answered at once by a live peer (a miss, or the block if it
     /// landed meanwhile). An answer of any kind means the peer is alive: the read keeps waiting on
-    /// the primary. No answer (a failed dial or connection, or nothing within one more hedge
-    /// delay, when this is called again) means it is not: the backup is an origin fill of this
-    /// node ([`Action::FillFromOrigin`]), whose block the read takes when it lands.
-    pub fn handle_hedge_due(&mut self, engine: &mut Engine, primary_moving: bool, now: Instant) {
-        let State::AwaitPeer(job) = &mut self.state else { return };
+    /// the primary. No answer (a failed dial or connection, or nothing within a quarter of a
+    /// hedge delay, [`probe_wait`], when this is called again) means it is not: the backup is an
+    /// origin fill of this node ([`Action::FillFromOrigin`]), whose block the read takes when
+    /// it lands.
+    ///
+    /// True when the shell should call this again once the primary's body has stood still for a
+    /// hedge delay (it was moving, with no ancestor left): a root that dies mid-body is then
+    /// probed, instead of the read waiting out the body's progress bound.
+    #[must_use]
+    pub fn handle_hedge_due(
+        &mut self,
+        engine: &mut Engine,
+        primary_moving: bool,
+        now: Instant,
+    ) -> bool {
+        let State::AwaitPeer(job) = &mut self.state else { return false };
         if job.streaming {
-            return;
+            return false;
         }
         if job.probe == Probe::Out {
             // The probe's own delay ran out unanswered.
-            let Some(asked) = job.race[Contender::Backup.index()].clone() else { return };
+            let Some(asked) = job.race[Contender::Backup.index()].clone() else { return false };
             let mut job = self.take_peer_job();
             self.origin_backup(engine, &mut job, &asked, now);
             self.state = State::AwaitPeer(job);
-            return;
+            return false;
         }
         let ready = job.race[0].is_some() && job.race[1].is_none();
         if !ready || job.hedged {
-            return;
+            return false;
         }
-        let Some(primary) = job.race[0].clone() else { return };
+        let Some(primary) = job.race[0].clone() else { return false };
         let ancestor_left = job.upstreams.iter().any(|p| p.addr != primary);
         if !ancestor_left && primary_moving {
-            return;
+            return true;
         }
         let silent = !ancestor_left && engine.is_silent(&primary, now);
         if !silent && !engine.try_hedge() {
-            return;
+            return false;
         }
         let mut job = self.take_peer_job();
         if ancestor_left {
@@ -1002,6 +1013,7 @@ impl Read {
             self.send_probe(engine, &mut job, primary, now);
         }
         self.state = State::AwaitPeer(job);
+        false
     }
 
     fn take_peer_job(&mut self) -> Job {
@@ -1027,7 +1039,7 @@ impl Read {
         let id = engine.upstream_ref(job.key, &self.object.id, &addr, now).map(|p| p.id);
         self.out.push_back(Action::FetchPeer {
             contender: Contender::Backup,
-            hedge_after: engine.hedge_delay(),
+            hedge_after: engine.hedge_delay().map(probe_wait),
             peer: PeerRef { id: id.unwrap_or_default(), addr },
             key: job.key,
             url: self.url.clone(),
@@ -1748,6 +1760,17 @@ impl Read {
 
 /// Records a peer fetch's outcome on its permit; a shared fetch's other readers hold none (the
 /// fetch's own permit records the outcome once).
+/// Shortest wait for a liveness probe's answer ([`probe_wait`]).
+pub const PROBE_WAIT_FLOOR: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long a hedge's liveness probe may go unanswered before the peer is taken as silent: a
+/// quarter of the hedge delay, at least [`PROBE_WAIT_FLOOR`]. A held-only ask needs no
+/// upstream, so a live peer answers it in about one round trip; the hedge delay is a whole
+/// block fetch (94 ms without an estimate).
+pub fn probe_wait(hedge_delay: std::time::Duration) -> std::time::Duration {
+    (hedge_delay / 4).max(PROBE_WAIT_FLOOR)
+}
+
 fn settle(engine: &mut Engine, permit: Option<Permit<String>>, outcome: Outcome, now: Instant) {
     if let Some(permit) = permit {
         engine.complete(permit, outcome, now);

@@ -18,6 +18,7 @@ use crate::codec::wire::{
     HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, LEAVE_PATH,
     ROSTER_PATH, ROSTER_SELF_QUERY,
 };
+use crate::engine::hedge::DELAY_FLOOR;
 use crate::engine::route::{relay_check, RelayPlan};
 use crate::engine::{Contender, Method, PeerAnswer};
 use crate::hash::BlockKey;
@@ -273,14 +274,26 @@ impl Node {
             return;
         }
         let Wait::Peers(slots) = req.wait else { unreachable!("checked above") };
-        let primary_moving = slots[Contender::Primary.index()].is_some_and(|io| {
+        let recent = self.engine.hedge_delay().unwrap_or_default();
+        // When the primary's body last moved, if its head came.
+        let moved = slots[Contender::Primary.index()].and_then(|io| {
             let x = &self.exchanges[&io];
-            let recent = self.engine.hedge_delay().unwrap_or_default();
-            x.head && now.saturating_duration_since(x.last_progress) < recent
+            x.head.then_some(x.last_progress)
         });
+        let primary_moving = moved.is_some_and(|at| now.saturating_duration_since(at) < recent);
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a live request");
-        req.read.handle_hedge_due(&mut self.engine, primary_moving, now);
+        let again = req.read.handle_hedge_due(&mut self.engine, primary_moving, now);
+        if again {
+            // Looked at again once the body has stood still for a hedge delay.
+            let at =
+                moved.unwrap_or(now).saturating_add(recent).max(now.saturating_add(DELAY_FLOOR));
+            let req = self.requests.get_mut(&rid).expect("a live request");
+            if req.hedge_at.is_none() {
+                req.hedge_at = Some(at);
+                self.hedge_timers.insert((at, rid));
+            }
+        }
         self.drive(rid, now);
         self.working.pop();
     }

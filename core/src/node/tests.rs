@@ -652,26 +652,24 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
     let mut h = Harness::new(reader_hedging_to_origin());
     let (peer, ask) = hedge_probe_of_the_root(&mut h);
     h.io(ask.id, IoEvent::Connected);
-    // Nothing within one more hedge delay: the root is silent, the backup is the origin.
-    h.advance(COLD_DELAY);
+    // Nothing within a quarter of a hedge delay: the root is silent, the backup is the origin.
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
     let fill = h.take_sends().remove(0);
     assert_eq!(fill.endpoint, Endpoint::Origin, "the backup is the origin");
     h.answer_origin(&fill);
-    // The held-only ask ran out of its own short bound (about one hedge delay once connected),
-    // uncharged. The fill stored the block; the read took it and stopped waiting on the root,
-    // whose primary fetch runs on unanswered to record how the root answers it.
-    assert!(h.cancelled(ask.id));
+    // The fill stored the block; the read took it and stopped waiting on the root, whose two
+    // asks run on unanswered to record how the root answers them.
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
     assert!(h.ended(1));
     assert_eq!(h.node.live_requests(), 0);
-    assert!(!h.cancelled(peer.id));
-    assert_eq!(h.node.counters().peer_fetches_run_on, 1);
+    assert!(!h.cancelled(peer.id) && !h.cancelled(ask.id));
+    assert_eq!(h.node.counters().peer_fetches_run_on, 2);
     let s = h.node.stats();
     assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_probes_alive), (1, 1, 0));
     assert_eq!((s.hedge_origin, s.hedge_backup_won, s.landed), (1, 1, 1));
     assert!(h.node.engine().is_silent("p:9000", h.now), "backed up at once by the next reads");
-    // The primary's head bound (the cold 1.5 s) charges the root a timeout; the held-only
-    // ask's short bound charges nothing.
+    // The held-only ask's short bound (one hedge delay once connected) charges nothing; the
+    // primary's head bound (the cold 1.5 s) charges the root a timeout.
     h.advance((Instant::ZERO + Duration::from_millis(1500)).saturating_duration_since(h.now));
     assert!(h.node.exchanges().is_empty());
     let b = breaker_of(&h);
@@ -724,6 +722,40 @@ fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
     assert!(h.ended(1));
     let s = h.node.stats();
     assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_origin), (0, 0, 0));
+}
+
+#[test]
+fn a_child_of_a_root_that_dies_mid_body_probes_it_once_the_body_stands_still() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let peer = h.take_sends().remove(0);
+    let len = BLOCK.min(SIZE);
+    h.io(peer.id, IoEvent::Connected);
+    let headers = Headers::new().with("content-length", len.to_string());
+    h.io(peer.id, IoEvent::Head { status: 200, headers });
+    let moved = h.now + (COLD_DELAY - Duration::from_millis(10));
+    h.advance(COLD_DELAY - Duration::from_millis(10));
+    h.io(peer.id, IoEvent::Body(content(0, len / 2)));
+    h.advance(Duration::from_millis(10));
+    assert!(h.take_sends().is_empty(), "moving: no probe");
+    // The body stops. One hedge delay after it last moved, the root is probed.
+    assert_eq!(h.node.poll_timeout(), Some(moved + COLD_DELAY));
+    h.advance(COLD_DELAY - Duration::from_millis(10));
+    let ask = h.take_sends().remove(0);
+    assert_eq!(ask.url, peer.url);
+    assert_eq!(ask.headers.get_str("x-dart-held-only"), Some("1"));
+    // Silent: after a quarter of a hedge delay the backup is the origin.
+    h.io(ask.id, IoEvent::Connected);
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin);
+    h.answer_origin(&fill);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_origin, s.hedge_backup_won), (1, 1, 1, 1));
 }
 
 #[test]
