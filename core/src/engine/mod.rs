@@ -242,6 +242,24 @@ const DISTRUSTED_MAX: usize = 1024;
 
 /// How long a peer found slow is asked after the other ancestors by every read of the node.
 pub const SLOW_MEMORY: std::time::Duration = std::time::Duration::from_secs(10);
+/// Remembers `addr` in `peers` until `now + memory`, dropping the entries that ran out; at
+/// [`SLOW_PEERS_MAX`] entries the one that runs out first makes room.
+fn remember(
+    peers: &mut BTreeMap<String, Instant>,
+    addr: &str,
+    now: Instant,
+    memory: std::time::Duration,
+) {
+    peers.retain(|_, until| *until > now);
+    if peers.len() >= SLOW_PEERS_MAX && !peers.contains_key(addr) {
+        let oldest = peers.iter().min_by_key(|(_, u)| **u).map(|(a, _)| a.clone());
+        if let Some(a) = oldest {
+            peers.remove(&a);
+        }
+    }
+    peers.insert(addr.to_owned(), now.saturating_add(memory));
+}
+
 /// How long a peer found silent by a hedge's probe is backed up to the origin without another
 /// probe (unless it answers sooner): about the breaker's first cooldown, by when a dead peer's
 /// circuit has usually opened and the tree has replaced it.
@@ -334,14 +352,7 @@ impl Engine {
     /// A read found `addr` slow at `now`: every read of this node asks it after its other
     /// ancestors for [`SLOW_MEMORY`] (it is still asked; the breaker alone excludes peers).
     pub(crate) fn note_slow(&mut self, addr: &str, now: Instant) {
-        self.slow.retain(|_, until| *until > now);
-        if self.slow.len() >= SLOW_PEERS_MAX && !self.slow.contains_key(addr) {
-            let oldest = self.slow.iter().min_by_key(|(_, u)| **u).map(|(a, _)| a.clone());
-            if let Some(a) = oldest {
-                self.slow.remove(&a);
-            }
-        }
-        self.slow.insert(addr.to_owned(), now.saturating_add(SLOW_MEMORY));
+        remember(&mut self.slow, addr, now, SLOW_MEMORY);
     }
 
     /// Whether a read of this node found `addr` slow within [`SLOW_MEMORY`] of `now`.
@@ -350,17 +361,11 @@ impl Engine {
     }
 
     /// A hedge's liveness probe found `addr` silent ([`Read::handle_hedge_due`]): for
-    /// [`SILENT_MEMORY`], or until `addr` answers again, a read whose last ancestor is `addr`
-    /// backs up to the origin at its hedge delay without probing again.
+    /// [`SILENT_MEMORY`], or until `addr` answers again, trees are laid around `addr` as around
+    /// an open circuit (`Engine::upstreams`), and a read still waiting on it backs up to the
+    /// origin at its hedge delay without probing again.
     pub(crate) fn note_silent(&mut self, addr: &str, now: Instant) {
-        self.silent.retain(|_, until| *until > now);
-        if self.silent.len() >= SLOW_PEERS_MAX && !self.silent.contains_key(addr) {
-            let oldest = self.silent.iter().min_by_key(|(_, u)| **u).map(|(a, _)| a.clone());
-            if let Some(a) = oldest {
-                self.silent.remove(&a);
-            }
-        }
-        self.silent.insert(addr.to_owned(), now.saturating_add(SILENT_MEMORY));
+        remember(&mut self.silent, addr, now, SILENT_MEMORY);
     }
 
     /// `addr` answered: it is no longer silent.

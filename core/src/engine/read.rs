@@ -916,8 +916,8 @@ impl Read {
                 continue;
             };
             job.tried_peer = true;
-            // The backup is the next ancestor at another address, or, with none left (this
-            // node is a child of the chunk's root), the origin.
+            // Every primary carries the hedge timer: with another ancestor left, the backup
+            // goes there; with none, `handle_hedge_due` probes this one before the origin.
             let hedge_after = match contender {
                 Contender::Primary => engine.hedge_delay(),
                 Contender::Backup => None,
@@ -926,18 +926,7 @@ impl Read {
                 engine.on_peer_fetch();
             }
             job.race[contender.index()] = Some(peer.addr.clone());
-            self.out.push_back(Action::FetchPeer {
-                contender,
-                hedge_after,
-                peer,
-                key: job.key,
-                url: self.url.clone(),
-                held_only: false,
-                hop: self.hop(),
-                expected_len: job.expected,
-                permit,
-                cut_through: self.is_relay() && engine.config.cut_through,
-            });
+            self.ask_peer(engine, job, contender, hedge_after, peer, permit, false);
             return true;
         }
         false
@@ -1037,13 +1026,30 @@ impl Read {
         job.probe = Probe::Out;
         job.race[Contender::Backup.index()] = Some(addr.clone());
         let id = engine.upstream_ref(job.key, &self.object.id, &addr, now).map(|p| p.id);
+        let peer = PeerRef { id: id.unwrap_or_default(), addr };
+        let hedge_after = engine.hedge_delay().map(probe_wait);
+        self.ask_peer(engine, job, Contender::Backup, hedge_after, peer, permit, true);
+    }
+
+    /// Emits the ask of `peer` for `job`'s block as `contender` ([`Action::FetchPeer`]).
+    #[allow(clippy::too_many_arguments)]
+    fn ask_peer(
+        &mut self,
+        engine: &Engine,
+        job: &Job,
+        contender: Contender,
+        hedge_after: Option<std::time::Duration>,
+        peer: PeerRef,
+        permit: Permit<String>,
+        held_only: bool,
+    ) {
         self.out.push_back(Action::FetchPeer {
-            contender: Contender::Backup,
-            hedge_after: engine.hedge_delay().map(probe_wait),
-            peer: PeerRef { id: id.unwrap_or_default(), addr },
+            contender,
+            hedge_after,
+            peer,
             key: job.key,
             url: self.url.clone(),
-            held_only: true,
+            held_only,
             hop: self.hop(),
             expected_len: job.expected,
             permit,
@@ -1225,18 +1231,7 @@ impl Read {
         engine.on_peer_fetch();
         let addr = peer.addr.clone();
         job.race[Contender::Primary.index()] = Some(addr.clone());
-        self.out.push_back(Action::FetchPeer {
-            contender: Contender::Primary,
-            hedge_after: None,
-            peer,
-            key: job.key,
-            url: self.url.clone(),
-            held_only: true,
-            hop: self.hop(),
-            expected_len: job.expected,
-            permit,
-            cut_through: self.is_relay() && engine.config.cut_through,
-        });
+        self.ask_peer(engine, job, Contender::Primary, None, peer, permit, true);
         Some(addr)
     }
 

@@ -699,9 +699,10 @@ fn a_child_of_a_live_root_keeps_waiting_on_it_and_never_pays_the_origin_twice() 
     assert_eq!(h.node.live_requests(), 0);
 }
 
-#[test]
-fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
-    let mut h = Harness::new(reader_hedging_to_origin());
+/// Starts a one-block read of [`reader_hedging_to_origin`] whose root sends its head and half
+/// the block 10 ms before the hedge comes due; returns (the primary, the block's length, when
+/// its body last moved). Nothing is sent when the hedge comes due: the body is moving.
+fn root_streaming_at_the_hedge(h: &mut Harness) -> (IoRequest, u64, Instant) {
     h.read(1, Some("bytes=0-9"));
     let probe = h.take_sends().remove(0);
     h.answer_origin(&probe);
@@ -710,12 +711,20 @@ fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
     h.io(peer.id, IoEvent::Connected);
     let headers = Headers::new().with("content-length", len.to_string());
     h.io(peer.id, IoEvent::Head { status: 200, headers });
-    // The body is still moving when the hedge comes due: the root is alive on a slow path (a
-    // narrow link), so neither a probe nor the origin, which would carry the block twice.
     h.advance(COLD_DELAY - Duration::from_millis(10));
+    let moved = h.now;
     h.io(peer.id, IoEvent::Body(content(0, len / 2)));
     h.advance(Duration::from_millis(10));
-    assert!(h.take_sends().is_empty(), "no probe, no origin");
+    assert!(h.take_sends().is_empty(), "moving: no probe, no origin");
+    (peer, len, moved)
+}
+
+#[test]
+fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    // The body is still moving when the hedge comes due: the root is alive on a slow path (a
+    // narrow link), so neither a probe nor the origin, which would carry the block twice.
+    let (peer, len, _) = root_streaming_at_the_hedge(&mut h);
     h.io(peer.id, IoEvent::Body(content(len / 2, len - len / 2)));
     h.io(peer.id, IoEvent::End);
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
@@ -727,19 +736,7 @@ fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
 #[test]
 fn a_child_of_a_root_that_dies_mid_body_probes_it_once_the_body_stands_still() {
     let mut h = Harness::new(reader_hedging_to_origin());
-    h.read(1, Some("bytes=0-9"));
-    let probe = h.take_sends().remove(0);
-    h.answer_origin(&probe);
-    let peer = h.take_sends().remove(0);
-    let len = BLOCK.min(SIZE);
-    h.io(peer.id, IoEvent::Connected);
-    let headers = Headers::new().with("content-length", len.to_string());
-    h.io(peer.id, IoEvent::Head { status: 200, headers });
-    let moved = h.now + (COLD_DELAY - Duration::from_millis(10));
-    h.advance(COLD_DELAY - Duration::from_millis(10));
-    h.io(peer.id, IoEvent::Body(content(0, len / 2)));
-    h.advance(Duration::from_millis(10));
-    assert!(h.take_sends().is_empty(), "moving: no probe");
+    let (peer, _, moved) = root_streaming_at_the_hedge(&mut h);
     // The body stops. One hedge delay after it last moved, the root is probed.
     assert_eq!(h.node.poll_timeout(), Some(moved + COLD_DELAY));
     h.advance(COLD_DELAY - Duration::from_millis(10));
