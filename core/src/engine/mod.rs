@@ -21,6 +21,7 @@ mod p2p_tests;
 mod tests;
 
 pub use meta::ObjectMeta;
+pub(crate) use read::peer_outcome;
 pub use read::{
     block_verdict, probe_wait, Action, Contender, FetchedBlock, Method, PeerAnswer, Preconditions,
     Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window, PROBE_WAIT_FLOOR,

@@ -405,8 +405,8 @@ enum Probe {
     Out,
     /// The peer answered it (any head: it is alive, so its slowness is its upstream's).
     Alive,
-    /// It failed to answer (no connection, no head within its bound, or not within one hedge
-    /// delay): the backup went to the origin.
+    /// It failed to answer (no connection, no head within its bound, or not within
+    /// [`probe_wait`]), or a probe found the peer silent lately: the backup went to the origin.
     Silent,
 }
 
@@ -996,7 +996,6 @@ impl Read {
             // its first one may have spent), the origin at once.
             job.hedged = true;
             engine.stats.hedge_fired += 1;
-            job.probe = Probe::Out;
             self.origin_backup(engine, &mut job, &primary, now);
         } else {
             self.send_probe(engine, &mut job, primary, now);
@@ -1013,14 +1012,13 @@ impl Read {
     }
 
     /// Sends the liveness probe of [`Read::handle_hedge_due`]: a held-only ask of `addr` (the
-    /// primary's peer) as the backup, with one more hedge delay to answer in. When the breaker
+    /// primary's peer) as the backup, with [`probe_wait`] to answer in. When the breaker
     /// refuses it, the backup goes to the origin at once (the peer's circuit just turned).
     fn send_probe(&mut self, engine: &mut Engine, job: &mut Job, addr: String, now: Instant) {
         job.hedged = true;
         engine.stats.hedge_fired += 1;
         engine.stats.hedge_probes += 1;
         let Some(permit) = engine.admit(&addr, now) else {
-            job.probe = Probe::Out;
             return self.origin_backup(engine, job, &addr, now);
         };
         job.probe = Probe::Out;
@@ -1062,7 +1060,6 @@ impl Read {
     /// the primary wins first, the fill still fills the cache. At most once per block. The node
     /// remembers `addr` silent ([`Engine::note_silent`]).
     fn origin_backup(&mut self, engine: &mut Engine, job: &mut Job, addr: &str, now: Instant) {
-        debug_assert_eq!(job.probe, Probe::Out);
         job.probe = Probe::Silent;
         engine.note_silent(addr, now);
         if job.origin_backup {
@@ -1087,13 +1084,7 @@ impl Read {
             observation,
             Observation::DialFailed | Observation::TimedOut | Observation::BodyInterrupted
         );
-        if observation == Observation::TimedOut {
-            // A held-only ask's short bound: not charged (seeds: a busy peer is not a failed
-            // one), but remembered slow.
-            settle(engine, permit, Outcome::Abandoned, now);
-        } else {
-            settle(engine, permit, observation.outcome(), now);
-        }
+        settle(engine, permit, peer_outcome(observation, true), now);
         if silent {
             if job.probe == Probe::Out {
                 self.origin_backup(engine, &mut job, &asked, now);
@@ -1372,14 +1363,7 @@ impl Read {
             }
             PeerAnswer::Failed(observation) => {
                 let held_only = job.asked_held_only(&asked);
-                if held_only && observation == Observation::TimedOut {
-                    // A held-only ask waits only a short head bound (about one hedge delay: it
-                    // needs no upstream), too short to judge a busy peer by: not charged, but
-                    // remembered slow, so the next asks skip it for a while.
-                    settle(engine, permit, Outcome::Abandoned, now);
-                } else {
-                    settle(engine, permit, observation.outcome(), now);
-                }
+                settle(engine, permit, peer_outcome(observation, held_only), now);
                 if observation != Observation::Miss {
                     engine.stats.peer_failover += 1;
                 }
@@ -1764,6 +1748,17 @@ pub const PROBE_WAIT_FLOOR: std::time::Duration = std::time::Duration::from_mill
 /// block fetch (94 ms without an estimate).
 pub fn probe_wait(hedge_delay: std::time::Duration) -> std::time::Duration {
     (hedge_delay / 4).max(PROBE_WAIT_FLOOR)
+}
+
+/// How a peer fetch that ended with `observation` is recorded against the peer: as its
+/// observation says, except that a held-only ask's short head bound (about one hedge delay: it
+/// needs no upstream) is too short to judge a busy peer by, so its timeout is not charged (the
+/// peer is remembered slow instead).
+pub(crate) fn peer_outcome(observation: Observation, held_only: bool) -> Outcome {
+    match observation {
+        Observation::TimedOut if held_only => Outcome::Abandoned,
+        o => o.outcome(),
+    }
 }
 
 fn settle(engine: &mut Engine, permit: Option<Permit<String>>, outcome: Outcome, now: Instant) {

@@ -574,14 +574,10 @@ impl Node {
             return self.event(Event::BlockFetched { ticket, answer: Some(answer) });
         }
         if job.run_on {
-            // Nobody waits on it: it ran on only to record how the peer answered. A held-only
-            // ask's short bound is not the peer's fault (as in `Read::handle_peer`).
+            // Nobody waits on it: it ran on only to record how the peer answered.
             debug_assert!(job.readers.is_empty());
             let permit = permit.take().expect("a run-on fetch holds its permit");
-            let outcome = match observation {
-                Observation::TimedOut if job.held_only => crate::breaker::Outcome::Abandoned,
-                o => o.outcome(),
-            };
+            let outcome = crate::engine::peer_outcome(observation, job.held_only);
             if let Some(p2p) = self.engine.p2p_mut() {
                 p2p.breaker.complete(permit, outcome, now);
             }
