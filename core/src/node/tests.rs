@@ -630,10 +630,7 @@ fn reader_hedging_to_origin() -> Node {
 /// Starts a one-block read of [`reader_hedging_to_origin`], lets its hedge come due and returns
 /// (the primary peer fetch, the liveness probe): a held-only ask of the same root.
 fn hedge_probe_of_the_root(h: &mut Harness) -> (IoRequest, IoRequest) {
-    h.read(1, Some("bytes=0-9"));
-    let probe = h.take_sends().remove(0);
-    h.answer_origin(&probe);
-    let peer = h.take_sends().remove(0);
+    let peer = start_block_read(h, &["p:9000".to_owned()]);
     assert_eq!(peer.endpoint, Endpoint::Peer);
     h.io(peer.id, IoEvent::Connected);
     // No estimate yet: the hedge is due after the cold delay. No ancestor is left but the root
@@ -703,10 +700,7 @@ fn a_child_of_a_live_root_keeps_waiting_on_it_and_never_pays_the_origin_twice() 
 /// the block 10 ms before the hedge comes due; returns (the primary, the block's length, when
 /// its body last moved). Nothing is sent when the hedge comes due: the body is moving.
 fn root_streaming_at_the_hedge(h: &mut Harness) -> (IoRequest, u64, Instant) {
-    h.read(1, Some("bytes=0-9"));
-    let probe = h.take_sends().remove(0);
-    h.answer_origin(&probe);
-    let peer = h.take_sends().remove(0);
+    let peer = start_block_read(h, &["p:9000".to_owned()]);
     let len = BLOCK.min(SIZE);
     h.io(peer.id, IoEvent::Connected);
     let headers = Headers::new().with("content-length", len.to_string());
