@@ -321,6 +321,16 @@ impl prometheus_client::collector::Collector for Collected {
              read of this node stored them (its peer fetches cancelled, not charged).",
             s.landed,
         )?;
+        let resumed = [("resumed", s.streams_resumed), ("refused", s.streams_resume_refused)];
+        counter(
+            &mut enc,
+            "dart_relay_stream_resume",
+            "Committed relay streams of a block that landed in this node's store meanwhile: \
+             finished from that copy (resumed: every byte already forwarded was the copy's), or \
+             left to end on their own (refused: they were not).",
+            "result",
+            &resumed,
+        )?;
         plain_counter(
             &mut enc,
             "dart_store_blocks_rotten",

@@ -194,6 +194,10 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
         let sample = format!("dart_hedge_probe_total{{result=\"{result}\"}} 0");
         assert!(text.contains(&sample), "{text}");
     }
+    for result in ["resumed", "refused"] {
+        let sample = format!("dart_relay_stream_resume_total{{result=\"{result}\"}} 0");
+        assert!(text.contains(&sample), "{text}");
+    }
     assert!(text.contains("dart_relay_early_answer_total{reason=\"upstream_slow\"} 0"), "{text}");
     assert!(text.contains("dart_peer_failover_total 0"), "{text}");
     assert!(text.contains("dart_warm_blocks_dropped_total 0"), "{text}");

@@ -176,13 +176,15 @@ fn circuits_to<'a>(
     })
 }
 
-/// Peer requests that timed out on nodes other than `dead` (honest relays blamed for waiting on
-/// their own upstream).
+/// Peer requests of the other nodes that timed out on nodes other than `dead` (honest relays
+/// blamed for waiting on their own upstream). The faulty node's own requests are not counted: cut
+/// off from everyone (a black hole), every ask it makes times out, which blames nobody the
+/// cluster could have spared (and those of its asks that are held-only are not charged at all).
 fn blamed_relays(report: &RunReport, dead: usize) -> u64 {
     report
-        .peer_answers
+        .peer_timeouts
         .iter()
-        .filter(|((peer, kind), _)| *peer != dead && kind == "TimedOut")
+        .filter(|((asker, peer), _)| *asker != dead && *peer != dead)
         .map(|(_, n)| n)
         .sum()
 }
@@ -286,18 +288,14 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
             format!("slowest read {worst:?} within baseline {base_worst:?} + one header and dial bound per tree level ({depth})"),
         );
         // Since a child of the root probes it and backs up to the origin when it is silent
-        // (`Read::handle_hedge_due`): 1.32-2.01 x over 30 seeds at full scale (median 1.36);
-        // 2.8-2.9 x before (a dial bound plus a head wait on the dead root).
+        // (`Read::handle_hedge_due`), and a relay committed to a stream that the dead root
+        // stopped feeding finishes it from the copy that lands in its node's store
+        // (`Read::resume_stream`): 1.32-1.38 x over 30 seeds at full scale, 1.36-1.43 x at
+        // test scale. 1.32-2.01 x with the probe alone (relays ended only at their progress
+        // bound); 2.8-2.9 x before it (a dial bound plus a head wait on the dead root).
         check.that(
-            worst.as_secs_f64() <= 2.25 * base_worst.as_secs_f64(),
-            format!("slowest read {worst:?} ≤ 2.25 × the fault-free {base_worst:?}"),
-        );
-        check.gap(
             worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
             format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
-            "met on 23 of 30 seeds at full scale; on the others a reader sits below relays committed \
-             to streams the dead root's chain stopped feeding, which end only at their progress \
-             bound (docs/tail.md, seed 14 traced)",
         );
         let object = run.spec.cluster.objects[0].size;
         let origin_share = r.origin.body_bytes as f64 / object as f64;
@@ -309,12 +307,7 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
             format!("origin bytes {:.2} × the object ≤ 1.25", origin_share),
         );
         let blamed = blamed_relays(r, root);
-        check.gap(
-            blamed == 0,
-            format!("{blamed} timeouts charged to honest relays = 0"),
-            "a relay answers 504 + X-DART-Upstream-Status before its requester's budget ends, but a relay \
-             that is itself waiting in an origin flight or on a streaming upstream is still timed out",
-        );
+        check.that(blamed == 0, format!("{blamed} timeouts charged to honest relays = 0"));
         check.note(format!(
             "slowest read {worst:?} vs {base_worst:?} without the fault; origin {} range requests vs {}; \
              {blamed} timeouts charged to honest relays; {} stale refetches; {} blocks asked of a \

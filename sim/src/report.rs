@@ -190,6 +190,8 @@ pub struct RunReport {
     pub stale_refetches: u64,
     /// Peer answers by (answering node, how they ended: `Block` or an observation).
     pub peer_answers: std::collections::BTreeMap<(usize, String), u64>,
+    /// Peer requests that timed out, by (asking node, answering node).
+    pub peer_timeouts: std::collections::BTreeMap<(usize, usize), u64>,
     /// Liveness reads that did not complete in time, described.
     pub liveness_failures: Vec<String>,
     /// Every object's versions, oldest first (the last is the one the origin served at the end).

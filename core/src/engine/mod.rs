@@ -182,6 +182,12 @@ pub struct EngineStats {
     /// Blocks a read waiting on peers took from this node's store instead, when another read
     /// of this node stored them first (its peer fetches were cancelled, not charged).
     pub landed: u64,
+    /// Of those, committed relay streams finished from the landed copy: its first bytes matched
+    /// every byte the stream had forwarded, so the rest came from it ([`Read::resume_stream`]).
+    pub streams_resumed: u64,
+    /// Landed copies a committed stream could not be finished from: the bytes the stream had
+    /// forwarded differ from them (the stream ends on its own, and its footer judges it).
+    pub streams_resume_refused: u64,
     /// Blocks a read asked a neighbour for before paying the origin (spec/overlay.md §5).
     pub neighbour_asks: u64,
     /// Of those, blocks the neighbour held (origin reads saved).
@@ -531,6 +537,12 @@ impl Engine {
     /// Counts a relay request declined by [`route::relay_check`] before any work.
     pub fn note_relay_declined(&mut self) {
         self.stats.relay_declined += 1;
+    }
+
+    /// Counts a landed copy that a committed relay stream could not be finished from
+    /// ([`EngineStats::streams_resume_refused`]).
+    pub fn note_stream_resume_refused(&mut self) {
+        self.stats.streams_resume_refused += 1;
     }
 
     /// Reports a peer request whose task went away without an answer.

@@ -1432,6 +1432,51 @@ impl Read {
         true
     }
 
+    /// Whether this read is a relay whose committed stream of block `key` (`len` bytes) could be
+    /// finished from a copy that landed in this node's store ([`Read::resume_stream`]).
+    pub fn streams_peer_block(&self, key: BlockKey, len: u64) -> bool {
+        matches!(&self.state, State::AwaitPeer(job)
+            if job.key == key && job.streaming && job.expected == len)
+    }
+
+    /// Block `key` landed in this node's store (another read of this node fetched it: its
+    /// origin backup, its hedge, a fetch of its own) while this relay's committed stream of it
+    /// was still open: the shell found that every byte the stream had forwarded is the landed
+    /// copy's, and sent the copy's remaining bytes after them. The stream ends as served from
+    /// that copy (its digest is the copy's), instead of waiting on an upstream that stopped
+    /// feeding it until the body's progress bound cuts it off and truncates the response. The
+    /// upstream fetch is dropped, and runs on to its end when `run_on` (its body stood still:
+    /// how it ends is recorded against the peer); a cancel is never charged. False, and nothing
+    /// changes, unless [`Read::streams_peer_block`] holds.
+    pub fn resume_stream(
+        &mut self,
+        engine: &mut Engine,
+        key: BlockKey,
+        data: &Bytes,
+        run_on: bool,
+    ) -> bool {
+        if !self.streams_peer_block(key, data.len() as u64) {
+            return false;
+        }
+        let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
+            unreachable!("checked above")
+        };
+        for contender in [Contender::Primary, Contender::Backup] {
+            if job.race[contender.index()].take().is_some() {
+                self.out.push_back(Action::CancelPeer { contender, run_on });
+            }
+        }
+        engine.stats.landed += 1;
+        engine.stats.streams_resumed += 1;
+        self.count(&mut engine.stats.block_source_cache);
+        self.count(&mut engine.stats.relay_served);
+        // Stored already: only the response ends.
+        self.emitted = data.len() as u64;
+        self.served = Some(data.clone());
+        self.finish();
+        true
+    }
+
     /// The end of a cut-through stream: the bytes were already forwarded; only a complete block of
     /// the exact length is cached, anything else truncates the requester's response.
     fn finish_stream(

@@ -68,6 +68,17 @@ impl BodyBuf {
         }
     }
 
+    /// Whether the first `len` bytes held are the first `len` bytes of `other` (false when
+    /// either holds fewer).
+    pub fn starts_like(&self, len: usize, other: &[u8]) -> bool {
+        let held: &[u8] = match (&self.one, &self.many) {
+            (_, Some(m)) => m,
+            (Some(b), None) => b,
+            (None, None) => &[],
+        };
+        held.len() >= len && other.len() >= len && held[..len] == other[..len]
+    }
+
     /// Every byte, leaving the body empty.
     pub fn take(&mut self) -> Bytes {
         match (self.one.take(), self.many.take()) {

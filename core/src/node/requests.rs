@@ -1,7 +1,7 @@
 //! Inbound requests on the client plane and the reads that serve them: the response heads, flow
 //! control, cancellation, store answers and the verbatim passthrough of Range-blind origins.
 
-use super::exchange::{Expiry, Job};
+use super::exchange::{Exchange, Expiry, Job};
 use super::flights::Fill;
 use super::io::{
     BlockSource, Endpoint, Event, Head, Headers, Inbound, IoError, IoEvent, IoId, Output, Plane,
@@ -811,8 +811,61 @@ impl Node {
                         node.working.pop();
                     });
                 }
+                let streaming: Vec<RequestId> = self
+                    .requests
+                    .iter()
+                    .filter(|(_, r)| {
+                        !r.cancelled
+                            && r.read.streams_peer_block(key, data.len() as u64)
+                            && self.may_store(r.read.object(), r.read.version())
+                    })
+                    .map(|(rid, _)| *rid)
+                    .collect();
+                for rid in streaming {
+                    self.isolated(now, |node| node.resume_stream(rid, key, &data, now));
+                }
             }
         }
+    }
+
+    /// Relay `rid`'s committed stream of block `key` can end from the copy `data` that just
+    /// landed in the store, when every byte it forwarded is that copy's: the copy's remaining
+    /// bytes go out after them, and the read ends the stream ([`crate::engine::Read::resume_stream`]).
+    /// A stream that forwarded other bytes (its upstream sent another version's, or lied) is left
+    /// to end on its own: its footer judges it, and its requester refuses a block that does not
+    /// match the digest the relay sends. The upstream fetch runs on to its end when its body has
+    /// stood still for a hedge delay (a stalled or dead peer is then charged for it).
+    fn resume_stream(
+        &mut self,
+        rid: RequestId,
+        key: crate::hash::BlockKey,
+        data: &Bytes,
+        now: Instant,
+    ) {
+        let Some(Wait::Peers(slots)) = self.requests.get(&rid).map(|r| r.wait) else { return };
+        let stream = slots.iter().flatten().find_map(|io| match self.exchanges.get(io) {
+            Some(x @ Exchange { job: Job::Peer(p), .. }) => {
+                p.readers.iter().find(|r| r.rid == rid && r.streaming).map(|r| {
+                    (r.forwarded, p.copy.starts_like(r.forwarded as usize, data), x.last_progress)
+                })
+            }
+            _ => None,
+        });
+        let Some((forwarded, same, moved)) = stream else { return };
+        if !same {
+            self.engine.note_stream_resume_refused();
+            return;
+        }
+        let still =
+            now.saturating_duration_since(moved) >= self.engine.hedge_delay().unwrap_or_default();
+        self.working.push(rid);
+        let req = self.requests.get_mut(&rid).expect("a streaming relay");
+        if req.read.resume_stream(&mut self.engine, key, data, still) {
+            let tail = data.slice(forwarded as usize..);
+            self.send_requester(rid, Output::Body { id: rid, data: tail });
+            self.drive(rid, now);
+        }
+        self.working.pop();
     }
 
     pub(super) fn leave_exchange(&mut self, io: IoId, rid: RequestId, now: Instant) {

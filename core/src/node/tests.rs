@@ -2602,6 +2602,68 @@ fn a_requester_does_not_blame_a_relay_that_reports_its_upstream_slow() {
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
 }
 
+/// A read of block 0 and a relay of it share one fetch from the root, which sends its head and
+/// half the block, then dies; the read's hedge finds the root silent and fills the block from
+/// the origin. `upstream` is what the root sent of the block's first half. Returns (the shared
+/// fetch, the block's length).
+fn relay_stream_whose_root_dies(h: &mut Harness, upstream: Bytes) -> (IoRequest, u64) {
+    let up = start_block_read(h, &["p:9000".to_owned()]);
+    relay_from(h, 7, 0, "child-a");
+    assert!(h.take_sends().is_empty(), "the relay joins the read's fetch");
+    let len = BLOCK.min(SIZE);
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head());
+    h.io(up.id, IoEvent::Body(upstream.clone()));
+    assert_eq!(h.body_of(7), upstream.to_vec(), "the relay is committed to the stream");
+    h.advance(COLD_DELAY);
+    let ask = h.take_sends().remove(0);
+    assert_eq!(ask.headers.get_str("x-dart-held-only"), Some("1"), "the root is probed");
+    h.io(ask.id, IoEvent::Connected);
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin, "silent: the origin fills the block");
+    h.answer_origin(&fill);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec(), "the read took the block that landed");
+    (up, len)
+}
+
+#[test]
+fn a_committed_relay_stream_whose_upstream_stops_is_finished_from_the_copy_that_lands() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let len = BLOCK.min(SIZE);
+    let (up, _) = relay_stream_whose_root_dies(&mut h, content(0, len / 2));
+    // The relay's stream goes on from the landed copy where the root left it, and ends with the
+    // copy's digest: its requester gets the whole block, not a truncated answer after the
+    // body's progress bound.
+    assert_eq!(h.relay_block_of(7), content(0, len).to_vec());
+    assert!(h.ended(7) && !h.aborted(7));
+    let s = h.node.stats();
+    assert_eq!((s.streams_resumed, s.streams_resume_refused, s.landed), (1, 0, 2));
+    assert_eq!(h.node.live_requests(), 0);
+    // The fetch from the dead root runs on, unanswered, and its progress bound charges the root.
+    assert!(!h.cancelled(up.id));
+    h.advance(Duration::from_secs(2));
+    assert!(h.node.exchanges().is_empty());
+    assert_eq!(breaker_of(&h).soft, 1, "the root's stalled body is charged");
+    assert_eq!(store_puts(&h), 1, "the block is stored once, by the origin fill");
+}
+
+#[test]
+fn a_committed_stream_that_forwarded_other_bytes_is_never_finished_from_the_landed_copy() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let len = BLOCK.min(SIZE);
+    // The root sent bytes that are not the origin's (another version's, or a lie).
+    let (up, _) = relay_stream_whose_root_dies(&mut h, content_of(9, 0, len / 2));
+    assert!(!h.ended(7), "no mix of the root's bytes and the copy's");
+    let s = h.node.stats();
+    assert_eq!((s.streams_resumed, s.streams_resume_refused), (0, 1));
+    // The stream ends as it would have: cut off at its progress bound, the response truncated.
+    h.advance(Duration::from_secs(2));
+    assert!(h.aborted(7));
+    assert!(h.cancelled(up.id) || h.node.exchanges().is_empty());
+    assert_eq!(h.node.live_requests(), 0);
+}
+
 // ---- Shared peer fetches: reads of one block from one peer ask it once ----
 
 fn relay_from(h: &mut Harness, id: u64, block: u64, requester: &str) {

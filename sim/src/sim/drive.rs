@@ -633,6 +633,9 @@ impl Sim {
                     o => format!("{o:?}"),
                 };
                 self.trace.line(self.now, format_args!("peer-answer n{n} n{j} {kind}"));
+                if observation == Observation::TimedOut {
+                    *self.peer_timeouts.entry((n, j)).or_default() += 1;
+                }
                 *self.peer_answers.entry((j, kind)).or_default() += 1;
             }
             Event::Failed { request, status, committed, error } => {

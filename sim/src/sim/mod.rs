@@ -107,6 +107,7 @@ pub struct Sim {
     pub(crate) violation: Option<Violation>,
     pub(crate) stale_refetches: u64,
     pub(crate) peer_answers: BTreeMap<(usize, String), u64>,
+    pub(crate) peer_timeouts: BTreeMap<(usize, usize), u64>,
     /// Objects the plan replaces: a node must never cache their blocks without knowing which
     /// version it reads (a later probe could not tell what to drop).
     pub(crate) replaced: Vec<bool>,
@@ -192,6 +193,7 @@ impl Sim {
             violation: None,
             stale_refetches: 0,
             peer_answers: BTreeMap::new(),
+            peer_timeouts: BTreeMap::new(),
             replaced,
             buffers: drive::Buffers::default(),
             events: 0,
@@ -773,6 +775,7 @@ impl Sim {
             violation: self.violation.take(),
             stale_refetches: self.stale_refetches,
             peer_answers: std::mem::take(&mut self.peer_answers),
+            peer_timeouts: std::mem::take(&mut self.peer_timeouts),
             liveness_failures: std::mem::take(&mut self.liveness_failures),
             versions: (0..self.spec.cluster.objects.len())
                 .map(|o| self.origin.versions(o).to_vec())
