@@ -321,6 +321,13 @@ impl prometheus_client::collector::Collector for Collected {
              read of this node stored them (its peer fetches cancelled, not charged).",
             s.landed,
         )?;
+        plain_counter(
+            &mut enc,
+            "dart_origin_window_streamed",
+            "Client reads' block windows passed on from the origin as they arrived (the window \
+             named the version the read serves), instead of held whole first.",
+            s.origin_streams,
+        )?;
         let resumed = [("resumed", s.streams_resumed), ("refused", s.streams_resume_refused)];
         counter(
             &mut enc,

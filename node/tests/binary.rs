@@ -194,6 +194,7 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
         let sample = format!("dart_hedge_probe_total{{result=\"{result}\"}} 0");
         assert!(text.contains(&sample), "{text}");
     }
+    assert!(text.contains("dart_origin_window_streamed_total "), "{text}");
     for result in ["resumed", "refused"] {
         let sample = format!("dart_relay_stream_resume_total{{result=\"{result}\"}} 0");
         assert!(text.contains(&sample), "{text}");

@@ -239,8 +239,11 @@ fn herd_expectations(run: &Run<'_>, check: &mut Check) {
     );
     let peer = r.blocks.iter().filter(|b| b.source == BlockSource::Peer).count();
     check.note(format!(
-        "origin bytes {} for {} readers; {peer} blocks came from peers",
-        r.origin.body_bytes, run.spec.cluster.nodes
+        "origin bytes {} for {} readers; {peer} blocks came from peers; {} client windows passed \
+         on from the origin as they arrived",
+        r.origin.body_bytes,
+        run.spec.cluster.nodes,
+        engine_total(r, |e| e.origin_streams),
     ));
     note_latency(check, r, &[]);
     // Every reader about as fast as if it read alone: the herd's p99 against the slowest

@@ -188,6 +188,11 @@ pub struct EngineStats {
     /// Landed copies a committed stream could not be finished from: the bytes the stream had
     /// forwarded differ from them (the stream ends on its own, and its footer judges it).
     pub streams_resume_refused: u64,
+    /// Client reads' block windows passed on from the origin as they arrived, instead of held
+    /// whole first ([`Read::origin_stream_span`]).
+    pub origin_streams: u64,
+    /// Client bytes of those windows passed on before the window ended.
+    pub origin_streamed_bytes: u64,
     /// Blocks a read asked a neighbour for before paying the origin (spec/overlay.md §5).
     pub neighbour_asks: u64,
     /// Of those, blocks the neighbour held (origin reads saved).

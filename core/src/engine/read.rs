@@ -371,8 +371,11 @@ struct Job {
     /// The part of the block a look-up asks for (a client read needing less than the block).
     window: Option<Window>,
     upstreams: VecDeque<PeerRef>,
-    /// A cut-through relay has committed its head to the upstream peer's stream.
+    /// A cut-through relay has committed its head to the upstream peer's stream, or (in
+    /// [`State::AwaitFetch`]) the read streams its origin window as it arrives.
     streaming: bool,
+    /// Bytes of `seg` a client read streaming its origin window has emitted so far.
+    forwarded: u64,
     /// A peer was asked for this block (so a concurrent read may have cached it meanwhile).
     tried_peer: bool,
     /// The store was consulted again after the peers failed, just before the origin.
@@ -878,6 +881,7 @@ impl Read {
                 window: None,
                 upstreams,
                 streaming: false,
+                forwarded: 0,
                 tried_peer: false,
                 rechecked: false,
                 race: [None, None],
@@ -1236,15 +1240,72 @@ impl Read {
             && matches!(&self.state, State::AwaitFetch(job) if !job.streaming)
     }
 
-    /// A cut-through relay's origin window answered with the range honoured: commit the head
-    /// now ([`Action::Respond`]); the shell forwards the window's bytes itself, all but the last
-    /// until [`Read::handle_fetch`] proves the length. After this a failure only truncates the
-    /// response.
+    /// The bytes of the block (offsets within it, first and last inclusive) this read would
+    /// pass on as its origin window arrives, if it may stream the window: a cut-through relay
+    /// ([`Read::may_stream_origin`]) the whole block; a client `GET` the part of the block its
+    /// range covers, when the window is of the version the read serves (`window`, the
+    /// validators on the window's head, name the read's version, or the object is immutable)
+    /// and nothing of this block was passed on yet. A window whose version cannot be told is
+    /// never streamed to a client: a change found at its end could then only cut the response
+    /// short, where a held block lets the read start over.
+    pub fn origin_stream_span(&self, engine: &Engine, window: &ObjectMeta) -> Option<(u64, u64)> {
+        let State::AwaitFetch(job) = &self.state else { return None };
+        if job.streaming || self.ahead {
+            return None;
+        }
+        if self.is_relay() {
+            return self.may_stream_origin(engine).then(|| (0, job.expected - 1));
+        }
+        if !matches!(self.kind, Kind::Client { method: Method::Get, .. }) {
+            return None;
+        }
+        let same = engine.is_immutable(&self.object)
+            || self.version.as_ref().and_then(|v| v.same_version(window)) == Some(true);
+        if !same {
+            return None;
+        }
+        let block_start = job.seg.block_index * engine.config.geometry.block_bytes();
+        Some((job.seg.from - block_start, job.seg.to - block_start))
+    }
+
+    /// This read's origin window answered with the range honoured, and the shell streams it
+    /// ([`Read::origin_stream_span`] said which bytes). A relay commits its head now
+    /// ([`Action::Respond`]); the shell forwards the window's bytes itself, all but the last
+    /// until [`Read::handle_fetch`] proves the length. A client read commits its held head with
+    /// the first bytes the shell passes on ([`Read::stream_origin_part`]). After this a failure
+    /// only truncates the response.
     pub fn handle_origin_started(&mut self, engine: &mut Engine) {
-        assert!(self.may_stream_origin(engine), "an origin stream out of turn");
-        let State::AwaitFetch(job) = &mut self.state else { unreachable!("checked") };
+        let State::AwaitFetch(job) = &mut self.state else {
+            panic!("an origin stream out of turn");
+        };
+        assert!(!job.streaming, "an origin stream starts once");
         job.streaming = true;
-        self.commit_relay_head(engine);
+        if self.is_relay() {
+            assert!(engine.config.cut_through, "only relays that cut through stream");
+            self.commit_relay_head(engine);
+        } else {
+            engine.stats.origin_streams += 1;
+        }
+    }
+
+    /// The next bytes of a client read's streaming origin window, within its span: they go
+    /// out at once ([`Action::Emit`]), after the held head.
+    pub fn stream_origin_part(&mut self, engine: &mut Engine, data: Bytes) {
+        assert!(!self.is_relay(), "a client read's origin stream");
+        let State::AwaitFetch(job) = &mut self.state else {
+            panic!("an origin stream part out of turn");
+        };
+        assert!(job.streaming, "a started origin stream");
+        assert!(
+            job.forwarded + data.len() as u64 <= job.seg.to - job.seg.from + 1,
+            "past the span"
+        );
+        job.forwarded += data.len() as u64;
+        self.commit_head();
+        self.emitted += data.len() as u64;
+        engine.stats.client_bytes += data.len() as u64;
+        engine.stats.origin_streamed_bytes += data.len() as u64;
+        self.out.push_back(Action::Emit(data));
     }
 
     /// A relay's head: 200, the block's length, the object's validators as the node knows them.
@@ -1534,7 +1595,7 @@ impl Read {
             engine.stats.origin_bytes += block.data.len() as u64;
         }
         match block_verdict(self.size, job.expected, &block) {
-            Verdict::Cache if job.streaming => {
+            Verdict::Cache if job.streaming && self.is_relay() => {
                 self.count(&mut engine.stats.block_source_origin);
                 return self.end_stream(engine, job.key, block.data);
             }
@@ -1568,6 +1629,11 @@ impl Read {
             }
         }
         self.count(&mut engine.stats.block_source_origin);
+        if job.streaming {
+            // A client read whose first bytes of this block went out as they arrived.
+            self.emit_segment_from(engine, job.seg, &block.data, job.forwarded);
+            return self.next_block(engine);
+        }
         self.deliver(engine, job.seg, &block.data);
     }
 
@@ -1696,6 +1762,7 @@ impl Read {
                     window,
                     upstreams: VecDeque::new(),
                     streaming: false,
+                    forwarded: 0,
                     tried_peer: false,
                     rechecked: false,
                     race: [None, None],
@@ -1719,8 +1786,18 @@ impl Read {
     }
 
     fn emit_segment(&mut self, engine: &mut Engine, seg: Segment, block: &Bytes) {
+        self.emit_segment_from(engine, seg, block, 0)
+    }
+
+    /// Emits a block's part of the range but its first `skip` bytes (they went out already);
+    /// nothing when none are left.
+    fn emit_segment_from(&mut self, engine: &mut Engine, seg: Segment, block: &Bytes, skip: u64) {
         let block_start = seg.block_index * engine.config.geometry.block_bytes();
-        let from = usize::try_from(seg.from - block_start).expect("offset inside a block");
+        let from = seg.from + skip - block_start;
+        if from > seg.to - block_start {
+            return self.commit_head();
+        }
+        let from = usize::try_from(from).expect("offset inside a block");
         let to = usize::try_from(seg.to - block_start).expect("offset inside a block");
         let slice = block.slice(from..=to);
         self.commit_head();

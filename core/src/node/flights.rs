@@ -10,7 +10,7 @@ use super::io::{
     BlockSource, Endpoint, Event, FetchKind, Headers, IoEvent, IoId, Output, RequestId,
 };
 use super::requests::Wait;
-use super::Node;
+use super::{Node, BODY_WINDOW};
 use crate::codec::redact::redact_url;
 use crate::engine::flight::{joiner_action, FlightId, FlightKey, JoinerAction, Role};
 use crate::engine::origin::{
@@ -40,9 +40,14 @@ pub(super) struct Waiter {
     pub url: String,
     /// The request's `Authorization`, sent with any origin exchange made for it.
     pub auth: Option<Vec<u8>>,
-    /// A cut-through relay that committed its head to this flight's window: the bytes
-    /// forwarded to its requester so far (never the window's last byte before the end).
+    /// A read that streams this flight's window (a cut-through relay that committed its head
+    /// to it, or a client read of the window's version): the bytes of its span passed on so
+    /// far (never the window's last byte before the end).
     pub streamed: Option<u64>,
+    /// The bytes of the block it passes on, first and last (offsets within the block), and
+    /// whether it is a client read (whose bytes go through its read, [`Read::stream_origin_part`]).
+    pub span: (u64, u64),
+    pub client: bool,
 }
 
 /// A flight in progress.
@@ -80,13 +85,27 @@ impl Node {
             Role::Lead(fid) => {
                 let owner = Owner::Flight(fid);
                 let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
-                let waiters = vec![Waiter { request: rid, url, auth, streamed: None }];
+                let waiters = vec![Waiter {
+                    request: rid,
+                    url,
+                    auth,
+                    streamed: None,
+                    span: (0, 0),
+                    client: false,
+                }];
                 self.flight_state.insert(fid, Flight { key, io, waiters, fill });
                 Wait::Flight(fid)
             }
             Role::Join(fid) => {
                 let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
-                flight.waiters.push(Waiter { request: rid, url, auth, streamed: None });
+                flight.waiters.push(Waiter {
+                    request: rid,
+                    url,
+                    auth,
+                    streamed: None,
+                    span: (0, 0),
+                    client: false,
+                });
                 Wait::Flight(fid)
             }
             Role::Alone => {
@@ -189,7 +208,7 @@ impl Node {
                     self.origin_done(io, result, true, now);
                 } else {
                     self.start_origin_streams(io, now);
-                    self.forward_origin_streams(io);
+                    self.forward_origin_streams(io, now);
                 }
             }
             IoEvent::End => {
@@ -208,13 +227,16 @@ impl Node {
         }
     }
 
-    /// Origin window `io` honours its range: every cut-through relay waiting on its flight
-    /// that has not yet committed its head commits it now (a relay that joined after the head
-    /// starts at the next body part, with the bytes already received).
+    /// Origin window `io` honours its range: every read waiting on its flight that may stream
+    /// it ([`Read::origin_stream_span`]: a cut-through relay, or a client read of the window's
+    /// version) and has not started starts now; a relay commits its head (one that joined after
+    /// the head starts at the next body part, with the bytes already received).
     fn start_origin_streams(&mut self, io: IoId, now: Instant) {
         let Some(x) = self.exchanges.get(&io) else { return };
         let Job::Origin {
-            owner: Owner::Flight(fid), body: OriginBody::Reading { plan, .. }, ..
+            owner: Owner::Flight(fid),
+            body: OriginBody::Reading { plan, meta, .. },
+            ..
         } = &x.job
         else {
             return;
@@ -224,29 +246,30 @@ impl Node {
         }
         let fid = *fid;
         let Some(flight) = self.flight_state.get(&fid) else { return };
-        let starting: Vec<RequestId> = flight
+        let starting: Vec<(RequestId, (u64, u64), bool)> = flight
             .waiters
             .iter()
             .filter(|w| w.streamed.is_none())
-            .map(|w| w.request)
-            .filter(|rid| {
-                self.requests
-                    .get(rid)
-                    .is_some_and(|r| !r.cancelled && r.read.may_stream_origin(&self.engine))
+            .filter_map(|w| {
+                let r = self.requests.get(&w.request).filter(|r| !r.cancelled)?;
+                let span = r.read.origin_stream_span(&self.engine, meta)?;
+                Some((w.request, span, r.plane == super::io::Plane::Client))
             })
             .collect();
-        for rid in starting {
+        for (rid, span, client) in starting {
             let flight = self.flight_state.get_mut(&fid).expect("a live flight");
             if let Some(w) = flight.waiters.iter_mut().find(|w| w.request == rid) {
-                w.streamed = Some(0);
+                (w.streamed, w.span, w.client) = (Some(0), span, client);
             }
             self.start_relay_stream(rid, now, |read, engine| read.handle_origin_started(engine));
         }
     }
 
-    /// Forwards what origin window `io` holds to its flight's streaming relays, all but the
-    /// window's last byte (the end proves the length first).
-    fn forward_origin_streams(&mut self, io: IoId) {
+    /// Forwards what origin window `io` holds to its flight's streaming reads, all but the
+    /// window's last byte (the end proves the length first): a relay's straight to its
+    /// requester, a client read's through its read while its response window has room (what
+    /// it has no room for goes out whole when the window ends).
+    fn forward_origin_streams(&mut self, io: IoId, now: Instant) {
         let Some(x) = self.exchanges.get(&io) else { return };
         let Job::Origin {
             owner: Owner::Flight(fid),
@@ -260,13 +283,34 @@ impl Node {
         let Fill::Block { expected, .. } = flight.fill else { return };
         let safe = (buf.len() as u64).min(plan.read_max).min(expected.saturating_sub(1));
         let mut parts = Vec::new();
+        let mut client_parts = Vec::new();
         for w in &mut flight.waiters {
-            if let Some(done) = w.streamed.filter(|&done| safe > done) {
-                parts.push((w.request, buf.slice(done as usize..safe as usize)));
-                w.streamed = Some(safe);
+            let Some(done) = w.streamed else { continue };
+            let (from, to) = (w.span.0 + done, safe.min(w.span.1 + 1));
+            if to <= from {
+                continue;
+            }
+            if w.client {
+                let room = self.requests.get(&w.request).is_some_and(|r| r.window < BODY_WINDOW);
+                if room {
+                    client_parts.push((w.request, buf.slice(from as usize..to as usize)));
+                    w.streamed = Some(to - w.span.0);
+                }
+            } else {
+                parts.push((w.request, buf.slice(from as usize..to as usize)));
+                w.streamed = Some(to - w.span.0);
             }
         }
         self.send_parts(parts);
+        for (rid, data) in client_parts {
+            self.isolated(now, |node| {
+                node.working.push(rid);
+                let req = node.requests.get_mut(&rid).expect("a streaming read is live");
+                req.read.stream_origin_part(&mut node.engine, data);
+                node.drive(rid, now);
+                node.working.pop();
+            });
+        }
     }
 
     /// Judges the bytes an origin block exchange read so far.
@@ -341,8 +385,8 @@ impl Node {
             };
             let key = flight.key.clone();
             let result = result.clone();
-            if let (Some(done), Ok(Judged::Block(b, _)), Fill::Block { expected, .. }) =
-                (w.streamed, &result, &flight.fill)
+            if let (Some(done), false, Ok(Judged::Block(b, _)), Fill::Block { expected, .. }) =
+                (w.streamed, w.client, &result, &flight.fill)
             {
                 // A whole window of the block's length: the stream's last bytes go out now.
                 if b.data.len() as u64 == *expected && done < *expected {

@@ -398,6 +398,116 @@ fn a_cold_read_probes_fetches_every_block_and_serves_exact_bytes() {
     assert_eq!(h.node.poll_timeout(), None, "no timer outlives its exchange");
 }
 
+// ---- A cold client read passes its origin window on as it arrives ----
+
+/// Starts a client read of `range` (bytes within block 1) on a node whose origin names its
+/// version with `etag` (or none), answers the probe and the window's head, and returns the
+/// window's exchange and its first byte.
+fn cold_window(h: &mut Harness, range: &str, etag: Option<&str>) -> (IoRequest, u64) {
+    if let Some(etag) = etag {
+        h.origin.etag = Some(etag.to_owned());
+    }
+    h.read(1, Some(range));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let window = h.take_sends().remove(0);
+    assert_eq!(
+        window.headers.get_str("range"),
+        Some(format!("bytes={BLOCK}-{}", 2 * BLOCK - 1).as_str())
+    );
+    h.io(window.id, IoEvent::Connected);
+    let mut headers = Headers::new()
+        .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
+        .with("content-length", BLOCK.to_string());
+    if let Some(etag) = etag {
+        headers = headers.with("etag", etag);
+    }
+    h.io(window.id, IoEvent::Head { status: 206, headers });
+    (window, BLOCK)
+}
+
+#[test]
+fn a_cold_client_read_passes_its_origin_window_on_as_it_arrives() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let range = format!("bytes={}-{}", BLOCK + 100, 2 * BLOCK - 1);
+    let (window, start) = cold_window(&mut h, &range, Some("\"v0\""));
+    assert!(h.head_of(1).is_none(), "the head waits for the first bytes");
+    h.io(window.id, IoEvent::Body(content(start, 300)));
+    // The range's first 200 bytes arrived: they go out at once, after the held head.
+    assert_eq!(h.head_of(1).map(|x| x.status), Some(206));
+    assert_eq!(h.body_of(1), content(BLOCK + 100, 200).to_vec());
+    h.io(window.id, IoEvent::Body(content(start + 300, BLOCK - 300)));
+    // All but the block's last byte: the end proves the window's length first.
+    assert_eq!(h.body_of(1).len() as u64, BLOCK - 100 - 1);
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content(BLOCK + 100, BLOCK - 100).to_vec());
+    assert!(h.ended(1));
+    assert_eq!(h.store.len(), 1, "the window is cached as before");
+    let s = h.node.stats();
+    assert_eq!((s.origin_streams, s.origin_streamed_bytes), (1, BLOCK - 100 - 1));
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_window_whose_version_the_read_cannot_tell_is_held_whole_before_any_byte_goes_out() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let range = format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1);
+    // No validators anywhere: a change could be found only at the window's end, when a
+    // streamed response could no longer start over.
+    let (window, start) = cold_window(&mut h, &range, None);
+    h.io(window.id, IoEvent::Body(content(start, BLOCK / 2)));
+    assert!(h.head_of(1).is_none() && h.body_of(1).is_empty(), "held whole");
+    h.io(window.id, IoEvent::Body(content(start + BLOCK / 2, BLOCK / 2)));
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.node.stats().origin_streams, 0);
+}
+
+#[test]
+fn a_streamed_window_cut_short_truncates_the_response_and_caches_nothing() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let range = format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1);
+    let (window, start) = cold_window(&mut h, &range, Some("\"v0\""));
+    h.io(window.id, IoEvent::Body(content(start, BLOCK / 2)));
+    assert_eq!(h.body_of(1), content(BLOCK, BLOCK / 2).to_vec());
+    h.io(window.id, IoEvent::End);
+    // Short: the bytes that went out were the origin's, but the response is cut short, never
+    // completed, and the short window is not cached.
+    assert!(h.aborted(1) && !h.ended(1));
+    assert!(h.store.is_empty());
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_client_that_stops_reading_is_sent_no_more_of_a_streaming_window_until_it_ends() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.drain = false;
+    let range = format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1);
+    let (window, start) = cold_window(&mut h, &range, Some("\"v0\""));
+    let parts = |h: &Harness| {
+        h.outputs.iter().filter(|o| matches!(o, Output::Body { id, .. } if id.0 == 1)).count()
+    };
+    for i in 0..8 {
+        h.io(window.id, IoEvent::Body(content(start + i * 100, 100)));
+    }
+    assert_eq!(
+        parts(&h),
+        BODY_WINDOW as usize,
+        "at most a response window of parts is handed over"
+    );
+    h.io(window.id, IoEvent::Body(content(start + 800, BLOCK - 800)));
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content(BLOCK, 400).to_vec(), "nothing more until it drains");
+    assert_eq!(h.store.len(), 1, "the window is cached meanwhile");
+    // It reads again: the rest goes out whole, from the block the window ended with.
+    h.drain = true;
+    for _ in 0..BODY_WINDOW {
+        h.feed(Input::Drained { id: RequestId(1) });
+    }
+    assert_eq!(h.body_of(1), content(BLOCK, BLOCK).to_vec());
+    assert!(h.ended(1));
+}
+
 #[test]
 fn a_whole_block_that_rotted_in_the_store_is_read_afresh_and_a_range_of_it_is_not_checked() {
     let mut h = Harness::new(node_with(engine(), ""));
