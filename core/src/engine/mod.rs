@@ -544,6 +544,11 @@ impl Engine {
         self.stats.relay_declined += 1;
     }
 
+    /// Counts origin bytes that came in for a flight no read waited on at its end.
+    pub fn note_origin_bytes(&mut self, bytes: u64) {
+        self.stats.origin_bytes += bytes;
+    }
+
     /// Counts a landed copy that a committed relay stream could not be finished from
     /// ([`EngineStats::streams_resume_refused`]).
     pub fn note_stream_resume_refused(&mut self) {

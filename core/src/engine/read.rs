@@ -1308,6 +1308,20 @@ impl Read {
         self.out.push_back(Action::Emit(data));
     }
 
+    /// Every byte of this client read's span of its streaming origin window went out (the span
+    /// ends before the block's last byte, so no length proof is needed for it): the read moves
+    /// on without waiting for the rest of the window, which the shell's flight still stores.
+    pub fn handle_origin_stream_done(&mut self, engine: &mut Engine) {
+        assert!(!self.is_relay(), "a client read's origin stream");
+        let State::AwaitFetch(job) = std::mem::replace(&mut self.state, State::Done) else {
+            panic!("an origin stream's end out of turn");
+        };
+        assert!(job.streaming, "a started origin stream");
+        assert_eq!(job.forwarded, job.seg.to - job.seg.from + 1, "the whole span went out");
+        self.count(&mut engine.stats.block_source_origin);
+        self.next_block(engine);
+    }
+
     /// A relay's head: 200, the block's length, the object's validators as the node knows them.
     fn commit_relay_head(&mut self, engine: &Engine) {
         self.head_sent = true;

@@ -301,12 +301,29 @@ impl Node {
                 w.streamed = Some(to - w.span.0);
             }
         }
+        // A client read whose range ends before the block's last byte has it all once its span
+        // went out: it leaves the flight (which goes on to fill the store) and moves on, instead
+        // of waiting for the rest of the window.
+        let mut done = Vec::new();
+        flight.waiters.retain(|w| {
+            let whole =
+                w.client && w.streamed == Some(w.span.1 - w.span.0 + 1) && w.span.1 + 1 < expected;
+            if whole {
+                done.push(w.request);
+            }
+            !whole
+        });
         self.send_parts(parts);
         for (rid, data) in client_parts {
+            let had = done.contains(&rid);
             self.isolated(now, |node| {
                 node.working.push(rid);
                 let req = node.requests.get_mut(&rid).expect("a streaming read is live");
                 req.read.stream_origin_part(&mut node.engine, data);
+                if had {
+                    req.wait = Wait::Ready;
+                    req.read.handle_origin_stream_done(&mut node.engine);
+                }
                 node.drive(rid, now);
                 node.working.pop();
             });
@@ -360,6 +377,11 @@ impl Node {
                 self.learn_probe(object, *outcome, meta.clone(), now);
             }
             (Ok(Judged::Block(b, meta)), Fill::Block { key, expected, size, class }) => {
+                if flight.waiters.is_empty() {
+                    // Nobody reads the result (they left, or had their range before it ended):
+                    // its bytes still came in.
+                    self.engine.note_origin_bytes(b.data.len() as u64);
+                }
                 let object = match &flight.key {
                     FlightKey::Block(identity, ..) => ObjectId::from_id(identity),
                     FlightKey::Probe(_) => unreachable!("a block flight"),

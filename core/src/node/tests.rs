@@ -449,6 +449,29 @@ fn a_cold_client_read_passes_its_origin_window_on_as_it_arrives() {
 }
 
 #[test]
+fn a_range_that_ends_inside_the_window_ends_when_its_bytes_went_out_and_the_window_is_still_cached()
+{
+    let mut h = Harness::new(node_with(engine(), ""));
+    let range = format!("bytes={}-{}", BLOCK + 10, BLOCK + 209);
+    let (window, start) = cold_window(&mut h, &range, Some("\"v0\""));
+    h.io(window.id, IoEvent::Body(content(start, 300)));
+    // Its 200 bytes arrived: the response is over, without waiting for the rest of the window.
+    assert_eq!(h.body_of(1), content(BLOCK + 10, 200).to_vec());
+    assert!(h.ended(1));
+    assert_eq!(h.node.live_requests(), 0);
+    assert!(!h.cancelled(window.id), "the window goes on");
+    h.io(window.id, IoEvent::Body(content(start + 300, BLOCK - 300)));
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.store.len(), 1, "and fills the store");
+    let s = h.node.stats();
+    assert_eq!((s.origin_bytes, s.block_source_origin, s.client_bytes), (BLOCK, 1, 200));
+    // The next read of that block is a hit.
+    h.read(2, Some(&range));
+    assert_eq!(h.body_of(2), content(BLOCK + 10, 200).to_vec());
+    assert!(h.take_sends().is_empty());
+}
+
+#[test]
 fn a_window_whose_version_the_read_cannot_tell_is_held_whole_before_any_byte_goes_out() {
     let mut h = Harness::new(node_with(engine(), ""));
     let range = format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1);
