@@ -50,6 +50,13 @@ pub(super) struct Waiter {
     pub client: bool,
 }
 
+impl Waiter {
+    /// Request `request` waits, streaming nothing yet.
+    fn new(request: RequestId, url: String, auth: Option<Vec<u8>>) -> Self {
+        Waiter { request, url, auth, streamed: None, span: (0, 0), client: false }
+    }
+}
+
 /// A flight in progress.
 #[derive(Debug)]
 pub(super) struct Flight {
@@ -85,27 +92,13 @@ impl Node {
             Role::Lead(fid) => {
                 let owner = Owner::Flight(fid);
                 let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
-                let waiters = vec![Waiter {
-                    request: rid,
-                    url,
-                    auth,
-                    streamed: None,
-                    span: (0, 0),
-                    client: false,
-                }];
+                let waiters = vec![Waiter::new(rid, url, auth)];
                 self.flight_state.insert(fid, Flight { key, io, waiters, fill });
                 Wait::Flight(fid)
             }
             Role::Join(fid) => {
                 let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
-                flight.waiters.push(Waiter {
-                    request: rid,
-                    url,
-                    auth,
-                    streamed: None,
-                    span: (0, 0),
-                    client: false,
-                });
+                flight.waiters.push(Waiter::new(rid, url, auth));
                 Wait::Flight(fid)
             }
             Role::Alone => {
