@@ -142,7 +142,7 @@ impl Cluster {
                         self.serve_peer(&peer.addr, key, &url, held_only, hop, expected_len);
                     if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
                         // The peer's 200 head arrived: commit ours and forward as bytes arrive.
-                        read.handle_peer_started(&mut self.nodes[at].engine, contender);
+                        read.handle_peer_started(&mut self.nodes[at].engine, contender, false, now);
                         let Some(Action::Respond(_)) = read.poll_action() else {
                             panic!("a started stream sends its head first");
                         };

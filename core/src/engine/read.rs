@@ -1348,7 +1348,15 @@ impl Read {
     /// A cut-through relay's upstream peer answered 200: commit the head now. The read emits
     /// [`Action::Respond`]; the shell forwards body bytes itself as they arrive, then answers
     /// [`Read::handle_peer`]. After this, a failure can only truncate the response.
-    pub fn handle_peer_started(&mut self, engine: &mut Engine, contender: Contender) {
+    /// `rival_unreached`: the other contender's fetch, if any, has not connected yet (the shell's
+    /// word).
+    pub fn handle_peer_started(
+        &mut self,
+        engine: &mut Engine,
+        contender: Contender,
+        rival_unreached: bool,
+        now: Instant,
+    ) {
         let State::AwaitPeer(mut job) = std::mem::replace(&mut self.state, State::Done) else {
             panic!("peer stream start out of turn");
         };
@@ -1357,6 +1365,23 @@ impl Read {
         assert!(job.race[contender.index()].is_some(), "a stream of a fetch in flight");
         // The first stream to start wins: there is never a second stream.
         let winner = job.race[contender.index()].take();
+        if contender == Contender::Backup {
+            // As when a backup's whole block wins: the primary it beat is remembered slow, so
+            // the next blocks ask it after the other ancestors. One the shell had not even
+            // reached runs on, unanswered, so that a dead peer is still charged (remembered
+            // slow, it is asked last, and its circuit would otherwise never open).
+            if let Some(primary) = job.race[Contender::Primary.index()].clone() {
+                if Some(&primary) != winner.as_ref() {
+                    self.mark_slow(engine, primary, now);
+                    if rival_unreached {
+                        job.race[Contender::Primary.index()] = None;
+                        let cancel =
+                            Action::CancelPeer { contender: Contender::Primary, run_on: true };
+                        self.out.push_back(cancel);
+                    }
+                }
+            }
+        }
         self.cancel_race(&mut job);
         job.race[contender.index()] = winner;
         if job.hedged {

@@ -463,8 +463,16 @@ impl Node {
             })
             .collect();
         for (rid, contender) in starting {
+            // The rival still dialling (no connection yet) when this stream wins: most likely a
+            // peer that is gone, so its fetch runs on to record how it ends.
+            let rival = match self.requests.get(&rid).map(|r| r.wait) {
+                Some(Wait::Peers(slots)) => slots[contender.other().index()],
+                _ => None,
+            };
+            let unreached =
+                rival.and_then(|io| self.exchanges.get(&io)).is_some_and(|x| !x.connected);
             self.start_relay_stream(rid, now, |read, engine| {
-                read.handle_peer_started(engine, contender)
+                read.handle_peer_started(engine, contender, unreached, now)
             });
         }
     }

@@ -2503,6 +2503,58 @@ fn a_hedge_beats_a_slow_primary_and_the_loser_is_not_blamed() {
 }
 
 #[test]
+fn a_relay_whose_backup_stream_wins_asks_the_beaten_primary_last_for_the_next_blocks() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    size_known(&mut h);
+    relay_from(&mut h, 7, 0, "z");
+    let primary = peer_sends(&h).remove(0);
+    assert!(primary.url.starts_with(&format!("http://{}/", ancestors[0])), "the parent first");
+    h.io(primary.id, IoEvent::Connected);
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    // The backup's stream starts first: the relay commits to it, and the parent it beat is
+    // remembered slow, as when a backup's whole block wins (before, only that path did, so a
+    // relay asked a stalled parent first again for its very next block).
+    h.io(backup.id, IoEvent::Connected);
+    h.io(backup.id, block_head());
+    assert!(h.cancelled(primary.id));
+    assert_eq!(h.head_of(7).map(|x| x.status), Some(200));
+    assert!(h.node.engine().is_slow(&ancestors[0], h.now));
+    h.io(backup.id, IoEvent::Body(content(0, BLOCK)));
+    h.io(backup.id, IoEvent::End);
+    assert_eq!(h.relay_block_of(7), content(0, BLOCK).to_vec());
+    relay_from(&mut h, 8, 1, "z");
+    let next = peer_sends(&h).pop().expect("the next block's fetch");
+    assert!(next.url.starts_with(&format!("http://{}/", ancestors[1])), "the slow parent last");
+}
+
+#[test]
+fn a_primary_still_dialling_when_a_backup_stream_wins_runs_on_and_a_dead_peer_is_charged() {
+    let (node, ancestors) = hedging_reader(1.0);
+    let mut h = Harness::new(node);
+    size_known(&mut h);
+    relay_from(&mut h, 7, 0, "z");
+    let primary = peer_sends(&h).remove(0);
+    // The parent never accepts the connection (gone); the backup's stream starts first.
+    h.advance(Duration::from_millis(20));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    h.io(backup.id, IoEvent::Connected);
+    h.io(backup.id, block_head());
+    assert!(!h.cancelled(primary.id), "it runs on to record how it ends");
+    assert!(h.node.engine().is_slow(&ancestors[0], h.now));
+    h.io(backup.id, IoEvent::Body(content(0, BLOCK)));
+    h.io(backup.id, IoEvent::End);
+    assert_eq!(h.relay_block_of(7), content(0, BLOCK).to_vec());
+    // Its dial bound charges the dead parent (a hard failure), as a fetch of its own would.
+    h.advance(Bounds::default().peer_dial);
+    assert!(h.node.exchanges().is_empty());
+    assert_eq!(breaker_of(&h).hard, 1);
+    assert_eq!(h.node.counters().peer_fetches_run_on, 1);
+}
+
+#[test]
 fn with_hedging_off_a_slow_primary_is_waited_for_and_nothing_is_duplicated() {
     let (node, ancestors) = hedging_reader(0.0);
     let mut h = Harness::new(node);
