@@ -194,14 +194,15 @@ impl Node {
                 }
                 let room = plan.read_max - buf.len() as u64;
                 let take = (data.len() as u64).min(room) as usize;
-                buf.push(data.slice(..take));
+                let fresh = data.slice(..take);
+                buf.push(fresh.clone());
                 if buf.len() as u64 == plan.read_max {
                     // Whatever is left of the body is aborted.
                     let result = self.judge_block(io);
                     self.origin_done(io, result, true, now);
                 } else {
                     self.start_origin_streams(io, now);
-                    self.forward_origin_streams(io, now);
+                    self.forward_origin_streams(io, &fresh, now);
                 }
             }
             IoEvent::End => {
@@ -262,7 +263,11 @@ impl Node {
     /// window's last byte (the end proves the length first): a relay's straight to its
     /// requester, a client read's through its read while its response window has room (what
     /// it has no room for goes out whole when the window ends).
-    fn forward_origin_streams(&mut self, io: IoId, now: Instant) {
+    ///
+    /// `fresh` is the part that just arrived (the last bytes the window holds): what a reader
+    /// takes of it is a handle on it, not a copy; only a reader that lags behind it (one that
+    /// joined late, or whose response window was full) is handed a copy of the bytes before.
+    fn forward_origin_streams(&mut self, io: IoId, fresh: &bytes::Bytes, now: Instant) {
         let Some(x) = self.exchanges.get(&io) else { return };
         let Job::Origin {
             owner: Owner::Flight(fid),
@@ -275,6 +280,14 @@ impl Node {
         let Some(flight) = self.flight_state.get_mut(fid) else { return };
         let Fill::Block { expected, .. } = flight.fill else { return };
         let safe = (buf.len() as u64).min(plan.read_max).min(expected.saturating_sub(1));
+        let fresh_start = (buf.len() - fresh.len()) as u64;
+        let part = |from: u64, to: u64| {
+            if from >= fresh_start {
+                fresh.slice((from - fresh_start) as usize..(to - fresh_start) as usize)
+            } else {
+                buf.slice(from as usize..to as usize)
+            }
+        };
         let mut parts = Vec::new();
         let mut client_parts = Vec::new();
         for w in &mut flight.waiters {
@@ -286,11 +299,11 @@ impl Node {
             if w.client {
                 let room = self.requests.get(&w.request).is_some_and(|r| r.window < BODY_WINDOW);
                 if room {
-                    client_parts.push((w.request, buf.slice(from as usize..to as usize)));
+                    client_parts.push((w.request, part(from, to)));
                     w.streamed = Some(to - w.span.0);
                 }
             } else {
-                parts.push((w.request, buf.slice(from as usize..to as usize)));
+                parts.push((w.request, part(from, to)));
                 w.streamed = Some(to - w.span.0);
             }
         }
