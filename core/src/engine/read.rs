@@ -455,8 +455,12 @@ enum Kind {
 /// A missed block is asked of this node's usable tree ancestors nearest first (circuit not
 /// open; the breaker admits each request), then the origin. A peer's 404 or failure escalates to
 /// the next ancestor at once; a peer's block of the wrong length is never trusted: its circuit
-/// opens (hard failure) and the origin is asked. A relay emits its head only once it holds the
-/// whole block, so every relay failure is a clean status.
+/// opens (hard failure) and the origin is asked. A relay that does not cut through emits its
+/// head only once it holds the whole block, so its every failure is a clean status; a
+/// cut-through relay commits its head on its upstream's, after which a failure can only
+/// truncate. A client read holds its head until its first body bytes: a block's, or the first
+/// bytes of an origin window of the read's version passed on as they arrive
+/// ([`Read::origin_stream_span`]), after which a failure can only truncate too.
 ///
 /// # Invariants
 /// - Emitted bytes are exactly the requested bytes of the object, in order, and their total
