@@ -1146,9 +1146,15 @@ impl Read {
     fn cancel_race(&mut self, job: &mut Job) {
         let run_on = job.probe == Probe::Silent;
         for contender in [Contender::Primary, Contender::Backup] {
-            if job.race[contender.index()].take().is_some() {
-                self.out.push_back(Action::CancelPeer { contender, run_on });
-            }
+            self.cancel_contender(job, contender, run_on);
+        }
+    }
+
+    /// Stops `contender` if it is in flight ([`Action::CancelPeer`]; `run_on`: its fetch runs
+    /// on, unanswered, to record how the peer answers).
+    fn cancel_contender(&mut self, job: &mut Job, contender: Contender, run_on: bool) {
+        if job.race[contender.index()].take().is_some() {
+            self.out.push_back(Action::CancelPeer { contender, run_on });
         }
     }
 
@@ -1234,19 +1240,10 @@ impl Read {
         Some(addr)
     }
 
-    /// Whether this relay read may commit its head on its origin window's head and stream the
-    /// window's bytes as they arrive (a relay, cutting through, acquiring its block from the
-    /// origin, not started yet).
-    pub fn may_stream_origin(&self, engine: &Engine) -> bool {
-        self.is_relay()
-            && !self.ahead
-            && engine.config.cut_through
-            && matches!(&self.state, State::AwaitFetch(job) if !job.streaming)
-    }
-
     /// The bytes of the block (offsets within it, first and last inclusive) this read would
-    /// pass on as its origin window arrives, if it may stream the window: a cut-through relay
-    /// ([`Read::may_stream_origin`]) the whole block; a client `GET` the part of the block its
+    /// pass on as its origin window arrives, if it may stream the window (it acquires its block
+    /// from the origin and has not started): a relay that cuts through, the whole block (its
+    /// head is committed on the window's); a client `GET` the part of the block its
     /// range covers, when the window is of the version the read serves (`window`, the
     /// validators on the window's head, name the read's version, or the object is immutable)
     /// and nothing of this block was passed on yet. A window whose version cannot be told is
@@ -1258,7 +1255,7 @@ impl Read {
             return None;
         }
         if self.is_relay() {
-            return self.may_stream_origin(engine).then(|| (0, job.expected - 1));
+            return engine.config.cut_through.then(|| (0, job.expected - 1));
         }
         if !matches!(self.kind, Kind::Client { method: Method::Get, .. }) {
             return None;
@@ -1378,10 +1375,7 @@ impl Read {
                 if Some(&primary) != winner.as_ref() {
                     self.mark_slow(engine, primary, now);
                     if rival_unreached {
-                        job.race[Contender::Primary.index()] = None;
-                        let cancel =
-                            Action::CancelPeer { contender: Contender::Primary, run_on: true };
-                        self.out.push_back(cancel);
+                        self.cancel_contender(&mut job, Contender::Primary, true);
                     }
                 }
             }
@@ -1566,9 +1560,7 @@ impl Read {
             unreachable!("checked above")
         };
         for contender in [Contender::Primary, Contender::Backup] {
-            if job.race[contender.index()].take().is_some() {
-                self.out.push_back(Action::CancelPeer { contender, run_on });
-            }
+            self.cancel_contender(&mut job, contender, run_on);
         }
         engine.stats.landed += 1;
         engine.stats.streams_resumed += 1;
