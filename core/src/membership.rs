@@ -94,7 +94,8 @@ impl Member {
 }
 
 /// An immutable canonical membership snapshot. Clones share one copy of the member list and
-/// one memo of HRW rankings (a simulated cluster of N nodes holds one of each, not N).
+/// one memo of HRW rankings and of the address index (a simulated cluster of N nodes holds one
+/// of each, not N).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct View {
     members: std::sync::Arc<[Member]>,
@@ -106,12 +107,34 @@ pub struct View {
 /// Most chunks whose rankings a view keeps; past it the memo starts again.
 pub const RANKINGS_MAX: usize = 1024;
 
-/// HRW rankings of a view's Ready members by chunk key, shared by the view's clones. A memo of a
-/// pure function: it never makes two views differ (equal whatever it holds).
+/// One chunk's HRW ranking of the Ready members (their indices in [`View::ready`], best first)
+/// and its inverse: `positions[k]` is where Ready member `k` stands in `order`.
+#[derive(Clone, Debug)]
+pub struct Ranking {
+    /// Ready indices, best ranked first.
+    pub order: std::sync::Arc<[u32]>,
+    /// `order`'s inverse: the rank of each Ready index.
+    pub positions: std::sync::Arc<[u32]>,
+}
+
+/// Memos of pure functions of a view, shared by its clones: HRW rankings by chunk key, and the
+/// Ready members by address. They never make two views differ (equal whatever they hold).
 #[derive(Clone, Default)]
-struct Rankings(
-    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, std::sync::Arc<[u32]>>>>,
-);
+struct Rankings(std::sync::Arc<Memos>);
+
+#[derive(Default)]
+struct Memos {
+    rankings: std::sync::Mutex<std::collections::BTreeMap<u64, Ranking>>,
+    addresses: std::sync::OnceLock<Addresses>,
+}
+
+/// The Ready members by address (their indices in [`View::ready`]).
+struct Addresses {
+    /// Those with an empty address, ascending.
+    none: Vec<u32>,
+    /// Those with an address, ordered by address (then index).
+    by_addr: Vec<u32>,
+}
 
 impl PartialEq for Rankings {
     fn eq(&self, _: &Rankings) -> bool {
@@ -161,21 +184,66 @@ impl View {
     /// The Ready members (their indices in [`View::ready`]) ranked for `key` by HRW, best
     /// first; memoised, and shared by every clone of this view.
     pub fn ranking(&self, key: u64) -> std::sync::Arc<[u32]> {
-        let lock = || self.rankings.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(order) = lock().get(&key) {
-            return order.clone();
+        self.ranking_with_positions(key).order
+    }
+
+    /// [`View::ranking`] with its inverse (each Ready member's rank), from the same memo.
+    pub fn ranking_with_positions(&self, key: u64) -> Ranking {
+        let memos = &self.rankings.0;
+        let lock = || memos.rankings.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(ranking) = lock().get(&key) {
+            return ranking.clone();
         }
         let ready: Vec<(&str, f64)> = self.ready().map(|m| (m.id.as_str(), m.weight)).collect();
         let order: std::sync::Arc<[u32]> = crate::hrw::rank(key, &ready)
             .into_iter()
             .map(|i| u32::try_from(i).expect("fewer than 2^32 members"))
             .collect();
+        let mut positions = vec![0u32; order.len()];
+        for (rank, &k) in order.iter().enumerate() {
+            positions[k as usize] = u32::try_from(rank).expect("fewer than 2^32 members");
+        }
+        let ranking = Ranking { order, positions: positions.into() };
         let mut memo = lock();
         if memo.len() >= RANKINGS_MAX {
             memo.clear();
         }
-        memo.insert(key, order.clone());
-        order
+        memo.insert(key, ranking.clone());
+        ranking
+    }
+
+    /// The index in [`View::ready`] of the Ready member `id`, found by bisection.
+    pub fn ready_index(&self, id: &str) -> Option<u32> {
+        let k = self.ready.binary_search_by(|&i| self.members[i].id.as_str().cmp(id)).ok()?;
+        Some(u32::try_from(k).expect("fewer than 2^32 members"))
+    }
+
+    /// The Ready members (indices in [`View::ready`], ascending) with no address.
+    pub fn ready_without_addr(&self) -> &[u32] {
+        &self.addresses().none
+    }
+
+    /// The Ready members (indices in [`View::ready`]) whose address is `addr` (non-empty).
+    pub fn ready_at_addr(&self, addr: &str) -> &[u32] {
+        let by_addr = &self.addresses().by_addr;
+        let addr_of = |k: &u32| self.ready_member(*k as usize).addr.as_str();
+        let from = by_addr.partition_point(|k| addr_of(k) < addr);
+        let to = from + by_addr[from..].partition_point(|k| addr_of(k) == addr);
+        &by_addr[from..to]
+    }
+
+    /// The address index, built on first use and shared by every clone.
+    fn addresses(&self) -> &Addresses {
+        self.rankings.0.addresses.get_or_init(|| {
+            let all = (0..self.ready.len()).map(|k| u32::try_from(k).expect("fewer than 2^32"));
+            let (none, mut by_addr): (Vec<u32>, Vec<u32>) =
+                all.partition(|&k| self.ready_member(k as usize).addr.is_empty());
+            by_addr.sort_by(|&a, &b| {
+                let addr = |k: u32| self.ready_member(k as usize).addr.as_str();
+                addr(a).cmp(addr(b)).then(a.cmp(&b))
+            });
+            Addresses { none, by_addr }
+        })
     }
 
     /// Number of Ready members.

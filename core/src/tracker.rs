@@ -128,6 +128,9 @@ struct Caps {
 struct File {
     /// Node id to lease deadline; a lease is live while `now < deadline`.
     leases: BTreeMap<String, Instant>,
+    /// No lease's deadline is earlier: until then nothing expires, and a JOIN need not look
+    /// at every lease (a herd of R readers would cost R² otherwise).
+    soonest: Instant,
     /// The frozen set: what JOIN and readers answer, sorted ascending.
     published: Vec<String>,
     /// Bumped exactly when `published` changes.
@@ -141,6 +144,7 @@ impl File {
     fn new(now: Instant) -> Self {
         File {
             leases: BTreeMap::new(),
+            soonest: Instant::MAX,
             published: Vec::new(),
             epoch: 0,
             recomputed_at: now,
@@ -150,8 +154,12 @@ impl File {
 
     /// Drops leases past their deadline; answers how many.
     fn drop_expired(&mut self, now: Instant) -> usize {
+        if now < self.soonest {
+            return 0;
+        }
         let before = self.leases.len();
         self.leases.retain(|_, deadline| *deadline > now);
+        self.soonest = self.leases.values().copied().min().unwrap_or(Instant::MAX);
         before - self.leases.len()
     }
 
@@ -252,6 +260,7 @@ impl Registry {
         if file_state.leases.insert(node.to_owned(), now + lease).is_none() {
             self.leases_total += 1;
         }
+        file_state.soonest = file_state.soonest.min(now + lease);
         file_state.active_at = file_state.active_at.max(now);
         if created || file_state.tick_elapsed(now, self.tick) {
             self.leases_total -= file_state.recompute(now);
@@ -364,6 +373,7 @@ impl Registry {
         for (name, f) in &self.files {
             assert!(!name.is_empty() && name.len() <= FILE_MAX_LEN);
             assert!(f.leases.len() <= self.caps.readers, "reader bound");
+            assert!(f.leases.values().all(|&d| d >= f.soonest), "no lease before the soonest");
             assert!(f.published.len() <= self.caps.readers);
             assert!(f.published.windows(2).all(|w| w[0] < w[1]), "published sorted, unique");
             assert!(f.epoch > 0 || f.published.is_empty(), "a published set has an epoch");

@@ -92,6 +92,8 @@ struct UpstreamsMemo {
 #[derive(Debug)]
 struct ReaderFlags {
     members: Vec<bool>,
+    /// The indices set in `members`, ascending.
+    list: Vec<u32>,
     /// How many of `members` are set.
     count: usize,
     names_self: bool,
@@ -101,10 +103,7 @@ impl Placement {
     /// A placement for `self_id` over `view`; fanout 0 is [`AUTO_FANOUT`] (see
     /// [`auto_fanout`]), replicas < 1 becomes 1.
     pub fn new(view: View, self_id: &str, fanout: usize, replicas: usize) -> Self {
-        let self_ready = view
-            .ready()
-            .position(|m| m.id == self_id)
-            .map(|k| u32::try_from(k).expect("fewer than 2^32 members"));
+        let self_ready = view.ready_index(self_id);
         Placement {
             view,
             self_id: self_id.to_owned(),
@@ -171,14 +170,22 @@ impl Placement {
                 return flags.clone();
             }
         }
-        let mut sorted: Vec<&str> = readers.iter().map(String::as_str).collect();
-        sorted.sort_unstable();
-        let named = |id: &str| sorted.binary_search(&id).is_ok();
-        let members: Vec<bool> =
-            self.view.ready().map(|m| !m.addr.is_empty() && named(&m.id)).collect();
-        let count = members.iter().filter(|&&set| set).count();
-        let names_self = named(&self.self_id);
-        let flags = std::sync::Arc::new(ReaderFlags { members, count, names_self });
+        // Each reader looked up in the view (O(readers · log members)), not each member in the
+        // set: a set is bounded (tracker READERS_MAX), a view is not.
+        let mut list: Vec<u32> = readers
+            .iter()
+            .filter_map(|id| self.view.ready_index(id))
+            .filter(|&k| !self.view.ready_member(k as usize).addr.is_empty())
+            .collect();
+        list.sort_unstable();
+        list.dedup();
+        let mut members = vec![false; self.view.ready_len()];
+        for &k in &list {
+            members[k as usize] = true;
+        }
+        let count = list.len();
+        let names_self = readers.contains(&self.self_id);
+        let flags = std::sync::Arc::new(ReaderFlags { members, list, count, names_self });
         let key = match tag {
             Some(tag) => ReadersKey::Tag(tag),
             None => ReadersKey::Set(readers.to_vec()),
@@ -235,8 +242,7 @@ impl Placement {
                 return m.out.clone();
             }
         }
-        let usable = |addr: &str| !refused.iter().any(|r| r.as_str() == addr);
-        let out = self.upstreams_over(chunk, readers.map(|(set, tag)| (set, Some(tag))), usable);
+        let out = self.upstreams_refusing(chunk, readers, refused);
         let refused = refused.iter().map(|r| (*r).clone()).collect();
         *self.upstreams_memo.borrow_mut() =
             Some(UpstreamsMemo { chunk, readers: tag, refused, out: out.clone() });
@@ -274,6 +280,108 @@ impl Placement {
         usable: impl Fn(&str) -> bool,
     ) -> Vec<PeerRef> {
         self.upstreams_over(chunk, readers.map(|set| (set, None)), usable)
+    }
+
+    /// [`Placement::upstreams_over`]'s answer with every member usable but those at a `refused`
+    /// address, found from the members the tree leaves out instead of by a walk over the whole
+    /// ranking: O(left out + reader set) per question, not O(members), so a node of a cluster of
+    /// 10,000 pays for the members it cannot ask, not for every member. The tree is the same:
+    /// `upstreams_tagged_answers_as_upstreams_among_across_repeated_and_changed_questions` checks
+    /// the two against each other.
+    fn upstreams_refusing(
+        &self,
+        chunk: ChunkKey,
+        readers: Option<(&[String], u64)>,
+        refused: &[&String],
+    ) -> Vec<PeerRef> {
+        let ranking = self.view.ranking_with_positions(chunk.0);
+        let (order, rank) = (&ranking.order, &ranking.positions);
+        let n = order.len();
+        let is_self = |k: u32| Some(k) == self.self_ready;
+        // The Ready members that are neither this node nor askable (no address, or a refused
+        // one), ascending and unique; and their ranks, ascending.
+        let mut out_of_reach: Vec<u32> = self.view.ready_without_addr().to_vec();
+        for addr in refused {
+            out_of_reach.extend_from_slice(self.view.ready_at_addr(addr));
+        }
+        out_of_reach.retain(|&k| !is_self(k));
+        out_of_reach.sort_unstable();
+        out_of_reach.dedup();
+        let askable = |k: u32| !is_self(k) && out_of_reach.binary_search(&k).is_err();
+        let as_peer = |k: u32| {
+            let m = self.view.ready_member(k as usize);
+            PeerRef { id: m.id.clone(), addr: m.addr.clone() }
+        };
+        let mut skipped: Vec<u32> = out_of_reach.iter().map(|&k| rank[k as usize]).collect();
+        skipped.sort_unstable();
+        // The `j`-th rank (from 0) that is not skipped.
+        let nth_kept = |j: usize| {
+            let mut at = j;
+            for &x in &skipped {
+                if x as usize <= at {
+                    at += 1;
+                } else {
+                    break;
+                }
+            }
+            at
+        };
+        // Over the readers and the chunk's home (the best-ranked member this node or askable),
+        // as `upstreams_over` decides it.
+        let mut over_readers = None;
+        if let Some((readers, tag)) = readers {
+            let flags = self.reader_flags(readers, Some(tag));
+            if flags.count >= 2 && flags.names_self {
+                let home = Some(nth_kept(0)).filter(|&at| at < n).map(|at| order[at]);
+                over_readers = Some((flags, home));
+            }
+        }
+        let in_tree = |k: u32| match &over_readers {
+            None => true,
+            Some((flags, home)) => flags.members[k as usize] || Some(k) == *home,
+        };
+        let me = match self.self_ready {
+            Some(me) if in_tree(me) => me,
+            // Outside the tree: the best-ranked member in it, if askable.
+            _ => {
+                let first = match &over_readers {
+                    None => order.first().copied(),
+                    Some((flags, home)) => {
+                        flags.list.iter().chain(home).copied().min_by_key(|&k| rank[k as usize])
+                    }
+                };
+                return first.filter(|&k| askable(k)).map(as_peer).into_iter().collect();
+            }
+        };
+        let my_rank = rank[me as usize];
+        // The tree's size, this node's position in it, and (over readers) the ranks of the
+        // members in it ranked above this node, ascending: the tree's first positions.
+        let (live, position, readers_above) = match &over_readers {
+            None => {
+                let position = my_rank as usize - skipped.partition_point(|&x| x < my_rank);
+                (n - skipped.len(), position, None)
+            }
+            Some((flags, home)) => {
+                let home_extra = home.filter(|&h| !flags.members[h as usize]);
+                let tree = flags.list.iter().chain(home_extra.iter()).copied();
+                let ranks: Vec<u32> =
+                    tree.filter(|&k| is_self(k) || askable(k)).map(|k| rank[k as usize]).collect();
+                let live = ranks.len();
+                let mut above: Vec<u32> = ranks.into_iter().filter(|&r| r < my_rank).collect();
+                above.sort_unstable();
+                (live, above.len(), Some(above))
+            }
+        };
+        let above = |i: usize| match &readers_above {
+            None => nth_kept(i),
+            Some(ranks) => ranks[i] as usize,
+        };
+        let fanout = if self.fanout == AUTO_FANOUT { auto_fanout(live) } else { self.fanout };
+        Tree::new(live, fanout)
+            .ancestors(position)
+            .map(|i| as_peer(order[above(i)]))
+            .take(UPSTREAMS_MAX)
+            .collect()
     }
 
     /// [`Placement::upstreams_among`] with the reader set's tag, if it has one.
@@ -500,6 +608,77 @@ mod tests {
                 let owned = ranked.iter().take(1).any(|id| *id == me);
                 let class = if owned { BlockClass::Owned } else { BlockClass::Borrowed };
                 assert_eq!(p.class_of(chunk), class, "case {case} chunk {c} me {me}");
+            }
+        }
+    }
+
+    /// The walk over the whole ranking (`upstreams_among`) and the answer from the members left
+    /// out (`upstreams_tagged`) on views with what makes members unaskable or not placed: no
+    /// address, an address two members share, states other than Ready, a node missing from its
+    /// own view; over reader sets naming unknown ids and duplicates; at sizes where the tree is
+    /// a chain and where it branches.
+    #[test]
+    fn the_tree_from_the_members_left_out_is_the_tree_of_the_whole_walk() {
+        use crate::membership::MemberState;
+        use rand::{Rng as _, SeedableRng as _};
+        let seed = 0x7a67_u64;
+        println!("seed {seed}");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for case in 0..300 {
+            let n = rng.random_range(1..80usize);
+            let states = [MemberState::Ready, MemberState::Suspect, MemberState::Joining];
+            let members: Vec<Member> = (0..n)
+                .map(|i| {
+                    let addr = match rng.random_range(0..10) {
+                        0 => String::new(),
+                        1 => "shared:9000".to_owned(),
+                        _ => format!("n{i}:9000"),
+                    };
+                    let state = if rng.random_bool(0.1) {
+                        states[rng.random_range(1..3)]
+                    } else {
+                        states[0]
+                    };
+                    Member { addr, state, ..Member::ready(&format!("n{i}"), "x") }
+                })
+                .collect();
+            let view = View::new(members);
+            let me = format!("n{}", rng.random_range(0..n + 2));
+            let fanout = [0, 1, 2, 3][rng.random_range(0..4)];
+            let p = Placement::new(view, &me, fanout, 1);
+            let sets: Vec<Vec<String>> = (0..3)
+                .map(|_| {
+                    let p = rng.random_range(0.0..1.0);
+                    let mut set: Vec<String> = (0..n + 3)
+                        .filter(|_| rng.random_bool(p))
+                        .map(|i| format!("n{i}"))
+                        .collect();
+                    if !set.is_empty() && rng.random_bool(0.3) {
+                        set.push(set[0].clone());
+                    }
+                    set
+                })
+                .collect();
+            let addrs: Vec<String> = (0..n).map(|i| format!("n{i}:9000")).collect();
+            for step in 0..30 {
+                let chunk = ChunkKey(rng.random_range(0..4u64));
+                let set = rng.random_range(0..4usize);
+                let readers = sets.get(set).map(|s| (s.as_slice(), 100 * case + set as u64));
+                let p_dead = [0.0, 0.1, 0.5][rng.random_range(0..3)];
+                let mut dead: Vec<String> =
+                    addrs.iter().filter(|_| rng.random_bool(p_dead)).cloned().collect();
+                if rng.random_bool(0.2) {
+                    dead.push("shared:9000".to_owned());
+                }
+                if rng.random_bool(0.1) {
+                    dead.push("elsewhere:1".to_owned());
+                }
+                dead.sort();
+                let refused: Vec<&String> = dead.iter().collect();
+                let got = p.upstreams_tagged(chunk, readers, &refused);
+                let usable = |a: &str| !dead.iter().any(|d| d == a);
+                let want = p.upstreams_among(chunk, readers.map(|(s, _)| s), usable);
+                assert_eq!(got, want, "case {case} step {step} n {n} me {me} fanout {fanout}");
             }
         }
     }
