@@ -245,7 +245,14 @@ pub struct Engine {
     distrusted: BTreeMap<String, Instant>,
     /// The scored neighbours, when on ([`Engine::enable_neighbours`]).
     neighbours: Option<neighbours::Neighbours>,
+    /// The identities of the URLs identified last ([`Engine::identify`]): a client read
+    /// identifies its URL more than once, and a hot object is read again and again. A memo of
+    /// a pure function of the URL and the configured layout.
+    identities: std::cell::RefCell<std::collections::VecDeque<(String, ObjectId)>>,
 }
+
+/// URLs whose identity [`Engine::identify`] remembers.
+const IDENTITIES_MAX: usize = 8;
 
 /// How long an object whose content failed its check is read from the origin only.
 pub const DISTRUST_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
@@ -293,6 +300,7 @@ impl Engine {
             latency: hedge::LatencyEstimator::default(),
             hedges: hedge::HedgeLimiter::new(config_ratio),
             slow: BTreeMap::new(),
+            identities: Default::default(),
             silent: BTreeMap::new(),
             readers: None,
             joins: Vec::new(),
@@ -615,7 +623,16 @@ impl Engine {
 
     /// The identity of the object at `url`.
     pub fn identify(&self, url: &str) -> ObjectId {
-        object_id(url, self.config.layout)
+        let mut memo = self.identities.borrow_mut();
+        if let Some((_, id)) = memo.iter().find(|(u, _)| u == url) {
+            return id.clone();
+        }
+        let id = object_id(url, self.config.layout);
+        if memo.len() == IDENTITIES_MAX {
+            memo.pop_front();
+        }
+        memo.push_back((url.to_owned(), id.clone()));
+        id
     }
 
     /// The key of global block `block` of object `id`.

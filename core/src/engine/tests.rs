@@ -446,3 +446,29 @@ proptest! {
         prop_assert!(w.origin.fetches.len() as u64 <= geometry.block_count(size));
     }
 }
+
+#[test]
+fn identify_answers_as_object_id_whichever_urls_came_before() {
+    use crate::identity::{object_id, IdLayout};
+    use rand::{Rng as _, SeedableRng as _};
+    let seed = 0x1d_u64;
+    println!("seed {seed}");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for layout in [IdLayout::Distribution, IdLayout::OciOnly] {
+        let engine = Engine::new(EngineConfig { layout, ..EngineConfig::default() });
+        // More URLs than the memo holds, asked in a random order so that they repeat, fall out
+        // and come back; some differ only in their query or case.
+        let urls: Vec<String> = (0..20)
+            .map(|i| match i % 4 {
+                0 => format!("http://origin/o{i}"),
+                1 => format!("HTTP://Origin/o{}?sig={i}", i - 1),
+                2 => format!("https://r/v2/x/blobs/sha256:{i:064x}"),
+                _ => format!("/relative/{i}"),
+            })
+            .collect();
+        for step in 0..400 {
+            let url = &urls[rng.random_range(0..urls.len())];
+            assert_eq!(engine.identify(url), object_id(url, layout), "step {step} {url}");
+        }
+    }
+}
