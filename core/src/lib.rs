@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod bufpool;
 pub mod codec;
 pub mod discovery;
 pub mod engine;

@@ -1,11 +1,12 @@
 //! A response body gathered in order without copying when it arrives in one part.
 //!
 //! Transports hand a body over in parts. Most drivers' parts are small (a socket's reads) and are
-//! copied into one buffer, but a body that arrives whole in one part (an in-memory transport, the
+//! copied into one buffer from [`crate::bufpool`] (reused once the block it held is dropped), but a body that arrives whole in one part (an in-memory transport, the
 //! simulator, a large read) is kept as the handle it came in: a block fetched whole is then stored
 //! and served without a copy, and blocks that alias one buffer stay shared.
 
-use bytes::{Bytes, BytesMut};
+use crate::bufpool::Buf;
+use bytes::Bytes;
 use std::ops::Range;
 
 /// Body bytes so far; see the module doc.
@@ -13,8 +14,9 @@ use std::ops::Range;
 pub(super) struct BodyBuf {
     /// The bytes, while they came in at most one part.
     one: Option<Bytes>,
-    /// The bytes, once a second part came.
-    many: Option<BytesMut>,
+    /// The bytes, once a second part came: a pooled buffer ([`crate::bufpool`]) and how much of
+    /// it is written.
+    many: Option<(Buf, usize)>,
     /// Bytes to reserve when a second part makes a buffer necessary.
     reserve: usize,
 }
@@ -33,9 +35,18 @@ impl BodyBuf {
     /// Bytes held.
     pub fn len(&self) -> usize {
         match (&self.one, &self.many) {
-            (_, Some(m)) => m.len(),
+            (_, Some((_, filled))) => *filled,
             (Some(b), None) => b.len(),
             (None, None) => 0,
+        }
+    }
+
+    /// The bytes held, in order.
+    fn held(&self) -> &[u8] {
+        match (&self.one, &self.many) {
+            (_, Some((buf, filled))) => &buf.as_ref()[..*filled],
+            (Some(b), None) => b,
+            (None, None) => &[],
         }
     }
 
@@ -44,45 +55,53 @@ impl BodyBuf {
         if data.is_empty() {
             return;
         }
-        if let Some(m) = &mut self.many {
-            m.extend_from_slice(&data);
-            return;
+        if self.many.is_none() {
+            let Some(first) = self.one.take() else {
+                self.one = Some(data);
+                return;
+            };
+            let buf = Buf::take(self.reserve.max(first.len() + data.len()));
+            self.many = Some((buf, 0));
+            self.append(&first);
         }
-        match self.one.take() {
-            None => self.one = Some(data),
-            Some(first) => {
-                let mut m = BytesMut::with_capacity(self.reserve.max(first.len() + data.len()));
-                m.extend_from_slice(&first);
-                m.extend_from_slice(&data);
-                self.many = Some(m);
-            }
+        self.append(&data);
+    }
+
+    /// Copies `data` after the bytes written, into a larger buffer if it does not fit.
+    fn append(&mut self, data: &[u8]) {
+        let (buf, filled) = self.many.as_mut().expect("a buffer once a second part came");
+        let end = *filled + data.len();
+        if end > buf.len() {
+            let mut larger = Buf::take(end.max(2 * buf.len()));
+            larger.as_mut_slice()[..*filled].copy_from_slice(&buf.as_ref()[..*filled]);
+            *buf = larger;
         }
+        buf.as_mut_slice()[*filled..end].copy_from_slice(data);
+        *filled = end;
     }
 
     /// Bytes `range` (a handle on the part when there is one, a copy otherwise).
     pub fn slice(&self, range: Range<usize>) -> Bytes {
-        match (&self.one, &self.many) {
-            (_, Some(m)) => Bytes::copy_from_slice(&m[range]),
-            (Some(b), None) => b.slice(range),
-            (None, None) => Bytes::new().slice(range),
+        match &self.one {
+            Some(b) if self.many.is_none() => b.slice(range),
+            _ => Bytes::copy_from_slice(&self.held()[range]),
         }
     }
 
     /// Whether the first `len` bytes held are the first `len` bytes of `other` (false when
     /// either holds fewer).
     pub fn starts_like(&self, len: usize, other: &[u8]) -> bool {
-        let held: &[u8] = match (&self.one, &self.many) {
-            (_, Some(m)) => m,
-            (Some(b), None) => b,
-            (None, None) => &[],
-        };
+        let held = self.held();
         held.len() >= len && other.len() >= len && held[..len] == other[..len]
     }
 
     /// Every byte, leaving the body empty.
     pub fn take(&mut self) -> Bytes {
         match (self.one.take(), self.many.take()) {
-            (_, Some(m)) => m.freeze(),
+            (_, Some((mut buf, filled))) => {
+                buf.truncate(filled);
+                buf.freeze()
+            }
             (Some(b), None) => b,
             (None, None) => Bytes::new(),
         }
@@ -109,5 +128,29 @@ mod tests {
         }
         assert_eq!((many.len(), &many.slice(1..5)[..]), (6, &b"bcde"[..]));
         assert_eq!(&many.take()[..], b"abcdef");
+    }
+
+    #[test]
+    fn a_body_longer_than_its_reserve_moves_to_a_larger_buffer_in_order() {
+        let seed = 0xb0d7_u64;
+        println!("seed {seed}");
+        let mut x = seed;
+        let mut want = Vec::new();
+        let mut body = BodyBuf::with_reserve(70_000);
+        for _ in 0..40 {
+            x = crate::hash::fmix64(x);
+            let part: Vec<u8> = (0..(x % 9_000) as usize).map(|i| (x as usize + i) as u8).collect();
+            want.extend_from_slice(&part);
+            body.push(Bytes::from(part));
+            assert_eq!(body.len(), want.len());
+            assert!(body.starts_like(want.len(), &want));
+        }
+        assert!(want.len() > 70_000, "the parts outgrew the reserve");
+        assert_eq!(&body.slice(5..want.len() - 5)[..], &want[5..want.len() - 5]);
+        let mut other = want.clone();
+        other[want.len() / 2] ^= 1;
+        assert!(!body.starts_like(want.len(), &other));
+        assert_eq!(&body.take()[..], &want[..]);
+        assert_eq!(body.len(), 0);
     }
 }

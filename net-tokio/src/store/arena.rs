@@ -24,10 +24,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
 
-use super::bufpool::Buf;
 use super::io::StoreIo;
 use super::lru::SlotList;
 use super::{StoreError, WarmStart};
+use dart_core::bufpool::Buf;
 
 /// Superblock magic: "DARTARN1".
 const SUPER_MAGIC: u64 = u64::from_le_bytes(*b"DARTARN1");

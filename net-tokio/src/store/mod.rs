@@ -62,7 +62,6 @@
 #![forbid(unsafe_code)]
 
 mod arena;
-mod bufpool;
 mod config;
 mod dirlock;
 mod error;
