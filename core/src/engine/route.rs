@@ -170,8 +170,9 @@ impl Placement {
                 return flags.clone();
             }
         }
-        // Each reader looked up in the view (O(readers · log members)), not each member in the
-        // set: a set is bounded (tracker READERS_MAX), a view is not.
+        // Each reader looked up in the view (O(readers · log members)) rather than each member
+        // in the set: a set is bounded (tracker READERS_MAX), a view is not. The bitmap below is
+        // still one pass over the view, without a string comparison.
         let mut list: Vec<u32> = readers
             .iter()
             .filter_map(|id| self.view.ready_index(id))
@@ -284,10 +285,11 @@ impl Placement {
 
     /// [`Placement::upstreams_over`]'s answer with every member usable but those at a `refused`
     /// address, found from the members the tree leaves out instead of by a walk over the whole
-    /// ranking: O(left out + reader set) per question, not O(members), so a node of a cluster of
-    /// 10,000 pays for the members it cannot ask, not for every member. The tree is the same:
-    /// `upstreams_tagged_answers_as_upstreams_among_across_repeated_and_changed_questions` checks
-    /// the two against each other.
+    /// ranking: O((left out + reader set) · log) per question, not O(members), so a node of a
+    /// cluster of 10,000 pays for the members it cannot ask and the readers, not for every
+    /// member (a new reader set still costs one O(members) bitmap, [`Placement::reader_flags`]).
+    /// The tree is the same: `the_tree_from_the_members_left_out_is_the_tree_of_the_whole_walk`
+    /// checks the two against each other.
     fn upstreams_refusing(
         &self,
         chunk: ChunkKey,
