@@ -175,7 +175,7 @@ pub struct EngineStats {
     /// Hedged blocks the backup won.
     pub hedge_backup_won: u64,
     /// Blocks the home of their chunk asked its successor for, held-only, before the origin
-    /// ([`Engine::successor_relay`]).
+    /// (`Engine::successor_relay`).
     pub successor_asks: u64,
     /// Of those, blocks the successor held (origin reads saved).
     pub successor_hits: u64,
