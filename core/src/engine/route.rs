@@ -94,8 +94,6 @@ struct ReaderFlags {
     members: Vec<bool>,
     /// The indices set in `members`, ascending.
     list: Vec<u32>,
-    /// How many of `members` are set.
-    count: usize,
     names_self: bool,
 }
 
@@ -184,9 +182,8 @@ impl Placement {
         for &k in &list {
             members[k as usize] = true;
         }
-        let count = list.len();
         let names_self = readers.contains(&self.self_id);
-        let flags = std::sync::Arc::new(ReaderFlags { members, list, count, names_self });
+        let flags = std::sync::Arc::new(ReaderFlags { members, list, names_self });
         let key = match tag {
             Some(tag) => ReadersKey::Tag(tag),
             None => ReadersKey::Set(readers.to_vec()),
@@ -333,7 +330,7 @@ impl Placement {
         let mut over_readers = None;
         if let Some((readers, tag)) = readers {
             let flags = self.reader_flags(readers, Some(tag));
-            if flags.count >= 2 && flags.names_self {
+            if flags.list.len() >= 2 && flags.names_self {
                 let home = Some(nth_kept(0)).filter(|&at| at < n).map(|at| order[at]);
                 over_readers = Some((flags, home));
             }
@@ -413,7 +410,7 @@ impl Placement {
         let mut over_readers = None;
         if let Some((readers, tag)) = readers {
             let flags = self.reader_flags(readers, tag);
-            if flags.count >= 2 && flags.names_self {
+            if flags.list.len() >= 2 && flags.names_self {
                 let home = order.iter().copied().find(|&k| is_self(k) || askable(k));
                 over_readers = Some((flags, home));
             }
