@@ -164,7 +164,7 @@ pub struct SimNode {
     /// Membership views the machine moved to (discovery), with when, across incarnations.
     pub view_changes: Vec<(Instant, Vec<String>)>,
     /// Client reads in progress.
-    pub clients: BTreeMap<RequestId, ClientRequest>,
+    pub clients: BTreeMap<RequestId, Box<ClientRequest>>,
     /// Peers' requests in progress.
     pub peers: BTreeMap<RequestId, PeerRequest>,
     /// The machine's exchanges in flight and the calls that carry them.

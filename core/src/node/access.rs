@@ -220,7 +220,7 @@ impl State {
         self.wall = Some((now, unix_ms));
     }
 
-    pub fn check_invariants(&self, requests: &BTreeMap<RequestId, super::Request>) {
+    pub fn check_invariants(&self, requests: &BTreeMap<RequestId, Box<super::Request>>) {
         assert_eq!(self.verified.len(), self.verified_order.len());
         assert!(self.verified.len() <= VERIFIED_MAX);
         let mut waiting = 0;

@@ -383,7 +383,7 @@ impl Node {
             self.timers.insert((at, id));
         }
         let (purpose, request) = (x.purpose(), x.request());
-        let previous = self.exchanges.insert(id, x);
+        let previous = self.exchanges.insert(id, Box::new(x));
         assert!(previous.is_none(), "exchange ids are never reused");
         self.counters.exchanges += 1;
         let send = IoRequest { id, endpoint, purpose, request, url, method, headers, body };
@@ -452,7 +452,7 @@ impl Node {
     }
 
     /// Forgets exchange `io` and its timer (the caller emits `Cancel` when the driver must stop).
-    pub(super) fn remove_exchange(&mut self, io: IoId) -> Option<Exchange> {
+    pub(super) fn remove_exchange(&mut self, io: IoId) -> Option<Box<Exchange>> {
         let x = self.exchanges.remove(&io)?;
         if let Some(at) = x.deadline {
             self.timers.remove(&(at, io));

@@ -185,8 +185,8 @@ pub struct Node {
     join_warnings: (Option<Instant>, u64),
     engine: Engine,
     config: NodeConfig,
-    requests: BTreeMap<RequestId, Request>,
-    exchanges: BTreeMap<IoId, Exchange>,
+    requests: BTreeMap<RequestId, Box<Request>>,
+    exchanges: BTreeMap<IoId, Box<Exchange>>,
     timers: BTreeSet<(Instant, IoId)>,
     /// Write-stall deadlines of requests whose body window is full (an entry whose request
     /// moved on is dropped when it comes due).
@@ -653,7 +653,7 @@ impl Node {
             }
             return self.reply(rid, Plane::Client, 500, "dart: internal error", Headers::new());
         }
-        let Some(req) = self.requests.remove(&rid) else { return };
+        let Some(req) = self.take_request(rid) else { return };
         match req.wait {
             Wait::Store(op) => {
                 self.store_ops.remove(&op);
@@ -766,7 +766,7 @@ impl Node {
                     assert!(flight.waiters.iter().any(|w| w.request == *rid));
                 }
                 Wait::Alone(io) | Wait::Pipe(io) => {
-                    assert_eq!(self.exchanges.get(&io).and_then(Exchange::request), Some(*rid));
+                    assert_eq!(self.exchanges.get(&io).and_then(|x| x.request()), Some(*rid));
                 }
                 Wait::Peers(_) => {
                     for io in req.wait.peers() {
@@ -790,6 +790,15 @@ impl Node {
             if let Some(at) = req.hedge_at {
                 assert!(self.hedge_timers.contains(&(at, *rid)), "{rid}: hedge timer not armed");
             }
+        }
+        // And no timer outlives what it bounds (it would wake the node for nothing).
+        for &(at, rid) in &self.answer_timers {
+            let armed = self.requests.get(&rid).is_some_and(|r| r.answer_by == Some(at));
+            assert!(armed, "{rid}: a stale answer-by timer at {at}");
+        }
+        for &(at, rid) in &self.hedge_timers {
+            let armed = self.requests.get(&rid).is_some_and(|r| r.hedge_at == Some(at));
+            assert!(armed, "{rid}: a stale hedge timer at {at}");
         }
     }
 }

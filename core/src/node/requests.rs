@@ -1,7 +1,7 @@
 //! Inbound requests on the client plane and the reads that serve them: the response heads, flow
 //! control, cancellation, store answers and the verbatim passthrough of Range-blind origins.
 
-use super::exchange::{Exchange, Expiry, Job};
+use super::exchange::{Expiry, Job};
 use super::flights::Fill;
 use super::io::{
     BlockSource, Endpoint, Event, Head, Headers, Inbound, IoError, IoEvent, IoId, Output, Plane,
@@ -338,7 +338,7 @@ impl Node {
 
     /// Registers `request` as `id` and drives it.
     pub(super) fn admit_request(&mut self, id: RequestId, request: Request, now: Instant) {
-        self.requests.insert(id, request);
+        self.requests.insert(id, Box::new(request));
         self.working.push(id);
         self.drive(id, now);
         self.working.pop();
@@ -411,7 +411,7 @@ impl Node {
         if req.cancelled && !req.background && asks(&action) {
             // Nobody waits for this request any more: it ends instead of asking anything else,
             // and leaves what it still races (a relay asked again beside a backup in flight).
-            let req = self.requests.remove(&rid).expect("a driven request");
+            let req = self.take_request(rid).expect("a driven request");
             if let Action::FetchPeer { permit, .. } = action {
                 self.engine.abandon(permit, now);
             }
@@ -431,6 +431,10 @@ impl Node {
             Action::Passthrough { url } => self.start_passthrough(rid, url, now),
             Action::Respond(head) => {
                 req.head_sent = true;
+                // Answered: the early-answer bound has nothing left to do.
+                if let Some(at) = req.answer_by.take() {
+                    self.answer_timers.remove(&(at, rid));
+                }
                 let mut hash = None;
                 let head = match req.plane {
                     Plane::Client => {
@@ -482,7 +486,9 @@ impl Node {
                 if let Some(delay) = hedge_after {
                     let at = now.saturating_add(delay);
                     let req = self.requests.get_mut(&rid).expect("a driven request");
-                    req.hedge_at = Some(at);
+                    if let Some(old) = req.hedge_at.replace(at) {
+                        self.hedge_timers.remove(&(old, rid));
+                    }
                     self.hedge_timers.insert((at, rid));
                 }
                 if contender == crate::engine::Contender::Primary {
@@ -528,7 +534,7 @@ impl Node {
                     req.wait = Wait::Seal;
                     return self.emit(Output::Seal { id: rid });
                 }
-                let req = self.requests.remove(&rid).expect("a driven request");
+                let req = self.take_request(rid).expect("a driven request");
                 if !req.cancelled {
                     if req.plane == Plane::Peer {
                         // A relay's block ends with its digest (crate::integrity). One from
@@ -542,7 +548,7 @@ impl Node {
                 }
             }
             Action::Fail(f) => {
-                let req = self.requests.remove(&rid).expect("a driven request");
+                let req = self.take_request(rid).expect("a driven request");
                 let error = f.error.to_string();
                 let (status, committed) = (f.status, f.committed);
                 // A relay that does not hold a block (a neighbour's held-only ask, a declined
@@ -621,7 +627,7 @@ impl Node {
                 background: true,
                 ..Request::new(Plane::Peer, Method::Get, read, forward.clone())
             };
-            self.requests.insert(id, request);
+            self.requests.insert(id, Box::new(request));
             self.isolated(now, |node| {
                 node.working.push(id);
                 node.drive(id, now);
@@ -648,7 +654,7 @@ impl Node {
             background: true,
             ..Request::new(Plane::Peer, Method::Get, read, forward)
         };
-        self.requests.insert(id, request);
+        self.requests.insert(id, Box::new(request));
         self.isolated(now, |node| {
             node.working.push(id);
             node.drive(id, now);
@@ -738,6 +744,19 @@ impl Node {
         self.release(rid, now);
     }
 
+    /// Takes request `rid` out of the table with its hedge and early-answer timers: a timer left
+    /// behind would only wake the node for nothing.
+    pub(super) fn take_request(&mut self, rid: RequestId) -> Option<Box<Request>> {
+        let req = self.requests.remove(&rid)?;
+        if let Some(at) = req.hedge_at {
+            self.hedge_timers.remove(&(at, rid));
+        }
+        if let Some(at) = req.answer_by {
+            self.answer_timers.remove(&(at, rid));
+        }
+        Some(req)
+    }
+
     /// Request `rid` has nobody to answer any more: what it waits on is released (a relay's
     /// peer exchanges run on to fill the cache, asking nothing further).
     fn release(&mut self, rid: RequestId, now: Instant) {
@@ -754,10 +773,15 @@ impl Node {
             // that only this relay can record (its requester's equal bound fires first, so a
             // relay that gave up with it would never learn that its parent stalls). It asks
             // nothing further (see `act`).
-            self.requests.get_mut(&rid).expect("a live request").cancelled = true;
+            let req = self.requests.get_mut(&rid).expect("a live request");
+            req.cancelled = true;
+            // Nobody waits for an early answer either.
+            if let Some(at) = req.answer_by.take() {
+                self.answer_timers.remove(&(at, rid));
+            }
             return;
         }
-        let req = self.requests.remove(&rid).expect("a live request");
+        let req = self.take_request(rid).expect("a live request");
         match req.wait {
             Wait::Ready | Wait::Seal => {}
             Wait::Store(op) => {
@@ -843,13 +867,12 @@ impl Node {
         now: Instant,
     ) {
         let Some(Wait::Peers(slots)) = self.requests.get(&rid).map(|r| r.wait) else { return };
-        let stream = slots.iter().flatten().find_map(|io| match self.exchanges.get(io) {
-            Some(x @ Exchange { job: Job::Peer(p), .. }) => {
-                p.readers.iter().find(|r| r.rid == rid && r.streaming).map(|r| {
-                    (r.forwarded, p.copy.starts_like(r.forwarded as usize, data), x.last_progress)
-                })
-            }
-            _ => None,
+        let stream = slots.iter().flatten().find_map(|io| {
+            let x = self.exchanges.get(io)?;
+            let Job::Peer(p) = &x.job else { return None };
+            p.readers.iter().find(|r| r.rid == rid && r.streaming).map(|r| {
+                (r.forwarded, p.copy.starts_like(r.forwarded as usize, data), x.last_progress)
+            })
         });
         let Some((forwarded, same, moved)) = stream else { return };
         if !same {
@@ -987,7 +1010,7 @@ impl Node {
         if *expected != digest {
             return self.blob_mismatch(rid, now);
         }
-        self.requests.remove(&rid);
+        self.take_request(rid);
         self.counters.blob_digests_verified += 1;
         self.emit(Output::End { id: rid });
     }
@@ -998,7 +1021,7 @@ impl Node {
     /// read from the origin only ([`crate::engine::Engine::distrust_peers`]), so that the
     /// client's retry meets neither the same cached bytes nor the same lying peer.
     fn blob_mismatch(&mut self, rid: RequestId, now: Instant) {
-        let req = self.requests.remove(&rid).expect("a driven request");
+        let req = self.take_request(rid).expect("a driven request");
         self.counters.blob_digest_mismatches += 1;
         let object = req.read.object().clone();
         self.engine.distrust_peers(&object, now);
@@ -1043,12 +1066,16 @@ impl Node {
                     }
                 }
                 let head = Head { status, headers, body: !head_only };
-                self.requests.get_mut(&rid).expect("a passthrough's request").head_sent = true;
+                let req = self.requests.get_mut(&rid).expect("a passthrough's request");
+                req.head_sent = true;
+                if let Some(at) = req.answer_by.take() {
+                    self.answer_timers.remove(&(at, rid));
+                }
                 self.emit(Output::Respond { id: rid, head });
                 if head_only {
                     // A HEAD is answered from an upstream GET's head; its body is never read.
                     self.remove_exchange(io);
-                    self.requests.remove(&rid);
+                    self.take_request(rid);
                     self.emit(Output::Cancel(io));
                     self.emit(Output::End { id: rid });
                 } else {
@@ -1058,13 +1085,13 @@ impl Node {
             IoEvent::Body(_) => panic!("{io}: a piped body is the driver's to move"),
             IoEvent::End => {
                 self.remove_exchange(io);
-                self.requests.remove(&rid);
+                self.take_request(rid);
                 self.emit(Output::End { id: rid });
             }
             IoEvent::Failed(IoError::Refused(refusal)) => {
                 self.count_refusal(refusal);
                 self.remove_exchange(io);
-                self.requests.remove(&rid).expect("a passthrough's request");
+                self.take_request(rid).expect("a passthrough's request");
                 let message = format!("dart: upstream refused ({refusal}): {}", refusal.explain());
                 let extra = Headers::new().with("x-dart-refused", refusal.label());
                 self.reply(rid, Plane::Client, 403, &message, extra);
@@ -1086,7 +1113,7 @@ impl Node {
 
     fn passthrough_failed(&mut self, io: IoId, rid: RequestId, cause: &str) {
         self.remove_exchange(io);
-        let req = self.requests.remove(&rid).expect("a passthrough's request");
+        let req = self.take_request(rid).expect("a passthrough's request");
         let error = format!("origin transport error: {cause}");
         let committed = req.head_sent;
         self.event(Event::Failed { request: rid, status: 502, committed, error: error.clone() });

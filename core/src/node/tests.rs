@@ -861,6 +861,31 @@ fn a_child_of_a_root_whose_body_is_moving_does_not_probe_it() {
 }
 
 #[test]
+fn a_read_that_ended_leaves_no_timer_to_wake_its_node() {
+    // A hedged client read whose primary answered before its hedge delay.
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let peer = start_block_read(&mut h, &["p:9000".to_owned()]);
+    assert!(h.node.poll_timeout().is_some(), "armed while the read waits");
+    answer_peer(&mut h, &peer, 0);
+    assert!(h.ended(1));
+    assert_eq!(h.node.poll_timeout(), None, "its hedge timer went with it");
+    // A relay with a requester's budget that answered at once.
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), 1);
+    let headers = Headers::new()
+        .with("x-dart-origin", URL)
+        .with("x-dart-hop", "0")
+        .with("x-dart-budget-ms", "1000");
+    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    let up = h.take_sends().remove(0);
+    answer_peer(&mut h, &up, 1);
+    assert!(h.ended(7));
+    assert_eq!(h.node.poll_timeout(), None, "its early-answer bound went with it");
+}
+
+#[test]
 fn a_child_of_a_root_that_dies_mid_body_probes_it_once_the_body_stands_still() {
     let mut h = Harness::new(reader_hedging_to_origin());
     let (peer, _, moved) = root_streaming_at_the_hedge(&mut h);

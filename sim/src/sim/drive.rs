@@ -95,7 +95,7 @@ impl Sim {
         let next_offset = expected.start;
         node.clients.insert(
             id,
-            ClientRequest {
+            Box::new(ClientRequest {
                 record,
                 object,
                 method: spec.method,
@@ -107,7 +107,7 @@ impl Sim {
                 passthrough: false,
                 version: None,
                 hasher: None,
-            },
+            }),
         );
         let target = self.spec.cluster.client_target(&url);
         let request = Inbound { method: method.into(), target, headers, body: Default::default() };

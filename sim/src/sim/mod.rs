@@ -91,7 +91,7 @@ pub struct Sim {
     /// The block hasher every node uses (the checker verifies relays' digest footers with it).
     pub(crate) hasher: std::sync::Arc<dyn dart_core::integrity::BlockHasher>,
     pub(crate) nodes: Vec<SimNode>,
-    pub(crate) calls: BTreeMap<CallId, Call>,
+    pub(crate) calls: BTreeMap<CallId, Box<Call>>,
     pub(crate) next_call: u64,
     pub(crate) trace: Trace,
     /// Which object each chunk key belongs to (the checker's map from cache keys back to bytes).

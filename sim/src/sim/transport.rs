@@ -88,7 +88,7 @@ impl Sim {
             window,
             egress: None,
         };
-        self.calls.insert(id, call);
+        self.calls.insert(id, Box::new(call));
         self.set_stage(id, stage);
         (id, warm)
     }
@@ -380,7 +380,7 @@ impl Sim {
     /// Forgets call `id` (its caller's machine has no more use for it, or died): its origin
     /// window is free, the rest of its response is not sent, and a callee node serving it hears
     /// the caller go away one latency later. With `dropped` the caller abandoned it early.
-    pub(super) fn remove_call(&mut self, id: CallId, dropped: bool) -> Option<Call> {
+    pub(super) fn remove_call(&mut self, id: CallId, dropped: bool) -> Option<Box<Call>> {
         let call = self.calls.remove(&id)?;
         if let Some(w) = call.window {
             if let Some(c) = self.origin_windows.get_mut(&w) {
