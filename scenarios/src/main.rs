@@ -6,6 +6,12 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// mimalloc, not the system allocator: the simulator allocates and frees small values at every
+/// event, and side by side (farm-bench, 5 alternating runs) it cut the wall time of `bench` to
+/// 0.91x and of a 10,000-node herd to 0.84x, for 8 % more peak memory in the herd.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "dart-scenarios", about = "Seeded cluster-failure scenarios for dart")]
 struct Cli {
