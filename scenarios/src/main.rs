@@ -114,7 +114,8 @@ enum Command {
         runs: u64,
         /// Also time herds of these sizes (comma-separated node counts, e.g. 100,1000,10000):
         /// every node reads one 16 MiB object at once in 4 MiB blocks, invariants checked every
-        /// 1000 events. A 10,000-node herd takes about 3.3 s and 380 MiB on the 2-core build machine (7-9 s on a slower hour).
+        /// 1000 events. A 10,000-node herd takes about 3.3 s and 380 MiB on the 2-core build
+        /// machine (7-9 s on a slower hour).
         #[arg(long, value_delimiter = ',')]
         herd: Vec<usize>,
     },
