@@ -227,6 +227,18 @@ cold_mbs() {
   printf '%s\n' "${all[@]}" | sort -n | awk -v mib="$OBJECT_MIB" '{a[NR] = $1} END {
     printf "%.1f", mib * 1.048576 / a[int((NR + 1) / 2)] }'
 }
+# A read-through cache also writes every cold byte it serves to its store, which the direct read
+# does not: the page cache's write rate here says what that costs. On a fresh VM, memory touched
+# for the first time can hold it near 350 MB/s (docs/benchmarks.md, "The machine's memory").
+write_mbs() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  dd if=/dev/zero of="$WORK/write-test" bs=4M count=$((OBJECT_MIB / 4)) status=none
+  t1=$(date +%s.%N)
+  rm -f "$WORK/write-test"
+  awk -v a="$t0" -v b="$t1" -v mib="$OBJECT_MIB" 'BEGIN {printf "%.1f", mib * 1.048576 / (b - a)}'
+}
+c_write=$(write_mbs)
 c_origin=$(cold_mbs origin)
 c_nginx=$(cold_mbs nginx)
 c_ram=$(cold_mbs ram)
@@ -249,3 +261,4 @@ echo
 awk -v o="$c_origin" -v r="$c_ram" -v d="$c_disk" -v n="$c_nginx" 'BEGIN {
   printf "cold whole read, MB/s: origin direct %.1f; through dart (RAM on) %.1f = %.2fx direct; dart (disk only) %.1f = %.2fx; nginx %.1f = %.2fx\n",
     o, r, r / o, d, d / o, n, n / o }'
+echo "page-cache write of ${OBJECT_MIB} MiB beside the caches (dd, bs=4M): ${c_write} MB/s (each cache also writes every cold byte it serves)"
