@@ -14,12 +14,12 @@
 //! before a slot is rewritten, so even with the OS reordering the writes the old key's header can
 //! only survive next to new bytes that then fail the checksum.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
@@ -170,6 +170,9 @@ pub(crate) struct Arena {
     /// Whether slot headers are kept (warm start `Verify`).
     verify: bool,
     index: HashMap<BlockKey, u32>,
+    /// `index`'s keys, shared with look-ups that must not wait for this arena's lock (a put holds
+    /// it through a whole block's write): see [`Arena::published`].
+    published: Arc<Mutex<HashSet<BlockKey>>>,
     slots: Vec<Slot>,
     lru: SlotList,
     /// Free slots; popped from the end, so the lowest slot is used first.
@@ -178,6 +181,11 @@ pub(crate) struct Arena {
     /// The block digests (`dart_core::integrity`) of the slots the last warm open kept, hashed
     /// from the bytes that passed their checksum.
     loaded_digests: Vec<(BlockKey, dart_core::integrity::BlockDigest)>,
+}
+
+/// The published-key set's guard (a leaf lock: nothing else is taken while it is held).
+fn publish(set: &Mutex<HashSet<BlockKey>>) -> std::sync::MutexGuard<'_, HashSet<BlockKey>> {
+    set.lock().expect("published-key set poisoned: a thread panicked holding it")
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
@@ -212,6 +220,7 @@ impl Arena {
             class_tag,
             verify: warm == WarmStart::Verify,
             index: HashMap::with_capacity(slots as usize),
+            published: Arc::default(),
             slots: vec![Slot::default(); slots as usize],
             lru: SlotList::new(slots),
             free: (0..slots).rev().collect(),
@@ -293,6 +302,7 @@ impl Arena {
             }
             self.slots[slot as usize].live = Some((header.key, header.len));
             self.index.insert(header.key, slot);
+            publish(&self.published).insert(header.key);
             self.lru.push_front(slot);
             self.next_seq = self.next_seq.max(seq + 1);
             digests.insert(header.key, digest);
@@ -348,6 +358,15 @@ impl Arena {
     /// Whether every slot is published (an insert would evict).
     pub(crate) fn is_full(&self) -> bool {
         self.free.is_empty()
+    }
+
+    /// The set of published keys, kept equal to the index by every change of it (made under the
+    /// arena's lock), and locked only for a set operation, never across I/O: whether a key is
+    /// published can be asked without waiting for a write in progress. During an insert the new
+    /// key is absent until its bytes and header are written, and an evicted victim is absent
+    /// from the moment the insert takes its slot, as in the index itself.
+    pub(crate) fn published(&self) -> Arc<Mutex<HashSet<BlockKey>>> {
+        self.published.clone()
     }
 
     /// Whether `key` is published, without touching recency.
@@ -479,6 +498,7 @@ impl Arena {
         }
         self.slots[slot as usize].live = Some((key, data.len() as u64));
         self.index.insert(key, slot);
+        publish(&self.published).insert(key);
         self.lru.push_front(slot);
         Ok(())
     }
@@ -549,6 +569,7 @@ impl Arena {
     pub(crate) fn close(&mut self) {
         self.file = None;
         self.index.clear();
+        publish(&self.published).clear();
         self.lru.clear();
         self.slots.iter_mut().for_each(|s| s.live = None);
         self.free = (0..self.layout.slots).rev().collect();
@@ -558,6 +579,7 @@ impl Arena {
     fn unlink(&mut self, slot: u32) {
         let (key, _) = self.slots[slot as usize].live.take().expect("unlink of a live slot");
         self.index.remove(&key);
+        publish(&self.published).remove(&key);
         self.lru.unlink(slot);
     }
 
@@ -579,6 +601,10 @@ impl Arena {
         assert_eq!(self.slots.len(), self.layout.slots as usize);
         assert_eq!(self.index.len(), self.lru.len());
         assert_eq!(self.index.len() + self.free.len(), self.slots.len());
+        let published = publish(&self.published);
+        assert_eq!(published.len(), self.index.len(), "published keys drifted from the index");
+        assert!(published.iter().all(|k| self.index.contains_key(k)), "a stale published key");
+        drop(published);
         for (key, &slot) in &self.index {
             let (live, len) = self.slots[slot as usize].live.expect("indexed slot is live");
             assert_eq!(live, *key);

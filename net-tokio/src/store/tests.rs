@@ -99,6 +99,34 @@ fn get_returns_exactly_the_bytes_put_and_a_miss_is_none() {
 }
 
 #[test]
+fn a_look_up_under_the_nodes_lock_never_waits_for_a_disk_write() {
+    // The driver asks `get_from_ram` under the node's lock; a put holds its arena's lock through
+    // a whole block's write. Block 2 is in RAM and on disk, block 1 on disk only, block 3 nowhere.
+    let dir = TestDir::new("no-wait");
+    let store = open(&dir, 2, 2, 1);
+    assert!(put(&store, 1, BlockClass::Owned));
+    assert!(put(&store, 2, BlockClass::Borrowed));
+    assert!(store.in_ram(&key(2)) && !store.in_ram(&key(1)));
+    let held = store.disk.hold();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let answers: Vec<_> =
+                (1..=3).map(|i| store.get_from_ram(&key(i)).map(|b| b.map(|b| b.len()))).collect();
+            tx.send(answers).expect("the test waits for the answers");
+        });
+        // A bound for the failure only: the answers come at once, or the look-up waited.
+        let answers = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        let answers = answers.expect("look-ups answered while a write holds both arenas");
+        assert_eq!(answers, vec![None, Some(Some(BLOCK as usize)), Some(None)]);
+    });
+    // Once the write is over the disk copy answers, and nothing drifted.
+    assert_holds(&store, 1);
+    store.check_invariants();
+}
+
+#[test]
 fn a_window_reads_just_its_bytes_and_only_of_a_block_of_the_stated_length() {
     let dir = TestDir::new("window");
     for mem in [0, 4] {

@@ -88,6 +88,9 @@ impl Borrowed {
 pub(crate) struct Tiered {
     owned: Mutex<Arena>,
     borrowed: Mutex<Borrowed>,
+    /// The arenas' published keys ([`Arena::published`]): presence without the arenas' locks.
+    owned_keys: Arc<Mutex<std::collections::HashSet<BlockKey>>>,
+    borrowed_keys: Arc<Mutex<std::collections::HashSet<BlockKey>>>,
     /// Whether slot headers (and so checksums) are kept.
     verify: bool,
     /// File I/O and the probe clock.
@@ -136,7 +139,10 @@ impl Tiered {
         }
         let sketch = Sketch::new(u64::from(budgets.borrowed_slots));
         let health = Mutex::new(Health::new(io.now()));
+        let (owned_keys, borrowed_keys) = (owned.published(), borrowed.published());
         let tiered = Tiered {
+            owned_keys,
+            borrowed_keys,
             owned: Mutex::new(owned),
             borrowed: Mutex::new(Borrowed { arena: borrowed, sketch }),
             verify: warm == WarmStart::Verify,
@@ -332,6 +338,28 @@ impl Tiered {
         borrowed.arena.touch(key);
     }
 
+    /// [`Tiered::touch`] if neither arena's lock is held now (a write holds it for a whole
+    /// block's I/O); otherwise nothing, and `false`. For callers that must not wait on the disk:
+    /// a skipped touch leaves the disk copy's recency (and the estimator's count) as it was.
+    pub(crate) fn try_touch(&self, key: &BlockKey) -> bool {
+        let Ok(mut owned) = self.owned.try_lock() else { return false };
+        if owned.touch(key) {
+            return true;
+        }
+        drop(owned);
+        let Ok(mut borrowed) = self.borrowed.try_lock() else { return false };
+        borrowed.sketch.increment(key);
+        borrowed.arena.touch(key);
+        true
+    }
+
+    /// Whether either arena has published `key`, without waiting for a write in progress (from
+    /// the published-key sets, [`Arena::published`]); touches nothing.
+    pub(crate) fn contains_now(&self, key: &BlockKey) -> bool {
+        let owned = lock(&self.owned_keys).contains(key);
+        owned || lock(&self.borrowed_keys).contains(key)
+    }
+
     /// Whether either arena holds `key`; touches nothing.
     pub(crate) fn contains(&self, key: &BlockKey) -> bool {
         // Two statements: `a || b` would keep the owned guard alive while taking the borrowed one.
@@ -456,6 +484,12 @@ impl Tiered {
     #[cfg(test)]
     pub(crate) fn estimate(&self, key: &BlockKey) -> u64 {
         lock(&self.borrowed).sketch.estimate(key)
+    }
+
+    /// Both arenas' locks, held as a put holds one through its write.
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> (MutexGuard<'_, Arena>, MutexGuard<'_, Borrowed>) {
+        (lock(&self.owned), lock(&self.borrowed))
     }
 
     /// Runs `f` on the arena of `class`.
