@@ -870,15 +870,7 @@ fn a_read_that_ended_leaves_no_timer_to_wake_its_node() {
     assert!(h.ended(1));
     assert_eq!(h.node.poll_timeout(), None, "its hedge timer went with it");
     // A relay with a requester's budget that answered at once.
-    let mut h = Harness::new(reader_of("p:9000"));
-    size_known(&mut h);
-    let e = engine();
-    let key = e.block_key(&e.identify(URL), 1);
-    let headers = Headers::new()
-        .with("x-dart-origin", URL)
-        .with("x-dart-hop", "0")
-        .with("x-dart-budget-ms", "1000");
-    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    let mut h = relay_with_requester("x-dart-budget-ms", "1000");
     let up = h.take_sends().remove(0);
     answer_peer(&mut h, &up, 1);
     assert!(h.ended(7));
@@ -954,6 +946,19 @@ fn a_client_that_hangs_up_mid_peer_fetch_abandons_the_permit_and_charges_nothing
     assert_eq!(h.node.live_requests(), 0);
     assert_eq!(h.node.poll_timeout(), None);
     assert!(!h.ended(1) && !h.aborted(1), "nothing is sent to a requester that left");
+}
+
+/// A reader node serving relay request 7 for block 1, whose requester says `field: value` of
+/// itself (`x-dart-budget-ms`, `x-dart-progress-ms`).
+fn relay_with_requester(field: &str, value: &str) -> Harness {
+    let mut h = Harness::new(reader_of("p:9000"));
+    size_known(&mut h);
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), 1);
+    let headers =
+        Headers::new().with("x-dart-origin", URL).with("x-dart-hop", "0").with(field, value);
+    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    h
 }
 
 fn relay_request(h: &mut Harness, id: u64, block: u64) {
@@ -2719,15 +2724,7 @@ fn a_peer_body_that_stops_moving_is_cut_off_at_the_progress_bound_and_failed_ove
 #[test]
 fn a_relay_whose_upstream_is_silent_answers_within_its_requesters_budget_and_blames_only_the_upstream(
 ) {
-    let mut h = Harness::new(reader_of("p:9000"));
-    size_known(&mut h);
-    let e = engine();
-    let key = e.block_key(&e.identify(URL), 1);
-    let headers = Headers::new()
-        .with("x-dart-origin", URL)
-        .with("x-dart-hop", "0")
-        .with("x-dart-budget-ms", "1000");
-    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    let mut h = relay_with_requester("x-dart-budget-ms", "1000");
     let up = h.take_sends().remove(0);
     assert_eq!(up.endpoint, Endpoint::Peer);
     // It waits on its own upstream a margin (1/16) less than its requester waits on it, and
@@ -2753,15 +2750,7 @@ fn a_relay_whose_upstream_is_silent_answers_within_its_requesters_budget_and_bla
 
 #[test]
 fn a_relay_cuts_off_a_stalled_upstream_body_a_margin_before_its_requester_would_cut_it_off() {
-    let mut h = Harness::new(reader_of("p:9000"));
-    size_known(&mut h);
-    let e = engine();
-    let key = e.block_key(&e.identify(URL), 1);
-    let headers = Headers::new()
-        .with("x-dart-origin", URL)
-        .with("x-dart-hop", "0")
-        .with("x-dart-progress-ms", "1600");
-    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+    let mut h = relay_with_requester("x-dart-progress-ms", "1600");
     let up = h.take_sends().remove(0);
     // The relay's own bound is 2 s without an estimate; its requester's, less 1/16, is shorter
     // and is what it says upstream.
