@@ -154,6 +154,17 @@ impl Wait {
 }
 
 impl Request {
+    /// Disarms this request's (`rid`'s) early-answer bound, if armed, in `timers`.
+    fn disarm_answer(
+        &mut self,
+        timers: &mut std::collections::BTreeSet<(Instant, RequestId)>,
+        rid: RequestId,
+    ) {
+        if let Some(at) = self.answer_by.take() {
+            timers.remove(&(at, rid));
+        }
+    }
+
     /// A request about to be driven, waiting for nothing yet.
     pub fn new(plane: Plane, method: Method, read: Read, forward: Headers) -> Self {
         Request {
@@ -432,9 +443,7 @@ impl Node {
             Action::Respond(head) => {
                 req.head_sent = true;
                 // Answered: the early-answer bound has nothing left to do.
-                if let Some(at) = req.answer_by.take() {
-                    self.answer_timers.remove(&(at, rid));
-                }
+                req.disarm_answer(&mut self.answer_timers, rid);
                 let mut hash = None;
                 let head = match req.plane {
                     Plane::Client => {
@@ -747,13 +756,11 @@ impl Node {
     /// Takes request `rid` out of the table with its hedge and early-answer timers: a timer left
     /// behind would only wake the node for nothing.
     pub(super) fn take_request(&mut self, rid: RequestId) -> Option<Box<Request>> {
-        let req = self.requests.remove(&rid)?;
+        let mut req = self.requests.remove(&rid)?;
         if let Some(at) = req.hedge_at {
             self.hedge_timers.remove(&(at, rid));
         }
-        if let Some(at) = req.answer_by {
-            self.answer_timers.remove(&(at, rid));
-        }
+        req.disarm_answer(&mut self.answer_timers, rid);
         Some(req)
     }
 
@@ -776,9 +783,7 @@ impl Node {
             let req = self.requests.get_mut(&rid).expect("a live request");
             req.cancelled = true;
             // Nobody waits for an early answer either.
-            if let Some(at) = req.answer_by.take() {
-                self.answer_timers.remove(&(at, rid));
-            }
+            req.disarm_answer(&mut self.answer_timers, rid);
             return;
         }
         let req = self.take_request(rid).expect("a live request");
@@ -1068,9 +1073,7 @@ impl Node {
                 let head = Head { status, headers, body: !head_only };
                 let req = self.requests.get_mut(&rid).expect("a passthrough's request");
                 req.head_sent = true;
-                if let Some(at) = req.answer_by.take() {
-                    self.answer_timers.remove(&(at, rid));
-                }
+                req.disarm_answer(&mut self.answer_timers, rid);
                 self.emit(Output::Respond { id: rid, head });
                 if head_only {
                     // A HEAD is answered from an upstream GET's head; its body is never read.

@@ -26,6 +26,7 @@ use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
 
 use super::io::StoreIo;
 use super::lru::SlotList;
+use super::tiered::lock;
 use super::{StoreError, WarmStart};
 use dart_core::bufpool::Buf;
 
@@ -183,11 +184,6 @@ pub(crate) struct Arena {
     loaded_digests: Vec<(BlockKey, dart_core::integrity::BlockDigest)>,
 }
 
-/// The published-key set's guard (a leaf lock: nothing else is taken while it is held).
-fn publish(set: &Mutex<HashSet<BlockKey>>) -> std::sync::MutexGuard<'_, HashSet<BlockKey>> {
-    set.lock().expect("published-key set poisoned: a thread panicked holding it")
-}
-
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io { path: path.to_owned(), source }
 }
@@ -302,7 +298,7 @@ impl Arena {
             }
             self.slots[slot as usize].live = Some((header.key, header.len));
             self.index.insert(header.key, slot);
-            publish(&self.published).insert(header.key);
+            lock(&self.published).insert(header.key);
             self.lru.push_front(slot);
             self.next_seq = self.next_seq.max(seq + 1);
             digests.insert(header.key, digest);
@@ -498,7 +494,7 @@ impl Arena {
         }
         self.slots[slot as usize].live = Some((key, data.len() as u64));
         self.index.insert(key, slot);
-        publish(&self.published).insert(key);
+        lock(&self.published).insert(key);
         self.lru.push_front(slot);
         Ok(())
     }
@@ -569,7 +565,7 @@ impl Arena {
     pub(crate) fn close(&mut self) {
         self.file = None;
         self.index.clear();
-        publish(&self.published).clear();
+        lock(&self.published).clear();
         self.lru.clear();
         self.slots.iter_mut().for_each(|s| s.live = None);
         self.free = (0..self.layout.slots).rev().collect();
@@ -579,7 +575,7 @@ impl Arena {
     fn unlink(&mut self, slot: u32) {
         let (key, _) = self.slots[slot as usize].live.take().expect("unlink of a live slot");
         self.index.remove(&key);
-        publish(&self.published).remove(&key);
+        lock(&self.published).remove(&key);
         self.lru.unlink(slot);
     }
 
@@ -601,7 +597,7 @@ impl Arena {
         assert_eq!(self.slots.len(), self.layout.slots as usize);
         assert_eq!(self.index.len(), self.lru.len());
         assert_eq!(self.index.len() + self.free.len(), self.slots.len());
-        let published = publish(&self.published);
+        let published = lock(&self.published);
         assert_eq!(published.len(), self.index.len(), "published keys drifted from the index");
         assert!(published.iter().all(|k| self.index.contains_key(k)), "a stale published key");
         drop(published);
