@@ -211,9 +211,15 @@ pub struct NodeFlags {
     pub hedge_ratio: f64,
     /// Blocks a client read acquires ahead of the one it serves once it misses (through the
     /// same tree and origin path, into the cache), so that hop and origin latency overlap the
-    /// transfer; 0 reads one block at a time. Each costs up to one block of memory in flight.
+    /// transfer; 0 reads one block at a time. Each costs up to one block of memory in flight,
+    /// and each is one more stream on an ancestor's uplink.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_READ_AHEAD)]
     pub read_ahead: usize,
+    /// The same for a sequential client read (past its first block) whose miss goes to the
+    /// origin while no peer relays the object through this node: a lone reader at the root of
+    /// the block's tree, or a node without peers. The larger of the two flags applies.
+    #[arg(long, default_value_t = dart_core::engine::DEFAULT_ORIGIN_READ_AHEAD)]
+    pub origin_read_ahead: usize,
     /// Whole-request bound of one peer request.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_timeout: std::time::Duration,

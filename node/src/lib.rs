@@ -208,11 +208,12 @@ pub async fn start_on<S: Seam>(
     if !(flags.hedge_ratio.is_finite() && (0.0..=1.0).contains(&flags.hedge_ratio)) {
         anyhow::bail!("--hedge-ratio must be between 0 and 1, got {}", flags.hedge_ratio);
     }
-    if flags.read_ahead > READ_AHEAD_MAX {
-        anyhow::bail!(
-            "--read-ahead must be at most {READ_AHEAD_MAX} blocks, got {}",
-            flags.read_ahead
-        );
+    for (flag, n) in
+        [("--read-ahead", flags.read_ahead), ("--origin-read-ahead", flags.origin_read_ahead)]
+    {
+        if n > READ_AHEAD_MAX {
+            anyhow::bail!("{flag} must be at most {READ_AHEAD_MAX} blocks, got {n}");
+        }
     }
     let bounds = bounds(flags)?;
     let (p2p, seeds) = p2p_setup(flags)?;
@@ -241,6 +242,7 @@ pub async fn start_on<S: Seam>(
         hedge: flags.hedge_ratio > 0.0,
         hedge_ratio: flags.hedge_ratio,
         read_ahead: flags.read_ahead,
+        origin_read_ahead: flags.origin_read_ahead,
     });
     let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
     let mut advertise = p2p

@@ -257,11 +257,22 @@ async fn metrics_and_health_are_served_on_the_admin_plane() {
 
 #[tokio::test]
 async fn shutdown_force_closes_a_response_that_outlasts_the_drain_bound() {
-    // 32 blocks at 512 KiB/s: about 4 s of body against the helper node's 2 s drain.
+    // 32 blocks at 512 KiB/s: about 4 s of body against the helper node's 2 s drain. The origin
+    // paces each connection, so read-ahead (three windows at once) would cut it to about 1.4 s.
     let size = 32 * BLOCK;
     let o = origin(Behaviour::Slow { bytes_per_second: 512 * 1024 }, size).await;
     let d = temp_dir("force");
-    let n = node(&d).await;
+    let flags = NodeFlags {
+        cache_size: 64 * BLOCK,
+        mem_size: 8 * BLOCK,
+        owned_fraction: None,
+        chunk_size: 4 * BLOCK,
+        block_size: BLOCK,
+        drain_secs: 2,
+        origin_read_ahead: 0,
+        ..support::loopback_flags(&d)
+    };
+    let n = dart_node::start(&flags).await.expect("node starts");
     let req = http::Request::get(url(&n, &o, "")).body(Empty::new()).expect("request");
     let resp = client().request(req).await.expect("response head");
     assert_eq!(resp.status(), 200);

@@ -106,8 +106,11 @@ pub struct ClusterConfig {
     /// Every object is declared immutable (`--immutable` over the whole origin): never
     /// revalidated, and blocks a warm start kept are served.
     pub immutable: bool,
-    /// Blocks a client read keeps in flight ahead of the one it serves (`--read-ahead`).
+    /// Blocks a client read keeps in flight ahead of the one it serves when a miss goes to a
+    /// peer (`--read-ahead`).
     pub read_ahead: usize,
+    /// The same when a miss goes to the origin (`--origin-read-ahead`).
+    pub origin_read_ahead: usize,
     /// Registry-mirror mode (`--registry http://origin.sim`): each object is a blob named by the
     /// SHA-256 of its bytes (one per object, in order), clients read
     /// `/v2/sim/o<index>/blobs/<digest>`, and whole reads are checked against the digest
@@ -136,6 +139,7 @@ impl ClusterConfig {
             hedge_ratio: dart_core::engine::hedge::DEFAULT_HEDGE_RATIO,
             immutable: false,
             read_ahead: dart_core::engine::DEFAULT_READ_AHEAD,
+            origin_read_ahead: dart_core::engine::DEFAULT_ORIGIN_READ_AHEAD,
             blobs: None,
         }
     }
@@ -214,6 +218,7 @@ impl ClusterConfig {
             // The empty prefix: every object identity starts with it.
             immutable_prefixes: if self.immutable { vec![String::new()] } else { Vec::new() },
             read_ahead: self.read_ahead,
+            origin_read_ahead: self.origin_read_ahead,
             ..EngineConfig::default()
         }
     }

@@ -83,12 +83,23 @@ pub struct EngineConfig {
     /// Longest-run share of peer fetches that may be hedged (`--hedge-ratio`).
     pub hedge_ratio: f64,
     /// Blocks a client read keeps in flight ahead of the one it is serving when it misses
-    /// (`--read-ahead`; 0 reads one block at a time): hop and origin latency are pipelined.
+    /// (`--read-ahead`; 0 reads one block at a time): hop and origin latency are pipelined, at
+    /// the cost of more streams sharing each ancestor's uplink.
     pub read_ahead: usize,
+    /// The same for a sequential client read (past its first block) whose miss goes to the
+    /// origin while no peer relays the object through this node (`--origin-read-ahead`; the
+    /// larger of the two applies): the origin's latency and this node's own work on each block
+    /// overlap the next, and no subtree's streams share the origin link with it.
+    pub origin_read_ahead: usize,
 }
 
-/// The default [`EngineConfig::read_ahead`].
+/// The default [`EngineConfig::read_ahead`]: off. On links that bound a herd, more streams per
+/// uplink made its slowest reader slower (docs/benchmarks.md, "Herd throughput").
 pub const DEFAULT_READ_AHEAD: usize = 0;
+
+/// The default [`EngineConfig::origin_read_ahead`]: two blocks (docs/benchmarks.md, "The cold
+/// path").
+pub const DEFAULT_ORIGIN_READ_AHEAD: usize = 2;
 
 /// Default of [`EngineConfig::revalidate_after`].
 pub const DEFAULT_REVALIDATE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
@@ -105,6 +116,7 @@ impl Default for EngineConfig {
             hedge: true,
             hedge_ratio: hedge::DEFAULT_HEDGE_RATIO,
             read_ahead: DEFAULT_READ_AHEAD,
+            origin_read_ahead: DEFAULT_ORIGIN_READ_AHEAD,
         }
     }
 }
@@ -619,6 +631,18 @@ impl Engine {
     /// Counters so far.
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+
+    /// A client read's cache hit was a block this node's read-ahead brought in for it moments
+    /// before (read-ahead reads count in no block source): it counts as a block from a peer
+    /// (`from_peer`) or from the origin instead, as it would have without read-ahead.
+    pub(crate) fn recount_ahead_hit(&mut self, from_peer: bool) {
+        self.stats.block_source_cache -= 1;
+        if from_peer {
+            self.stats.block_source_peer += 1;
+        } else {
+            self.stats.block_source_origin += 1;
+        }
     }
 
     /// The identity of the object at `url`.

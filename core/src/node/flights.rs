@@ -477,7 +477,19 @@ impl Node {
                     _ => None,
                 };
                 let fetched = if other { Err(OriginError::Changed) } else { Ok(b) };
+                let landed = match (key, &fetched, req.background) {
+                    (FlightKey::Block(_, start, _), Ok(_), true) => {
+                        let block = start / self.engine.config().geometry.block_bytes();
+                        Some(self.engine.block_key(req.read.object(), block))
+                    }
+                    _ => None,
+                };
                 req.read.handle_fetch(&mut self.engine, fetched);
+                if let Some(block_key) = landed {
+                    let source =
+                        if coalesced { BlockSource::Coalesced } else { BlockSource::Origin };
+                    self.ahead_landed(rid, block_key, source);
+                }
             }
             (FlightKey::Block(..), Err(e)) => req.read.handle_fetch(&mut self.engine, Err(e)),
             (FlightKey::Probe(_), Ok(Judged::Block(..)))
@@ -495,6 +507,8 @@ impl Node {
                 let block_key = self.engine.block_key(&object, block);
                 let source = if coalesced { BlockSource::Coalesced } else { BlockSource::Origin };
                 let plane = req.plane;
+                // A read-ahead's block this read took from the flight: counted here, once.
+                self.ahead_landed.remove(&block_key);
                 self.event(Event::Block { request: rid, plane, key: block_key, source });
             }
         }

@@ -204,6 +204,11 @@ pub struct Node {
     /// the next read-ahead starts).
     ahead: BTreeMap<crate::hash::BlockKey, RequestId>,
     next_ahead: u64,
+    /// Blocks a read-ahead read brought in, with where from, until a client read finds them in
+    /// the store: that hit counts as the block's source, not as a cache hit. At most
+    /// [`READ_AHEAD_LIVE_MAX`], the oldest forgotten first (`ahead_order`).
+    ahead_landed: BTreeMap<crate::hash::BlockKey, io::BlockSource>,
+    ahead_order: VecDeque<crate::hash::BlockKey>,
     /// Look-ups in flight: the request, the key, whether the key was a kept block of an
     /// earlier process when asked ([`Node::recovered_blocks`]), and whether the whole block was
     /// asked for (no window).
@@ -277,6 +282,8 @@ impl Node {
             shared_fetches: BTreeMap::new(),
             ahead: BTreeMap::new(),
             next_ahead: NODE_REQUEST_IDS,
+            ahead_landed: BTreeMap::new(),
+            ahead_order: VecDeque::new(),
             store_ops: BTreeMap::new(),
             recovered: std::collections::BTreeSet::new(),
             learned: BTreeMap::new(),

@@ -639,10 +639,17 @@ impl Node {
             req.filled = Some(key);
         }
         let before = self.engine.stats().block_source_peer;
+        let whole = matches!(&answer, PeerAnswer::Block(b) if b.len() as u64 == expected);
+        let ahead = req.background && whole;
         req.read.handle_peer(&mut self.engine, reader.contender, permit, answer, now);
         if self.engine.stats().block_source_peer > before {
             let plane = req.plane;
+            // A read-ahead's block this read took from the shared fetch: counted here, once.
+            self.ahead_landed.remove(&key);
             self.event(Event::Block { request: rid, plane, key, source: BlockSource::Peer });
+        }
+        if ahead {
+            self.ahead_landed(rid, key, BlockSource::Peer);
         }
         self.drive(rid, now);
         self.working.pop();

@@ -31,7 +31,12 @@ fn content_of(v: u8, start: u64, len: u64) -> Bytes {
 fn engine() -> Engine {
     let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
     // One block at a time: these tests script every exchange (read-ahead has its own tests).
-    Engine::new(EngineConfig { geometry, read_ahead: 0, ..EngineConfig::default() })
+    Engine::new(EngineConfig {
+        geometry,
+        read_ahead: 0,
+        origin_read_ahead: 0,
+        ..EngineConfig::default()
+    })
 }
 
 /// A node whose origin is declared public (no credential checks: the access tests below use
@@ -61,8 +66,13 @@ fn reader_of(parent: &str) -> Node {
 
 fn reader_of_hedging(parent: &str, hedge: bool) -> Node {
     let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
-    let mut e =
-        Engine::new(EngineConfig { geometry, read_ahead: 0, hedge, ..EngineConfig::default() });
+    let mut e = Engine::new(EngineConfig {
+        geometry,
+        read_ahead: 0,
+        origin_read_ahead: 0,
+        hedge,
+        ..EngineConfig::default()
+    });
     let view = View::new(vec![Member::ready("parent", parent)]);
     let placement = Placement::new(view, "reader", 2, 1);
     let breaker = Breaker::new(BreakerConfig {
@@ -628,6 +638,7 @@ fn blocks_a_warm_start_kept_are_served_for_an_immutable_object() {
             geometry,
             immutable_prefixes: prefixes,
             read_ahead: 0,
+            origin_read_ahead: 0,
             ..Default::default()
         })
     };
@@ -1925,6 +1936,7 @@ fn an_immutable_prefix_is_never_revalidated() {
         geometry,
         immutable_prefixes: vec!["http://origin/o/".into()],
         read_ahead: 0,
+        origin_read_ahead: 0,
         ..EngineConfig::default()
     };
     let mut h = Harness::new(node_with(Engine::new(config), ""));
@@ -2458,6 +2470,7 @@ fn hedging_reader_warm(hedge_ratio: f64, warm: bool) -> (Node, Vec<String>) {
         hedge: hedge_ratio > 0.0,
         hedge_ratio,
         read_ahead: 0,
+        origin_read_ahead: 0,
         ..EngineConfig::default()
     });
     let key = e.block_key(&e.identify(URL), 0);
@@ -3092,6 +3105,107 @@ fn a_read_ahead_that_fails_costs_the_read_nothing() {
     assert!(h.ended(1) && !h.aborted(1));
     assert_eq!(h.node.live_requests(), 0);
     nothing_to_node_requests(&h);
+}
+
+/// A node alone in its view (the root of every tree: its misses go to the origin) that reads
+/// `ahead` blocks ahead of origin misses and none ahead of peer misses.
+fn root_ahead(ahead: usize) -> Node {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    let config = EngineConfig {
+        geometry,
+        read_ahead: 0,
+        origin_read_ahead: ahead,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(config);
+    let view = View::new(vec![Member::ready("root", "root:9000")]);
+    let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
+    e.enable_p2p(P2p { placement: Placement::new(view, "root", 2, 1), breaker });
+    node_with(e, "root")
+}
+
+/// The blocks the origin exchanges not yet answered ask for, in order.
+fn origin_asked(h: &Harness) -> Vec<u64> {
+    let sends = h.sends();
+    let origin = sends.iter().filter(|r| r.endpoint == Endpoint::Origin);
+    origin
+        .map(|r| {
+            let range = r.headers.get_str("range").expect("a ranged GET");
+            let start =
+                range.strip_prefix("bytes=").and_then(|r| r.split_once('-')).expect("range").0;
+            start.parse::<u64>().expect("start") / BLOCK
+        })
+        .collect()
+}
+
+/// Answers the oldest origin exchange in flight.
+fn answer_first_origin(h: &mut Harness) {
+    let sends = h.take_sends();
+    let first = sends.iter().position(|r| r.endpoint == Endpoint::Origin).expect("an origin send");
+    for (i, r) in sends.iter().enumerate() {
+        if i != first {
+            h.outputs.push(Output::Send(r.clone()));
+        }
+    }
+    h.answer_origin(&sends[first]);
+}
+
+#[test]
+fn a_lone_sequential_read_reads_ahead_at_the_origin_from_its_second_block() {
+    let mut h = Harness::new(root_ahead(2));
+    size_known(&mut h);
+    h.read(1, None);
+    assert_eq!(origin_asked(&h), vec![0], "the first block alone: a read may be one block");
+    answer_first_origin(&mut h);
+    assert_eq!(origin_asked(&h), vec![1, 2, 3], "past its first block, two more ride along");
+    assert_eq!(h.node.counters().read_ahead, 2);
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert!(h.ended(1));
+    // Every block counts once, from the origin: a block read ahead is no cache hit.
+    let stats = h.node.engine().stats();
+    assert_eq!((stats.block_source_origin, stats.block_source_cache), (4, 0));
+    assert_eq!(h.node.live_requests(), 0);
+    nothing_to_node_requests(&h);
+}
+
+#[test]
+fn a_root_that_relays_the_object_reads_nothing_ahead_at_the_origin() {
+    let mut h = Harness::new(root_ahead(2));
+    size_known(&mut h);
+    h.read(1, None);
+    // A child asks for a block of the same object while the read is on its first block.
+    relay_from(&mut h, 7, 3, "child");
+    assert_eq!(origin_asked(&h), vec![0, 3]);
+    answer_first_origin(&mut h);
+    assert_eq!(origin_asked(&h), vec![3, 1], "block 1 alone: nothing ahead of it");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert!(h.ended(1) && h.ended(7));
+    assert_eq!(h.node.counters().read_ahead, 0, "read-ahead would share the subtree's link");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_block_read_ahead_from_the_origin_counts_once_when_a_later_read_hits_it() {
+    let mut h = Harness::new(root_ahead(2));
+    size_known(&mut h);
+    h.read(1, None);
+    answer_first_origin(&mut h);
+    // The read-ahead windows land first; the read then finds blocks 2 and 3 stored.
+    let sends = h.take_sends();
+    for r in sends.iter().rev() {
+        h.answer_origin(r);
+    }
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    let stats = h.node.engine().stats();
+    assert_eq!((stats.block_source_origin, stats.block_source_cache), (4, 0));
+    // A second read of the same blocks: plain cache hits now.
+    h.read(2, None);
+    assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
+    let stats = h.node.engine().stats();
+    assert_eq!((stats.block_source_origin, stats.block_source_cache), (4, 4));
 }
 
 #[test]
