@@ -215,9 +215,10 @@ pub struct NodeFlags {
     /// and each is one more stream on an ancestor's uplink.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_READ_AHEAD)]
     pub read_ahead: usize,
-    /// The same for a sequential client read (past its first block) whose miss goes to the
-    /// origin while no peer relays the object through this node: a lone reader at the root of
-    /// the block's tree, or a node without peers. The larger of the two flags applies.
+    /// The same for a lone sequential client read (past its first block, and no other read of
+    /// the object, a peer's or another client's, ran beside it on this node) whose miss goes to
+    /// the origin: a lone reader at the root of the block's tree, or on a node without peers.
+    /// The larger of the two flags applies.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_ORIGIN_READ_AHEAD)]
     pub origin_read_ahead: usize,
     /// Whole-request bound of one peer request.

@@ -86,10 +86,11 @@ pub struct EngineConfig {
     /// (`--read-ahead`; 0 reads one block at a time): hop and origin latency are pipelined, at
     /// the cost of more streams sharing each ancestor's uplink.
     pub read_ahead: usize,
-    /// The same for a sequential client read (past its first block) whose miss goes to the
-    /// origin while no peer relays the object through this node (`--origin-read-ahead`; the
-    /// larger of the two applies): the origin's latency and this node's own work on each block
-    /// overlap the next, and no subtree's streams share the origin link with it.
+    /// The same for a lone sequential client read (past its first block, and no other read of
+    /// its object, a peer's relay or another client's, ran beside it on this node) whose miss
+    /// goes to the origin (`--origin-read-ahead`; the larger of the two applies): the origin's
+    /// latency and this node's own work on each block overlap the next, and no subtree's
+    /// streams share the origin link with it.
     pub origin_read_ahead: usize,
 }
 

@@ -3187,6 +3187,23 @@ fn a_root_that_relays_the_object_reads_nothing_ahead_at_the_origin() {
 }
 
 #[test]
+fn two_client_reads_of_one_object_read_nothing_ahead_at_the_origin() {
+    let mut h = Harness::new(root_ahead(2));
+    size_known(&mut h);
+    h.read(1, None);
+    h.read(2, Some(&format!("bytes={}-", 2 * BLOCK)));
+    assert_eq!(origin_asked(&h), vec![0, 2]);
+    answer_first_origin(&mut h);
+    assert_eq!(origin_asked(&h), vec![2, 1], "block 1 alone: nothing ahead of it");
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert_eq!(h.body_of(2), content(2 * BLOCK, SIZE - 2 * BLOCK).to_vec());
+    assert!(h.ended(1) && h.ended(2));
+    assert_eq!(h.node.counters().read_ahead, 0, "each would keep its own windows in flight");
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
 fn a_block_read_ahead_from_the_origin_counts_once_when_a_later_read_hits_it() {
     let mut h = Harness::new(root_ahead(2));
     size_known(&mut h);
