@@ -4,7 +4,8 @@
 #   bench/memory.sh [READERS] [SIZE_MIB] [HERDS]     (defaults: 64 1024 2; from the repository root)
 #
 # One nginx origin (static file, sendfile) and one dart node with default flags (RAM tier
-# --mem-size 256MiB, 4 MiB blocks, read-ahead off), both on loopback. It prints the node's
+# --mem-size 256MiB, 4 MiB blocks; origin read-ahead is for a lone read, so a herd's readers
+# read nothing ahead once a second one has started), both on loopback. It prints the node's
 # resident set (VmRSS, sampled every 100 ms from /proc) when idle, its peak during the herd, and
 # after it, with the kernel's own peak (VmHWM), once per herd: each herd reads another object, cold,
 # so a second herd tells memory kept for reuse (flat) from memory lost (growing). Every reader must receive SIZE_MIB bytes; one
