@@ -25,8 +25,9 @@ fn temp_dir(name: &str) -> TempDir {
 const SEED: u64 = 42;
 const BLOCK: u64 = 64 * 1024;
 
-async fn node(dir: &TempDir) -> dart_node::Running {
-    let flags = NodeFlags {
+/// The helper node's flags: small blocks and caches, a 2 s drain.
+fn flags(dir: &TempDir) -> NodeFlags {
+    NodeFlags {
         cache_size: 64 * BLOCK,
         mem_size: 8 * BLOCK,
         owned_fraction: None,
@@ -34,8 +35,11 @@ async fn node(dir: &TempDir) -> dart_node::Running {
         block_size: BLOCK,
         drain_secs: 2,
         ..support::loopback_flags(dir)
-    };
-    dart_node::start(&flags).await.expect("node starts")
+    }
+}
+
+async fn node(dir: &TempDir) -> dart_node::Running {
+    dart_node::start(&flags(dir)).await.expect("node starts")
 }
 
 type C = Client<SeamConnector<TokioDialer>, Empty<Bytes>>;
@@ -262,16 +266,7 @@ async fn shutdown_force_closes_a_response_that_outlasts_the_drain_bound() {
     let size = 32 * BLOCK;
     let o = origin(Behaviour::Slow { bytes_per_second: 512 * 1024 }, size).await;
     let d = temp_dir("force");
-    let flags = NodeFlags {
-        cache_size: 64 * BLOCK,
-        mem_size: 8 * BLOCK,
-        owned_fraction: None,
-        chunk_size: 4 * BLOCK,
-        block_size: BLOCK,
-        drain_secs: 2,
-        origin_read_ahead: 0,
-        ..support::loopback_flags(&d)
-    };
+    let flags = NodeFlags { origin_read_ahead: 0, ..flags(&d) };
     let n = dart_node::start(&flags).await.expect("node starts");
     let req = http::Request::get(url(&n, &o, "")).body(Empty::new()).expect("request");
     let resp = client().request(req).await.expect("response head");
