@@ -364,15 +364,13 @@ impl prometheus_client::collector::Collector for Collected {
         plain_counter(&mut enc, "dart_peer_fetch_joined", joined, scrape.node.peer_fetches_joined)?;
         if let Some(files) = scrape.tracker_files {
             let n = scrape.node;
-            let joins = [
-                ("granted", n.tracker_joins - n.tracker_join_failed),
-                ("failed", n.tracker_join_failed),
-            ];
+            let joins = [("granted", n.tracker_join_ok), ("failed", n.tracker_join_failed)];
             counter(
                 &mut enc,
                 "dart_tracker_join",
-                "JOINs this node sent to its objects' trackers (its own registry included), by \
-                 result; a failed one routes the object over every Ready member.",
+                "JOINs this node sent to its objects' trackers (its own registry included) that \
+                 ended, by result (one in flight counts in neither); a failed one routes the \
+                 object over every Ready member.",
                 "result",
                 &joins,
             )?;

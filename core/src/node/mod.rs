@@ -125,6 +125,9 @@ pub struct NodeCounters {
     pub tracker_joins: u64,
     /// JOINs that granted nothing (the reads routed over every Ready member).
     pub tracker_join_failed: u64,
+    /// JOINs whose tracker granted a lease (`tracker_joins` less these and the failed ones are
+    /// in flight).
+    pub tracker_join_ok: u64,
     /// JOINs this node granted as the tracker of an object (its own included).
     pub tracker_joins_granted: u64,
     /// Whole registry blobs whose bytes did not match their digest: the response failed before

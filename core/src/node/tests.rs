@@ -3821,6 +3821,9 @@ fn a_reader_joins_its_objects_tracker_and_lays_later_misses_over_the_granted_rea
         (asked.file.as_str(), asked.node.as_str(), asked.ttl_ms),
         (file.as_str(), me.as_str(), 0)
     );
+    let c = h.node.counters();
+    let counts = (c.tracker_joins, c.tracker_join_ok, c.tracker_join_failed);
+    assert_eq!(counts, (1, 0, 0), "a JOIN in flight is neither granted nor failed");
     // The tracker grants a set of two: this node and the best-ranked member, which is not this
     // node's parent over all members (that is the member just above it).
     let best = ranked[0].as_str();
@@ -3830,8 +3833,8 @@ fn a_reader_joins_its_objects_tracker_and_lays_later_misses_over_the_granted_rea
     h.answer_origin(&probe);
     let fetch = peer_sends(&h).pop().expect("a peer fetch");
     assert!(fetch.url.starts_with(&format!("http://{best}:9000/")), "{}", fetch.url);
-    assert_eq!(h.node.counters().tracker_joins, 1);
-    assert_eq!(h.node.counters().tracker_join_failed, 0);
+    let c = h.node.counters();
+    assert_eq!((c.tracker_joins, c.tracker_join_ok, c.tracker_join_failed), (1, 1, 0));
     // Half the lease later the next miss re-JOINs, still routing over the readers meanwhile.
     answer_peer(&mut h, &fetch, 0);
     h.advance(Duration::from_secs(3));

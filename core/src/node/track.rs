@@ -98,6 +98,7 @@ impl Node {
     }
 
     fn join_ended(&mut self, file: &str, result: Result<Grant, String>, now: Instant) {
+        self.counters.tracker_join_ok += u64::from(result.is_ok());
         if let Err(error) = &result {
             self.counters.tracker_join_failed += 1;
             let (last, held) = &mut self.join_warnings;
