@@ -699,6 +699,10 @@ impl Node {
         }
         self.flights.check_invariants();
         assert!(self.live_requests() <= REQUESTS_MAX, "requests above their bound");
+        // Every record is in the order the bound forgets by (checked by count: a scan per
+        // record would cost O(records²) per event).
+        assert!(self.ahead_order.len() <= READ_AHEAD_LIVE_MAX, "read-ahead records above bound");
+        assert!(self.ahead_landed.len() <= self.ahead_order.len(), "a read-ahead record unordered");
         self.access.check_invariants(&self.requests);
         for (c, check) in &self.access.checks {
             let x = self.exchanges.get(&check.io).expect("a check without its exchange");
