@@ -710,7 +710,8 @@ impl Entry {
 /// readers and no JOIN (routing falls back to all Ready members) until room frees up.
 #[derive(Clone, Debug, Default)]
 pub struct ReaderCache {
-    entries: BTreeMap<String, Entry>,
+    /// Boxed: most nodes cache one or two files, and a B-tree leaf is sized for eleven entries.
+    entries: BTreeMap<String, Box<Entry>>,
     /// The tag of the last grant held.
     last_tag: u64,
     /// The latest `now` seen; every decision uses it.
@@ -742,7 +743,8 @@ impl ReaderCache {
             if !self.make_room(now) {
                 return false;
             }
-            self.entries.insert(file.to_owned(), Entry { held: None, joining: Joining::Idle });
+            let entry = Box::new(Entry { held: None, joining: Joining::Idle });
+            self.entries.insert(file.to_owned(), entry);
         }
         let entry = self.entries.get_mut(file).expect("cached above");
         if entry.held.as_ref().is_some_and(|h| now >= h.expire_at) {

@@ -234,7 +234,9 @@ struct ObjectEntry {
 /// Per-node engine state; see the module doc.
 pub struct Engine {
     config: EngineConfig,
-    objects: BTreeMap<String, ObjectEntry>,
+    /// Boxed: a map of one or two objects (a node of a large cluster) is one B-tree leaf
+    /// sized for eleven entries, 2 KB a node unboxed.
+    objects: BTreeMap<String, Box<ObjectEntry>>,
     object_order: BTreeMap<u64, String>,
     next_seq: u64,
     stats: EngineStats,
@@ -761,7 +763,7 @@ impl Engine {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.objects.insert(id.id.clone(), ObjectEntry { info, meta, fresh_until, seq });
+        self.objects.insert(id.id.clone(), Box::new(ObjectEntry { info, meta, fresh_until, seq }));
         self.object_order.insert(seq, id.id.clone());
     }
 
