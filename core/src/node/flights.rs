@@ -488,7 +488,7 @@ impl Node {
                 if let Some(block_key) = landed {
                     let source =
                         if coalesced { BlockSource::Coalesced } else { BlockSource::Origin };
-                    self.ahead_landed(rid, block_key, source);
+                    self.ahead_landed(block_key, source);
                 }
             }
             (FlightKey::Block(..), Err(e)) => req.read.handle_fetch(&mut self.engine, Err(e)),

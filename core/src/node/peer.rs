@@ -634,12 +634,12 @@ impl Node {
         let Wait::Peers(mut slots) = req.wait else { unreachable!("{rid}: not waiting on peers") };
         assert_eq!(slots[reader.contender.index()].take(), Some(io), "{rid}: contender mix-up");
         req.wait = if slots.iter().any(Option::is_some) { Wait::Peers(slots) } else { Wait::Ready };
-        if shared && matches!(&answer, PeerAnswer::Block(b) if b.len() as u64 == expected) {
+        let whole = matches!(&answer, PeerAnswer::Block(b) if b.len() as u64 == expected);
+        if shared && whole {
             // The fetch's first reader offers the block to the store; this one does not repeat it.
             req.filled = Some(key);
         }
         let before = self.engine.stats().block_source_peer;
-        let whole = matches!(&answer, PeerAnswer::Block(b) if b.len() as u64 == expected);
         let ahead = req.background && whole;
         req.read.handle_peer(&mut self.engine, reader.contender, permit, answer, now);
         if self.engine.stats().block_source_peer > before {
@@ -649,7 +649,7 @@ impl Node {
             self.event(Event::Block { request: rid, plane, key, source: BlockSource::Peer });
         }
         if ahead {
-            self.ahead_landed(rid, key, BlockSource::Peer);
+            self.ahead_landed(key, BlockSource::Peer);
         }
         self.drive(rid, now);
         self.working.pop();

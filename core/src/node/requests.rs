@@ -639,9 +639,9 @@ impl Node {
 
     /// Client read `rid` missed a block: the next `n` blocks of its range
     /// ([`EngineConfig::read_ahead`] for any miss, or [`Node::origin_ahead`] when the miss went
-    /// to the origin, whichever is larger) are acquired now by read-ahead reads (relay reads of this node that answer nobody), so that hop and origin
-    /// latency overlap the transfer of the block being served. Each
-    /// takes the path a miss takes (its tree ancestors, then the origin, with the read's own
+    /// to the origin, whichever is larger) are acquired now by read-ahead reads (relay reads of
+    /// this node that answer nobody), so that hop and origin latency overlap the transfer of the
+    /// block being served. Each takes the path a miss takes (its tree ancestors, then the origin, with the read's own
     /// credential) and fills the cache; the read then finds each block in the store, or joins
     /// the peer fetch or origin flight still under way. Nothing starts for a block a read-ahead
     /// already acquires, nor while half of [`super::REQUESTS_MAX`] requests are live.
@@ -688,18 +688,10 @@ impl Node {
         }
     }
 
-    /// Read-ahead read `rid` acquired block `key` from `source`: the client read that finds it
-    /// in the store counts that source (`on_store`). The oldest record goes past
+    /// A read-ahead read acquired block `key` from `source`: the client read that finds it in
+    /// the store counts that source (`on_store`). The oldest record goes past
     /// [`super::READ_AHEAD_LIVE_MAX`] (its read ended without reaching the block).
-    pub(super) fn ahead_landed(
-        &mut self,
-        rid: RequestId,
-        key: crate::hash::BlockKey,
-        source: BlockSource,
-    ) {
-        if !self.requests.get(&rid).is_some_and(|r| r.background) {
-            return;
-        }
+    pub(super) fn ahead_landed(&mut self, key: crate::hash::BlockKey, source: BlockSource) {
         if self.ahead_landed.insert(key, source).is_none() {
             self.ahead_order.push_back(key);
         }
