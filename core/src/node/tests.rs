@@ -3124,18 +3124,17 @@ fn root_ahead(ahead: usize) -> Node {
     node_with(e, "root")
 }
 
+/// The block an origin exchange asks for.
+fn origin_block(r: &IoRequest) -> u64 {
+    let range = r.headers.get_str("range").expect("a ranged GET");
+    let start = range.strip_prefix("bytes=").and_then(|r| r.split_once('-')).expect("range").0;
+    start.parse::<u64>().expect("start") / BLOCK
+}
+
 /// The blocks the origin exchanges not yet answered ask for, in order.
 fn origin_asked(h: &Harness) -> Vec<u64> {
     let sends = h.sends();
-    let origin = sends.iter().filter(|r| r.endpoint == Endpoint::Origin);
-    origin
-        .map(|r| {
-            let range = r.headers.get_str("range").expect("a ranged GET");
-            let start =
-                range.strip_prefix("bytes=").and_then(|r| r.split_once('-')).expect("range").0;
-            start.parse::<u64>().expect("start") / BLOCK
-        })
-        .collect()
+    sends.iter().filter(|r| r.endpoint == Endpoint::Origin).map(origin_block).collect()
 }
 
 /// Answers the oldest origin exchange in flight.
@@ -3223,6 +3222,32 @@ fn a_block_read_ahead_from_the_origin_counts_once_when_a_later_read_hits_it() {
     assert_eq!(h.body_of(2), content(0, SIZE).to_vec());
     let stats = h.node.engine().stats();
     assert_eq!((stats.block_source_origin, stats.block_source_cache), (4, 4));
+}
+
+#[test]
+fn a_relay_that_hits_a_block_read_ahead_leaves_its_count_to_the_client_read() {
+    let mut h = Harness::new(root_ahead(2));
+    size_known(&mut h);
+    h.read(1, None);
+    answer_first_origin(&mut h);
+    // Blocks 2 and 3 (read ahead) land; block 1, the read's own, is still on its way.
+    let sends = h.take_sends();
+    let own = sends.iter().position(|r| origin_block(r) == 1).expect("block 1 asked");
+    for (i, r) in sends.iter().enumerate() {
+        if i != own {
+            h.answer_origin(r);
+        }
+    }
+    // A child's relay finds block 2 stored (a relay counts in `relay_served`, in no block
+    // source): the record stays for the client read, which counts block 2 from the origin.
+    relay_from(&mut h, 7, 2, "child");
+    assert!(h.ended(7));
+    h.answer_origin(&sends[own]);
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    let stats = h.node.engine().stats();
+    assert_eq!((stats.block_source_origin, stats.block_source_cache), (4, 0), "{stats:?}");
+    assert_eq!(stats.relay_served, 1);
 }
 
 #[test]
