@@ -23,8 +23,10 @@ pub trait BlockCache: Send + Sync + 'static {
     fn get_window(&self, key: &BlockKey, window: Window) -> Option<Bytes> {
         self.get(key).and_then(|b| window.slice(&b))
     }
-    /// The answer to a look-up (of `window`, or of the whole block) when it needs no disk read (a
-    /// RAM hit, or a key the index does not hold); `None` when only a disk read can tell.
+    /// The answer to a look-up (of `window`, or of the whole block) when it needs no wait on the
+    /// disk (a RAM hit, a key the index does not hold, and for the disk store a window of at most
+    /// [`crate::store::WINDOW_NOW_MAX`] bytes the page cache holds); `None` when only a disk read
+    /// can tell. Called under the node's lock.
     fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
         Some(match window {
             Some(w) => self.get_window(key, w),
@@ -139,6 +141,10 @@ impl BlockCache for crate::store::BlockStore {
     }
 
     fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
+        if let Some(w) = window.filter(|w| w.len() <= crate::store::WINDOW_NOW_MAX) {
+            let w = (w.start, w.len(), w.block_len);
+            return crate::store::BlockStore::get_window_now(self, key, w);
+        }
         let held = crate::store::BlockStore::get_from_ram(self, key)?;
         Some(match window {
             Some(w) => held.and_then(|b| w.slice(&b)),

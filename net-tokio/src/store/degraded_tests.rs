@@ -441,5 +441,7 @@ fn without_page_cache_reads_a_disk_hit_waits_for_the_blocking_read() {
     assert_eq!(store.get_cached(&key(1), None), None);
     assert_eq!(store.get_cached(&key(1), Some((0, 4, BLOCK))), None);
     assert_eq!(store.get_cached(&key(7), None), Some(None), "a miss needs no disk");
+    assert_eq!(store.get_window_now(&key(1), (0, 4, BLOCK)), None);
+    assert_eq!(store.get_window_now(&key(7), (0, 4, BLOCK)), Some(None));
     assert!(store.get(&key(1)).is_some(), "the blocking read answers");
 }

@@ -841,6 +841,48 @@ fn page_cache_reads_answer_as_the_blocking_reads_do() {
     assert_eq!(store.get_cached(&key(1), None), Some(None), "closed");
 }
 
+/// The driver asks `get_window_now` under the node's lock for small windows: a disk hit the page
+/// cache holds is answered with the blocking read's bytes, a RAM hit and a miss at once, and while
+/// a write holds both arenas nothing waits (the disk hit is left to the blocking read).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_small_window_under_the_nodes_lock_reads_the_page_cache_and_never_waits_for_a_write() {
+    let dir = TestDir::new("window-now");
+    // Block 2 is in RAM and on disk, block 1 on disk only, block 3 nowhere.
+    let store = open(&dir, 2, 2, 1);
+    assert!(put(&store, 1, BlockClass::Owned));
+    assert!(put(&store, 2, BlockClass::Borrowed));
+    assert!(store.in_ram(&key(2)) && !store.in_ram(&key(1)));
+    let w = (5, 7, BLOCK);
+    for i in [1, 2] {
+        let blocking = store.get_window(&key(i), 5, 7, BLOCK);
+        assert!(blocking.is_some());
+        assert_eq!(store.get_window_now(&key(i), w), Some(blocking), "block {i}");
+    }
+    assert!(!store.in_ram(&key(1)), "a window is not promoted");
+    assert_eq!(store.get_window_now(&key(3), w), Some(None), "a miss");
+    assert_eq!(store.get_window_now(&key(1), (0, 2, BLOCK + 1)), Some(None), "another length");
+    assert_eq!(store.get_window_now(&key(1), (BLOCK - 1, 2, BLOCK)), Some(None), "past the end");
+
+    let held = store.disk.hold();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let answers: Vec<_> = (1..=3)
+                .map(|i| store.get_window_now(&key(i), w).map(|b| b.map(|b| b.len())))
+                .collect();
+            tx.send(answers).expect("the test waits for the answers");
+        });
+        // A bound for the failure only: the answers come at once, or the look-up waited.
+        let answers = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        let answers = answers.expect("look-ups answered while a write holds both arenas");
+        assert_eq!(answers, vec![None, Some(Some(7)), Some(None)]);
+    });
+    store.close();
+    assert_eq!(store.get_window_now(&key(2), w), Some(None), "closed");
+}
+
 /// A whole block read from the page cache is promoted into RAM, as a blocking `get` promotes it;
 /// a window is not.
 #[cfg(target_os = "linux")]
