@@ -31,8 +31,9 @@ impl Pool {
     /// Keeps `data` idle in `class`, within [`IDLE_BYTES_MAX`] (see the module's doc).
     fn give_back(&mut self, class: usize, data: Vec<u8>) {
         while self.idle_bytes + data.len() > IDLE_BYTES_MAX {
+            // Every buffer of class `c` is 2^(c + MIN_SHIFT) bytes long.
             let fullest = (0..CLASSES)
-                .max_by_key(|&c| self.free[c].iter().map(Vec::len).sum::<usize>())
+                .max_by_key(|&c| self.free[c].len() << (c as u32 + MIN_SHIFT))
                 .expect("there are classes");
             if fullest == class {
                 return;
