@@ -13,12 +13,17 @@
 //! checksum) names a key and whose data match the header's FNV-1a 64 checksum. The header is zeroed
 //! before a slot is rewritten, so even with the OS reordering the writes the old key's header can
 //! only survive next to new bytes that then fail the checksum.
+//!
+//! Reads outside the lock ([`Arena::begin_read`]) pin their slot; an insert takes only a slot no
+//! read pins, so a slot's bytes never change under a read, even one whose key was dropped or
+//! evicted after it began.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -157,12 +162,53 @@ struct Slot {
     header_on_disk: bool,
 }
 
+/// A slot's bytes, to be read outside the arena's lock ([`Arena::begin_read`]). While it lives
+/// the slot is pinned: no insert takes it (a pinned slot on the free list or at the end of the LRU
+/// list is passed over), so the bytes read are the ones published under the key when it was
+/// made, even if the key is evicted or dropped meanwhile.
+#[derive(Debug)]
+pub(crate) struct SlotRead {
+    path: Arc<Path>,
+    file: Arc<File>,
+    io: Arc<dyn StoreIo>,
+    pins: Arc<[AtomicU32]>,
+    slot: u32,
+    offset: u64,
+    len: u64,
+}
+
+impl SlotRead {
+    /// The pinned slot.
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Reads the bytes, waiting for the disk if need be.
+    pub(crate) fn read(&self) -> Result<Bytes, StoreError> {
+        let mut buf = Buf::take(self.len as usize);
+        self.io
+            .read_exact_at(&self.file, buf.as_mut_slice(), self.offset)
+            .map_err(io_error(&self.path))?;
+        Ok(buf.freeze())
+    }
+}
+
+impl Drop for SlotRead {
+    fn drop(&mut self) {
+        // Release: the read is over before an insert that sees the pin gone (Acquire) writes.
+        self.pins[self.slot as usize].fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// One budget's arena file and index.
 #[derive(Debug)]
 pub(crate) struct Arena {
-    path: PathBuf,
+    path: Arc<Path>,
     /// `None` once closed.
-    file: Option<File>,
+    file: Option<Arc<File>>,
+    /// Per slot, how many [`SlotRead`]s are reading it outside the lock (raised under the lock,
+    /// lowered without it).
+    pins: Arc<[AtomicU32]>,
     /// Every positional read and write of `file` goes through it.
     io: Arc<dyn StoreIo>,
     layout: Layout,
@@ -209,8 +255,9 @@ impl Arena {
             .open(&path)
             .map_err(io_error(&path))?;
         let mut arena = Arena {
-            path,
-            file: Some(file),
+            path: path.into(),
+            file: Some(Arc::new(file)),
+            pins: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             io,
             layout: Layout::new(block_bytes, slots),
             class_tag,
@@ -351,9 +398,20 @@ impl Arena {
         self.layout.slots
     }
 
-    /// Whether every slot is published (an insert would evict).
+    /// Whether an insert would evict: no free slot is left that no read pins.
     pub(crate) fn is_full(&self) -> bool {
-        self.free.is_empty()
+        self.free.iter().all(|&slot| self.pinned(slot))
+    }
+
+    /// Whether an insert can take a slot now: a free one or a published one that no read pins
+    /// (false only while reads pin every slot).
+    pub(crate) fn has_room(&self) -> bool {
+        !self.is_full() || self.victim().is_some()
+    }
+
+    /// The least recently used published slot that no read pins: the next eviction victim.
+    fn victim(&self) -> Option<u32> {
+        self.lru.iter_from_back().find(|&slot| !self.pinned(slot))
     }
 
     /// The set of published keys, kept equal to the index by every change of it (made under the
@@ -381,51 +439,54 @@ impl Arena {
         }
     }
 
-    /// The least recently used key: the next eviction victim.
+    /// The key of the next eviction victim: the least recently used one no read pins.
     pub(crate) fn lru_key(&self) -> Option<BlockKey> {
-        let slot = self.lru.back()?;
+        let slot = self.victim()?;
         Some(self.slots[slot as usize].live.expect("linked slot is live").0)
     }
 
-    /// A copy of `key`'s bytes read from disk, refreshing recency if `touch`.
+    /// A copy of `key`'s bytes read from disk, refreshing recency if `touch` (the read happens
+    /// under the caller's hold of the lock; [`Arena::begin_read`] reads outside it).
     pub(crate) fn read(
         &mut self,
         key: &BlockKey,
         touch: bool,
     ) -> Result<Option<Bytes>, StoreError> {
-        let Some((slot, _, len)) = self.span(key, None) else {
+        self.begin_read(key, None, touch)?.map(|read| read.read()).transpose()
+    }
+
+    /// Pins the slot of `key`'s block (the whole block, or `window` = `(start, len, block_len)`
+    /// of a block held with exactly `block_len` bytes) for a read outside the lock, refreshing
+    /// its recency if `touch`. `Ok(None)` for a miss (or a window that does not fit).
+    pub(crate) fn begin_read(
+        &mut self,
+        key: &BlockKey,
+        window: Option<(u64, u64, u64)>,
+        touch: bool,
+    ) -> Result<Option<SlotRead>, StoreError> {
+        let Some((slot, start, len)) = self.span(key, window) else {
             return Ok(None);
         };
-        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
-        let mut buf = Buf::take(len as usize);
-        self.io
-            .read_exact_at(file, buf.as_mut_slice(), self.layout.data_offset(slot))
-            .map_err(io_error(&self.path))?;
+        let file = self.file.clone().ok_or(StoreError::Closed)?;
+        // Raised under the lock, where inserts look at it.
+        self.pins[slot as usize].fetch_add(1, Ordering::Relaxed);
         if touch {
             self.lru.touch(slot);
         }
-        Ok(Some(buf.freeze()))
+        Ok(Some(SlotRead {
+            path: self.path.clone(),
+            file,
+            io: self.io.clone(),
+            pins: self.pins.clone(),
+            slot,
+            offset: self.layout.data_offset(slot) + start,
+            len,
+        }))
     }
 
-    /// Bytes `start..start + len` of `key`'s slot, refreshing its recency, if it holds exactly
-    /// `block_len` bytes (a block of another length is a miss: the reader would refuse it).
-    pub(crate) fn read_window(
-        &mut self,
-        key: &BlockKey,
-        start: u64,
-        len: u64,
-        block_len: u64,
-    ) -> Result<Option<Bytes>, StoreError> {
-        let Some((slot, start, len)) = self.span(key, Some((start, len, block_len))) else {
-            return Ok(None);
-        };
-        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
-        let mut buf = Buf::take(len as usize);
-        self.io
-            .read_exact_at(file, buf.as_mut_slice(), self.layout.data_offset(slot) + start)
-            .map_err(io_error(&self.path))?;
-        self.lru.touch(slot);
-        Ok(Some(buf.freeze()))
+    /// Whether a read outside the lock holds `slot`.
+    fn pinned(&self, slot: u32) -> bool {
+        self.pins[slot as usize].load(Ordering::Acquire) != 0
     }
 
     /// The slot holding `key` and the bytes (`start`, `len`) a read of the whole block, or of
@@ -443,8 +504,8 @@ impl Arena {
         }
     }
 
-    /// [`Arena::read`] (touching recency) or, with `window` = `(start, len, block_len)`,
-    /// [`Arena::read_window`], answered only from the page cache: `None` when the bytes are not
+    /// [`Arena::read`] (touching recency) or a read of `window` = `(start, len, block_len)`,
+    /// answered only from the page cache, under the lock (it cannot wait for the disk): `None` when the bytes are not
     /// all cached (or the read failed: the blocking read then meets the error and reports it),
     /// `Some(None)` for a miss, `Some(Some(bytes))` for a hit.
     pub(crate) fn read_cached(
@@ -465,7 +526,8 @@ impl Arena {
         Some(Some(buf.freeze()))
     }
 
-    /// Writes `data` under an absent `key`, evicting the LRU block if full. `data_sum` is
+    /// Writes `data` under an absent `key` into a slot no read pins ([`Arena::has_room`] must
+    /// hold), evicting the least recently used such block if no free one is left. `data_sum` is
     /// [`slot_checksum`] of the bytes, required exactly when headers are kept. On error the slot
     /// goes back to the free list and `key` stays absent.
     pub(crate) fn insert(
@@ -480,10 +542,11 @@ impl Arena {
         if self.file.is_none() {
             return Err(StoreError::Closed);
         }
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
+        // The lowest free slot no read pins (the list is popped from its end), else the victim.
+        let slot = match self.free.iter().rposition(|&slot| !self.pinned(slot)) {
+            Some(at) => self.free.remove(at),
             None => {
-                let victim = self.lru.back().expect("a full arena has an LRU slot");
+                let victim = self.victim().expect("the caller checked has_room");
                 self.unlink(victim);
                 victim
             }
@@ -586,7 +649,6 @@ impl Arena {
     }
 
     /// The slot `key` is published in.
-    #[cfg(test)]
     pub(crate) fn slot_of(&self, key: &BlockKey) -> Option<u32> {
         self.index.get(key).copied()
     }

@@ -104,6 +104,18 @@ impl SlotList {
         })
     }
 
+    /// Linked slots, least recently used first.
+    pub(crate) fn iter_from_back(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut cur = self.tail;
+        std::iter::from_fn(move || {
+            (cur != NIL).then(|| {
+                let slot = cur;
+                cur = self.prev[slot as usize];
+                slot
+            })
+        })
+    }
+
     /// Unlinks every slot.
     pub(crate) fn clear(&mut self) {
         self.prev.fill(NIL);

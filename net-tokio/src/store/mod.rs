@@ -35,10 +35,14 @@
 //! # Concurrency
 //!
 //! [`BlockStore`] is `Sync` and meant to be shared as `Arc<BlockStore>`. Each tier has its own
-//! `std::sync::Mutex` and no operation holds two of them at once. Disk reads and writes of a block
-//! happen inside the arena's critical section (simple, and no slot can be recycled mid-copy); that
-//! serialises disk I/O per arena, which is acceptable for now and the first thing to revisit with
-//! a slot-pinning scheme if profiles show lock waits. Whether a key is held can be asked without
+//! `std::sync::Mutex` and no operation holds two of them at once. A read that may wait for the
+//! disk ([`BlockStore::get`], [`BlockStore::get_window`]) pins its slot under the arena's lock and
+//! reads outside it (a pinned slot is never taken by
+//! an insert, so no slot is recycled mid-read), so such reads of one arena overlap and wait for no
+//! other; a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded by a copy)
+//! a block's write and the read of a borrowed block promoted into the owned arena still happen
+//! inside the critical section, so a write still holds up the reads of its arena that begin while
+//! it runs. Whether a key is held can be asked without
 //! the arena's lock: each arena keeps its published keys in a set of their own, a leaf lock taken
 //! only for a set operation (inside the arena's when the index changes, alone when asked), so
 //! [`BlockStore::get_from_ram`], which the driver calls under the node's lock, never waits for a

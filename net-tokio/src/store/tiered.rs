@@ -17,7 +17,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use dart_core::hash::BlockKey;
 
-use super::arena::{slot_checksum, Arena, LoadReport};
+use super::arena::{slot_checksum, Arena, LoadReport, SlotRead};
 use super::config::Budgets;
 use super::health::{DegradedReason, Gate, Health, StoreHealth, PROBE_INTERVAL};
 use super::io::StoreIo;
@@ -195,6 +195,10 @@ impl Tiered {
         data: &[u8],
         data_sum: Option<u64>,
     ) -> Result<bool, StoreError> {
+        if !arena.has_room() {
+            // Reads in progress pin every slot: this block is not cached, as when degraded.
+            return Ok(false);
+        }
         let now = self.io.now();
         let gate = lock(&self.health).gate(now);
         let ticket = match gate {
@@ -270,20 +274,25 @@ impl Tiered {
     }
 
     /// A copy of `key`'s bytes: owned first, then borrowed (a borrowed hit or miss feeds the
-    /// estimator, an owned hit never does).
+    /// estimator, an owned hit never does). The disk read happens outside the arena's lock, on a
+    /// pinned slot ([`Arena::begin_read`]): reads of one arena overlap, and a look-up or a put
+    /// waits for none of them.
     pub(crate) fn get(&self, key: &BlockKey) -> Option<Bytes> {
-        if let Some(bytes) = self.read_or_drop(&mut lock(&self.owned), key, true) {
+        let begun = lock(&self.owned).begin_read(key, None, true);
+        if let Some(bytes) = self.read_pinned(BlockClass::Owned, key, begun) {
             return Some(bytes);
         }
-        // The 4 MiB read happens under the borrowed lock: simple and correct (no slot can be
-        // recycled mid-read), at the cost of serialising borrowed disk reads.
-        let mut borrowed = lock(&self.borrowed);
-        borrowed.sketch.increment(key);
-        self.read_or_drop(&mut borrowed.arena, key, true)
+        let begun = {
+            let mut borrowed = lock(&self.borrowed);
+            borrowed.sketch.increment(key);
+            borrowed.arena.begin_read(key, None, true)
+        };
+        self.read_pinned(BlockClass::Borrowed, key, begun)
     }
 
     /// Bytes `start..start + len` of `key`, if held with exactly `block_len` bytes: owned first,
-    /// then borrowed (which feeds the estimator), reading only those bytes.
+    /// then borrowed (which feeds the estimator), reading only those bytes, outside the arena's
+    /// lock as [`Tiered::get`] does.
     pub(crate) fn get_window(
         &self,
         key: &BlockKey,
@@ -291,19 +300,49 @@ impl Tiered {
         len: u64,
         block_len: u64,
     ) -> Option<Bytes> {
-        let read = |arena: &mut Arena| {
-            let read = arena.read_window(key, start, len, block_len);
-            self.found_or_drop(arena, key, read)
-        };
-        {
+        let window = Some((start, len, block_len));
+        let begun = {
             let mut owned = lock(&self.owned);
-            if owned.contains(key) {
-                return read(&mut owned);
-            }
+            owned.contains(key).then(|| owned.begin_read(key, window, true))
+        };
+        if let Some(begun) = begun {
+            return self.read_pinned(BlockClass::Owned, key, begun);
         }
-        let mut borrowed = lock(&self.borrowed);
-        borrowed.sketch.increment(key);
-        read(&mut borrowed.arena)
+        let begun = {
+            let mut borrowed = lock(&self.borrowed);
+            borrowed.sketch.increment(key);
+            borrowed.arena.begin_read(key, window, true)
+        };
+        self.read_pinned(BlockClass::Borrowed, key, begun)
+    }
+
+    /// Carries out a read begun under the lock of `class`'s arena, outside it. An unreadable slot
+    /// is recorded, dropped (if `key` is still published in it) and reported as a miss.
+    fn read_pinned(
+        &self,
+        class: BlockClass,
+        key: &BlockKey,
+        begun: Result<Option<SlotRead>, StoreError>,
+    ) -> Option<Bytes> {
+        let read = match begun {
+            Ok(Some(read)) => read,
+            Ok(None) | Err(StoreError::Closed) => return None,
+            Err(e) => unreachable!("a read begins or fails as closed: {e}"),
+        };
+        let e = match read.read() {
+            Ok(bytes) => return Some(bytes),
+            Err(e) => e,
+        };
+        let slot = read.slot();
+        drop(read);
+        tracing::warn!(%key, error = %e, "dropping an unreadable cached block");
+        self.record_failure(Op::Read, &e);
+        self.with_arena_mut(class, |arena| {
+            if arena.slot_of(key) == Some(slot) {
+                self.drop_from(arena, key);
+            }
+        });
+        None
     }
 
     /// [`Tiered::get`] (`window` `None`) or [`Tiered::get_window`] (`window` =
@@ -490,6 +529,21 @@ impl Tiered {
     #[cfg(test)]
     pub(crate) fn hold(&self) -> (MutexGuard<'_, Arena>, MutexGuard<'_, Borrowed>) {
         (lock(&self.owned), lock(&self.borrowed))
+    }
+
+    /// Runs `f` on the arena of `class`, under its lock.
+    fn with_arena_mut<R>(&self, class: BlockClass, f: impl FnOnce(&mut Arena) -> R) -> R {
+        match class {
+            BlockClass::Owned => f(&mut lock(&self.owned)),
+            BlockClass::Borrowed => f(&mut lock(&self.borrowed).arena),
+        }
+    }
+
+    /// Pins `key`'s slot in `class`'s arena as a read outside the lock does, without touching
+    /// its recency.
+    #[cfg(test)]
+    pub(crate) fn pin(&self, class: BlockClass, key: &BlockKey) -> Option<SlotRead> {
+        self.with_arena_mut(class, |arena| arena.begin_read(key, None, false)).unwrap()
     }
 
     /// Runs `f` on the arena of `class`.
