@@ -153,6 +153,12 @@ fn a_slot_being_read_outside_the_lock_is_never_reused_under_the_read() {
     assert_eq!(store.health().state, HealthState::Healthy);
     assert_eq!(read1.read().unwrap(), Bytes::from(bytes(1, 0, BLOCK as usize)));
     assert_eq!(read4.read().unwrap(), Bytes::from(bytes(4, 0, BLOCK as usize)));
+    // The borrowed arena's one slot, pinned: its admission has no victim to weigh against.
+    assert!(put(&store, 7, BlockClass::Borrowed));
+    let read7 = store.disk.pin(BlockClass::Borrowed, &key(7)).expect("7 is held");
+    assert!(!put(&store, 8, BlockClass::Borrowed), "no slot to take");
+    assert_eq!(store.health().state, HealthState::Healthy);
+    drop(read7);
     let slot1 = read1.slot();
     drop(read1);
     assert!(put(&store, 5, owned), "the slot of 1 is free again");

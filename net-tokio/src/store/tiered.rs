@@ -74,9 +74,11 @@ impl Borrowed {
             return Ok(PutOutcome::Refreshed);
         }
         if self.arena.is_full() {
-            let victim = self.arena.lru_key().expect("a full arena has a victim");
-            if !admits(&self.sketch, &key, &victim) {
-                return Ok(PutOutcome::Refused);
+            // No victim while reads pin every slot: the insert then finds no room and skips.
+            if let Some(victim) = self.arena.lru_key() {
+                if !admits(&self.sketch, &key, &victim) {
+                    return Ok(PutOutcome::Refused);
+                }
             }
         }
         Ok(if insert(&mut self.arena)? { PutOutcome::Inserted } else { PutOutcome::Skipped })
