@@ -200,6 +200,38 @@ impl Drop for SlotRead {
     }
 }
 
+/// A block's write into a slot reserved for it ([`Arena::begin_insert`]), done outside the arena's
+/// lock: the slot is neither free nor published while it runs, so no read and no other insert
+/// touches it; [`Arena::finish_insert`] publishes it (or frees it) under the lock again.
+#[derive(Debug)]
+pub(crate) struct SlotWrite {
+    path: Arc<Path>,
+    file: Arc<File>,
+    io: Arc<dyn StoreIo>,
+    slot: u32,
+    data_offset: u64,
+    header_offset: u64,
+    /// Whether the slot's old header must be zeroed before its bytes are overwritten.
+    zero_header: bool,
+    /// The new header, when headers are kept.
+    header: Option<[u8; HEADER_BYTES as usize]>,
+}
+
+impl SlotWrite {
+    /// Invalidates the slot's old header if needed, writes `data`, then the new header.
+    pub(crate) fn write(&self, data: &[u8]) -> Result<(), StoreError> {
+        let fail = || io_error(&self.path);
+        if self.zero_header {
+            self.io.write_all_at(&self.file, &ZERO_HEADER, self.header_offset).map_err(fail())?;
+        }
+        self.io.write_all_at(&self.file, data, self.data_offset).map_err(fail())?;
+        if let Some(header) = &self.header {
+            self.io.write_all_at(&self.file, header, self.header_offset).map_err(fail())?;
+        }
+        Ok(())
+    }
+}
+
 /// One budget's arena file and index.
 #[derive(Debug)]
 pub(crate) struct Arena {
@@ -217,10 +249,15 @@ pub(crate) struct Arena {
     /// Whether slot headers are kept (warm start `Verify`).
     verify: bool,
     index: HashMap<BlockKey, u32>,
-    /// `index`'s keys, shared with look-ups that must not wait for this arena's lock (a put holds
-    /// it through a whole block's write): see [`Arena::published`].
+    /// `index`'s keys, shared with look-ups that must not wait for this arena's lock (any operation
+    /// of the arena holds it): see [`Arena::published`].
     published: Arc<Mutex<HashSet<BlockKey>>>,
     slots: Vec<Slot>,
+    /// Keys whose bytes are being written outside the lock, with their reserved slot (on no list).
+    writing: HashMap<BlockKey, u32>,
+    /// Slots reserved by [`Arena::begin_insert`] whose [`Arena::finish_insert`] has not come: the
+    /// slots of `writing`, and of writes whose key was removed meanwhile.
+    reserved: usize,
     lru: SlotList,
     /// Free slots; popped from the end, so the lowest slot is used first.
     free: Vec<u32>,
@@ -265,6 +302,8 @@ impl Arena {
             index: HashMap::with_capacity(slots as usize),
             published: Arc::default(),
             slots: vec![Slot::default(); slots as usize],
+            writing: HashMap::new(),
+            reserved: 0,
             lru: SlotList::new(slots),
             free: (0..slots).rev().collect(),
             next_seq: 1,
@@ -416,7 +455,7 @@ impl Arena {
 
     /// The set of published keys, kept equal to the index by every change of it (made under the
     /// arena's lock), and locked only for a set operation, never across I/O: whether a key is
-    /// published can be asked without waiting for a write in progress. During an insert the new
+    /// published can be asked without the arena's lock. During an insert the new
     /// key is absent until its bytes and header are written, and an evicted victim is absent
     /// from the moment the insert takes its slot, as in the index itself.
     pub(crate) fn published(&self) -> Arc<Mutex<HashSet<BlockKey>>> {
@@ -526,22 +565,22 @@ impl Arena {
         Some(Some(buf.freeze()))
     }
 
-    /// Writes `data` under an absent `key` into a slot no read pins ([`Arena::has_room`] must
-    /// hold), evicting the least recently used such block if no free one is left. `data_sum` is
-    /// [`slot_checksum`] of the bytes, required exactly when headers are kept. On error the slot
-    /// goes back to the free list and `key` stays absent.
-    pub(crate) fn insert(
+    /// Reserves a slot no read pins for an absent `key` of `len` bytes ([`Arena::has_room`] must
+    /// hold), evicting the least recently used such block if no free one is left; the bytes are
+    /// then written outside the lock ([`SlotWrite::write`]) and published by
+    /// [`Arena::finish_insert`]. Until then `key` is absent but [`Arena::is_writing`].
+    /// `data_sum` is [`slot_checksum`] of the bytes, required exactly when headers are kept.
+    pub(crate) fn begin_insert(
         &mut self,
         key: BlockKey,
-        data: &[u8],
+        len: u64,
         data_sum: Option<u64>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<SlotWrite, StoreError> {
         assert!(!self.index.contains_key(&key), "insert of a present key {key}");
-        assert!(!data.is_empty() && data.len() as u64 <= self.layout.block_bytes);
+        assert!(!self.writing.contains_key(&key), "insert of a key being written {key}");
+        assert!(len >= 1 && len <= self.layout.block_bytes);
         assert_eq!(data_sum.is_some(), self.verify, "checksum given iff headers are kept");
-        if self.file.is_none() {
-            return Err(StoreError::Closed);
-        }
+        let file = self.file.clone().ok_or(StoreError::Closed)?;
         // The lowest free slot no read pins (the list is popped from its end), else the victim.
         let slot = match self.free.iter().rposition(|&slot| !self.pinned(slot)) {
             Some(at) => self.free.remove(at),
@@ -551,63 +590,101 @@ impl Arena {
                 victim
             }
         };
-        if let Err(e) = self.write_slot(slot, key, data, data_sum) {
+        let header = data_sum.map(|data_sum| {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            SlotHeader { key, len, seq, data_sum }.encode()
+        });
+        let state = &mut self.slots[slot as usize];
+        debug_assert!(state.live.is_none());
+        let zero_header = state.header_on_disk;
+        // Until the write is known to be over, the header may be anything.
+        state.header_on_disk = zero_header || header.is_some();
+        self.writing.insert(key, slot);
+        self.reserved += 1;
+        Ok(SlotWrite {
+            path: self.path.clone(),
+            file,
+            io: self.io.clone(),
+            slot,
+            data_offset: self.layout.data_offset(slot),
+            header_offset: self.layout.header_offset(slot),
+            zero_header,
+            header,
+        })
+    }
+
+    /// Ends the insert `write` of `key` (`len` bytes) begun by [`Arena::begin_insert`], whose
+    /// write gave `written`: publishes `key` (`Ok(true)`), or, if the write failed, frees the slot
+    /// and returns the error, or, if `key` was removed or the arena closed while it was written,
+    /// frees the slot (invalidating the header it may have been given) and returns `Ok(false)`.
+    pub(crate) fn finish_insert(
+        &mut self,
+        key: BlockKey,
+        len: u64,
+        write: SlotWrite,
+        written: Result<(), StoreError>,
+    ) -> Result<bool, StoreError> {
+        let slot = write.slot;
+        if self.file.is_none() {
+            // Closed while written: the close forgot every slot, this one too.
+            return Ok(false);
+        }
+        self.reserved -= 1;
+        if self.writing.get(&key) != Some(&slot) {
+            // Removed while written.
+            let _ = self.invalidate_header(slot, &key);
+            self.free.push(slot);
+            return Ok(false);
+        }
+        self.writing.remove(&key);
+        if let Err(e) = written {
             self.free.push(slot);
             return Err(e);
         }
-        self.slots[slot as usize].live = Some((key, data.len() as u64));
+        self.slots[slot as usize].header_on_disk = write.header.is_some();
+        self.slots[slot as usize].live = Some((key, len));
         self.index.insert(key, slot);
         lock(&self.published).insert(key);
         self.lru.push_front(slot);
-        Ok(())
+        Ok(true)
     }
 
-    /// Invalidates `slot`'s header if needed, writes the data, then the new header.
-    fn write_slot(
-        &mut self,
-        slot: u32,
-        key: BlockKey,
-        data: &[u8],
-        data_sum: Option<u64>,
-    ) -> Result<(), StoreError> {
-        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
-        let fail = io_error(&self.path);
-        let header_offset = self.layout.header_offset(slot);
+    /// Whether `key`'s bytes are being written (reserved, not yet published).
+    pub(crate) fn is_writing(&self, key: &BlockKey) -> bool {
+        self.writing.contains_key(key)
+    }
+
+    /// Zeroes `slot`'s header if it may be non-zero; a failure is logged (the slot stays marked,
+    /// so the next write into it zeroes it first).
+    fn invalidate_header(&mut self, slot: u32, key: &BlockKey) -> Result<(), StoreError> {
         let state = &mut self.slots[slot as usize];
-        debug_assert!(state.live.is_none());
-        if state.header_on_disk {
-            self.io.write_all_at(file, &ZERO_HEADER, header_offset).map_err(fail)?;
-            state.header_on_disk = false;
+        let Some(file) = self.file.as_ref().filter(|_| state.header_on_disk) else {
+            return Ok(());
+        };
+        match self.io.write_all_at(file, &ZERO_HEADER, self.layout.header_offset(slot)) {
+            Ok(()) => {
+                state.header_on_disk = false;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), %key, error = %e, "header invalidation failed");
+                Err(io_error(&self.path)(e))
+            }
         }
-        let fail = io_error(&self.path);
-        self.io.write_all_at(file, data, self.layout.data_offset(slot)).map_err(fail)?;
-        if let Some(data_sum) = data_sum {
-            let header = SlotHeader { key, len: data.len() as u64, seq: self.next_seq, data_sum };
-            self.next_seq += 1;
-            state.header_on_disk = true;
-            let fail = io_error(&self.path);
-            self.io.write_all_at(file, &header.encode(), header_offset).map_err(fail)?;
-        }
-        Ok(())
     }
 
     /// Drops `key` and invalidates its header on disk. `None` if `key` was not published;
     /// `Some(Err(_))` if it was dropped but its header could not be zeroed (the slot still verifies
     /// as `key` with its true bytes, so the only cost is that a warm restart may bring it back).
     pub(crate) fn remove(&mut self, key: &BlockKey) -> Option<Result<(), StoreError>> {
+        if self.writing.remove(key).is_some() {
+            // Being written: `finish_insert` frees the slot instead of publishing it.
+            return Some(Ok(()));
+        }
         let &slot = self.index.get(key)?;
         self.unlink(slot);
-        let mut result = Ok(());
-        let state = &mut self.slots[slot as usize];
-        if let (true, Some(file)) = (state.header_on_disk, self.file.as_ref()) {
-            match self.io.write_all_at(file, &ZERO_HEADER, self.layout.header_offset(slot)) {
-                Ok(()) => state.header_on_disk = false,
-                Err(e) => {
-                    tracing::warn!(path = %self.path.display(), %key, error = %e, "header invalidation failed");
-                    result = Err(io_error(&self.path)(e));
-                }
-            }
-        }
+        let result = self.invalidate_header(slot, key);
         self.free.push(slot);
         Some(result)
     }
@@ -628,6 +705,8 @@ impl Arena {
     pub(crate) fn close(&mut self) {
         self.file = None;
         self.index.clear();
+        self.writing.clear();
+        self.reserved = 0;
         lock(&self.published).clear();
         self.lru.clear();
         self.slots.iter_mut().for_each(|s| s.live = None);
@@ -653,12 +732,19 @@ impl Arena {
         self.index.get(key).copied()
     }
 
-    /// Asserts that index, slots, LRU list and free list partition the slots exactly.
+    /// Asserts that index, slots, LRU list, free list and reserved slots partition the slots
+    /// exactly.
     pub(crate) fn check_invariants(&self) {
         self.lru.check_invariants();
         assert_eq!(self.slots.len(), self.layout.slots as usize);
         assert_eq!(self.index.len(), self.lru.len());
-        assert_eq!(self.index.len() + self.free.len(), self.slots.len());
+        assert_eq!(self.index.len() + self.free.len() + self.reserved, self.slots.len());
+        assert!(self.writing.len() <= self.reserved);
+        for (key, &slot) in &self.writing {
+            assert!(!self.index.contains_key(key), "{key} both published and being written");
+            assert!(self.slots[slot as usize].live.is_none() && !self.lru.contains(slot));
+            assert!(!self.free.contains(&slot), "slot {slot} both free and being written");
+        }
         let published = lock(&self.published);
         assert_eq!(published.len(), self.index.len(), "published keys drifted from the index");
         assert!(published.iter().all(|k| self.index.contains_key(k)), "a stale published key");

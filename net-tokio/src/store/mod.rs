@@ -8,7 +8,8 @@
 //!   LRU list and free list (see `arena.rs`). Borrowed churn can never evict an owned block.
 //! - The owned budget always admits; the borrowed budget admits by TinyLFU once full (`sketch.rs`):
 //!   a candidate enters only if its estimated popularity is at least the LRU victim's. The compare,
-//!   the eviction and the insert are one critical section on the borrowed arena's lock.
+//!   the eviction and the new block's reservation of the slot are one critical section on the
+//!   borrowed arena's lock (its bytes are written after it: see Concurrency).
 //! - A RAM tier of recycled slabs with plain LRU, write-through: a put goes to disk first and is
 //!   then mirrored into RAM; a get prefers RAM and promotes a disk hit into RAM. It is off when
 //!   the RAM budget is below one block.
@@ -35,18 +36,19 @@
 //! # Concurrency
 //!
 //! [`BlockStore`] is `Sync` and meant to be shared as `Arc<BlockStore>`. Each tier has its own
-//! `std::sync::Mutex` and no operation holds two of them at once. A read that may wait for the
-//! disk ([`BlockStore::get`], [`BlockStore::get_window`]) pins its slot under the arena's lock and
-//! reads outside it (a pinned slot is never taken by
-//! an insert, so no slot is recycled mid-read), so such reads of one arena overlap and wait for no
-//! other; a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded by a copy)
-//! a block's write and the read of a borrowed block promoted into the owned arena still happen
-//! inside the critical section, so a write still holds up the reads of its arena that begin while
-//! it runs. Whether a key is held can be asked without
-//! the arena's lock: each arena keeps its published keys in a set of their own, a leaf lock taken
-//! only for a set operation (inside the arena's when the index changes, alone when asked), so
-//! [`BlockStore::get_from_ram`], which the driver calls under the node's lock, never waits for a
-//! write (before, a cold block's 4 MiB write stalled every request of the node). The store never
+//! `std::sync::Mutex` and no operation holds two of them at once. No disk wait of a block happens
+//! under an arena's lock: a read that may wait for the disk ([`BlockStore::get`],
+//! [`BlockStore::get_window`]) pins its slot under the lock and reads outside it (an insert never
+//! takes a pinned slot, so no slot is recycled mid-read), and a put reserves a slot under the lock
+//! (a reserved slot is neither free nor published: no read or other insert touches it), writes the
+//! bytes outside it, and publishes the key under it again; a delete of a key being written wins
+//! (the write is then not published). So reads and writes of one arena overlap. Inside the lock
+//! stay the bookkeeping, a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded
+//! by a copy), a 64-byte header invalidation, and the read of a borrowed block promoted into the
+//! owned arena. Whether a key is held can be asked without the arena's lock: each arena keeps its
+//! published keys in a set of their own, a leaf lock taken only for a set operation (inside the
+//! arena's when the index changes, alone when asked), so [`BlockStore::get_from_ram`], which the
+//! driver calls under the node's lock, never waits for an arena's lock. The store never
 //! blocks on anything but its own locks and the file system; it does not depend on tokio.
 //!
 //! # Degraded mode
@@ -224,8 +226,8 @@ impl BlockStore {
     /// A look-up answered without reading the disk and without waiting for a disk write in
     /// progress (the driver asks it under the node's lock): `Some(Some(bytes))` for a RAM hit,
     /// `Some(None)` when no tier holds `key`, `None` when only a disk read ([`BlockStore::get`])
-    /// can answer. A RAM hit refreshes the disk copy's recency only if no write holds its arena
-    /// now (`Tiered::try_touch`); a block being written is not yet held (the driver answers it
+    /// can answer. A RAM hit refreshes the disk copy's recency only if nothing holds its arena's
+    /// lock now (`Tiered::try_touch`); a block being written is not yet held (the driver answers it
     /// from its pending puts).
     pub fn get_from_ram(&self, key: &BlockKey) -> Option<Option<Bytes>> {
         if self.is_closed() {
@@ -244,7 +246,7 @@ impl BlockStore {
 
     /// [`BlockStore::get_from_ram`] for a window of `key`'s block (`(start, len, block_len)`),
     /// answering a disk hit too when the page cache holds its bytes (`preadv2` with `RWF_NOWAIT`)
-    /// and no write holds its arena: like `get_from_ram` it never waits for the disk, and the
+    /// and nothing holds its arena's lock: like `get_from_ram` it never waits for the disk, and the
     /// driver asks it under the node's lock for windows up to [`WINDOW_NOW_MAX`] bytes, so that a
     /// small disk hit is answered in the step that asked (the hop out of the lock and back in
     /// cost more than the copy: with this, 7 % more hot 64 KiB disk-tier hits per second, faster
@@ -268,7 +270,7 @@ impl BlockStore {
     /// [`BlockStore::get`] (`window` `None`) or [`BlockStore::get_window`] (`window` =
     /// `(start, len, block_len)`) when it needs no wait: a RAM hit, a miss, or a disk hit whose
     /// bytes the page cache holds (read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a
-    /// blocking read can answer: the bytes are not cached, or a write holds the arena. A whole
+    /// blocking read can answer: the bytes are not cached, or another operation holds the arena's lock. A whole
     /// block read so is promoted into RAM, as by `get`.
     pub fn get_cached(
         &self,

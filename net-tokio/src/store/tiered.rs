@@ -17,9 +17,9 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use dart_core::hash::BlockKey;
 
-use super::arena::{slot_checksum, Arena, LoadReport, SlotRead};
+use super::arena::{slot_checksum, Arena, LoadReport, SlotRead, SlotWrite};
 use super::config::Budgets;
-use super::health::{DegradedReason, Gate, Health, StoreHealth, PROBE_INTERVAL};
+use super::health::{DegradedReason, Gate, Health, StoreHealth, Ticket, PROBE_INTERVAL};
 use super::io::StoreIo;
 use super::{BlockClass, StoreError, WarmStart};
 use dart_core::admission::{admits, Sketch};
@@ -53,7 +53,7 @@ pub(crate) enum PutOutcome {
 }
 
 /// The borrowed arena and its estimator, which share one lock so that the admission compare, the
-/// eviction and the insert are one critical section (issue #34 S4).
+/// eviction and the new block's reservation of its slot are one critical section (issue #34 S4).
 #[derive(Debug)]
 pub(crate) struct Borrowed {
     arena: Arena,
@@ -61,28 +61,31 @@ pub(crate) struct Borrowed {
 }
 
 impl Borrowed {
-    /// Borrowed put: counts the access, then refreshes, refuses, or calls `insert` (which says
-    /// whether it wrote).
-    fn put(
-        &mut self,
-        key: BlockKey,
-        insert: impl FnOnce(&mut Arena) -> Result<bool, StoreError>,
-    ) -> Result<PutOutcome, StoreError> {
+    /// Borrowed admission: counts the access, then answers a put at once (`Some`: refreshed, the
+    /// key being held or written already, or refused by TinyLFU), or lets it insert (`None`).
+    fn admit(&mut self, key: &BlockKey) -> Option<PutOutcome> {
         // An insertion is an access, or write-only traffic leaves every estimate at 0 (#34 S5).
-        self.sketch.increment(&key);
-        if self.arena.touch(&key) {
-            return Ok(PutOutcome::Refreshed);
+        self.sketch.increment(key);
+        if self.arena.touch(key) || self.arena.is_writing(key) {
+            return Some(PutOutcome::Refreshed);
         }
         if self.arena.is_full() {
             // No victim while reads pin every slot: the insert then finds no room and skips.
             if let Some(victim) = self.arena.lru_key() {
-                if !admits(&self.sketch, &key, &victim) {
-                    return Ok(PutOutcome::Refused);
+                if !admits(&self.sketch, key, &victim) {
+                    return Some(PutOutcome::Refused);
                 }
             }
         }
-        Ok(if insert(&mut self.arena)? { PutOutcome::Inserted } else { PutOutcome::Skipped })
+        None
     }
+}
+
+/// An insert begun under an arena's lock ([`Tiered::begin_gated`]), written outside it.
+struct Begun {
+    write: SlotWrite,
+    ticket: Ticket,
+    now: std::time::Instant,
 }
 
 /// The owned and borrowed arenas.
@@ -188,23 +191,23 @@ impl Tiered {
         }
     }
 
-    /// Inserts `key` into `arena` if the health machine lets a write go now; `Ok(false)` when it
-    /// did not. A failed write is recorded (the arena has already freed the slot).
-    fn insert_gated(
+    /// Under `arena`'s lock: reserves a slot for `key` (`len` bytes) if the health machine lets a
+    /// write go now and a slot no read pins is left; `Ok(None)` when not.
+    fn begin_gated(
         &self,
         arena: &mut Arena,
         key: BlockKey,
-        data: &[u8],
+        len: u64,
         data_sum: Option<u64>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Begun>, StoreError> {
         if !arena.has_room() {
             // Reads in progress pin every slot: this block is not cached, as when degraded.
-            return Ok(false);
+            return Ok(None);
         }
         let now = self.io.now();
         let gate = lock(&self.health).gate(now);
         let ticket = match gate {
-            Gate::Skip => return Ok(false),
+            Gate::Skip => return Ok(None),
             Gate::Write(ticket) => ticket,
             Gate::CheckThenWrite(ticket) if !arena.is_unlinked() => ticket,
             Gate::CheckThenWrite(_) => {
@@ -218,15 +221,36 @@ impl Tiered {
                          deleted?); no more disk writes until a restart recreates them",
                     );
                 }
-                return Ok(false);
+                return Ok(None);
             }
         };
-        match arena.insert(key, data, data_sum) {
-            Ok(()) => {
-                if lock(&self.health).written(ticket, now) {
+        let write = arena.begin_insert(key, len, data_sum)?;
+        Ok(Some(Begun { write, ticket, now }))
+    }
+
+    /// Writes `data` into the slot `begun` reserved in `class`'s arena, outside the arena's lock
+    /// (reads and look-ups of the arena go on meanwhile), then publishes it under the lock.
+    /// `Ok(false)` when `key` was removed (or the store closed) during the write. A failed write
+    /// is recorded and returned (the arena has freed the slot).
+    fn write_begun(
+        &self,
+        class: BlockClass,
+        key: BlockKey,
+        data: &[u8],
+        begun: Begun,
+    ) -> Result<bool, StoreError> {
+        let Begun { write, ticket, now } = begun;
+        let written = write.write(data);
+        let ok = written.is_ok();
+        let len = data.len() as u64;
+        let finished =
+            self.with_arena_mut(class, |arena| arena.finish_insert(key, len, write, written));
+        match finished {
+            Ok(published) => {
+                if ok && lock(&self.health).written(ticket, now) {
                     tracing::info!("cache disk healthy again: a probe write succeeded");
                 }
-                Ok(true)
+                Ok(published)
             }
             Err(e) => {
                 self.record_failure(Op::Write, &e);
@@ -379,8 +403,8 @@ impl Tiered {
         borrowed.arena.touch(key);
     }
 
-    /// [`Tiered::touch`] if neither arena's lock is held now (a write holds it for a whole
-    /// block's I/O); otherwise nothing, and `false`. For callers that must not wait on the disk:
+    /// [`Tiered::touch`] if neither arena's lock is held now (another operation of
+    /// the arena holds it); otherwise nothing, and `false`. For callers that must not wait on the disk:
     /// a skipped touch leaves the disk copy's recency (and the estimator's count) as it was.
     pub(crate) fn try_touch(&self, key: &BlockKey) -> bool {
         let Ok(mut owned) = self.owned.try_lock() else { return false };
@@ -423,14 +447,15 @@ impl Tiered {
     }
 
     /// Owned put: refresh, or move the borrowed copy over (#34 S2), or insert. While the disk is
-    /// degraded a borrowed copy stays where it is (and counts as a refresh).
+    /// degraded a borrowed copy stays where it is (and counts as a refresh). The bytes are written
+    /// outside the owned arena's lock ([`Tiered::write_begun`]).
     fn put_owned(
         &self,
         key: BlockKey,
         data: &[u8],
         data_sum: Option<u64>,
     ) -> Result<PutOutcome, StoreError> {
-        if lock(&self.owned).touch(&key) {
+        if self.owned_has(&key) {
             return Ok(PutOutcome::Refreshed);
         }
         // Write-once across budgets: a promoted block keeps the bytes it was first stored with.
@@ -439,41 +464,65 @@ impl Tiered {
             Some(b) => (&b[..], self.verify.then(|| slot_checksum(&key, b))),
             None => (data, data_sum),
         };
-        {
+        let not_written = if moved.is_some() { PutOutcome::Refreshed } else { PutOutcome::Skipped };
+        let begun = {
             let mut owned = lock(&self.owned);
-            if owned.touch(&key) {
+            if owned.touch(&key) || owned.is_writing(&key) {
                 return Ok(PutOutcome::Refreshed);
             }
-            if !self.insert_gated(&mut owned, key, bytes, sum)? {
-                return Ok(if moved.is_some() {
-                    PutOutcome::Refreshed
-                } else {
-                    PutOutcome::Skipped
-                });
+            match self.begin_gated(&mut owned, key, bytes.len() as u64, sum)? {
+                Some(begun) => begun,
+                None => return Ok(not_written),
             }
+        };
+        if !self.write_begun(BlockClass::Owned, key, bytes, begun)? {
+            // Deleted (from both budgets) or closed while it was written: not cached.
+            return Ok(PutOutcome::Skipped);
         }
         self.drop_from(&mut lock(&self.borrowed).arena, &key);
         Ok(if moved.is_some() { PutOutcome::Promoted } else { PutOutcome::Inserted })
     }
 
-    /// Borrowed put: an owned key only has its recency refreshed (#34 S3); otherwise TinyLFU.
+    /// Whether the owned arena holds `key` (refreshing its recency) or is writing it.
+    fn owned_has(&self, key: &BlockKey) -> bool {
+        let mut owned = lock(&self.owned);
+        owned.touch(key) || owned.is_writing(key)
+    }
+
+    /// Borrowed put: an owned key (or one the owned arena is writing) only has its recency
+    /// refreshed (#34 S3); otherwise TinyLFU, whose compare and eviction are one critical section
+    /// with the slot's reservation; the bytes are written outside the lock.
     fn put_borrowed(
         &self,
         key: BlockKey,
         data: &[u8],
         data_sum: Option<u64>,
     ) -> Result<PutOutcome, StoreError> {
-        if lock(&self.owned).touch(&key) {
+        if self.owned_has(&key) {
             return Ok(PutOutcome::Refreshed);
         }
-        let insert = |arena: &mut Arena| self.insert_gated(arena, key, data, data_sum);
-        let outcome = lock(&self.borrowed).put(key, insert)?;
-        if outcome == PutOutcome::Inserted && lock(&self.owned).contains(&key) {
+        let begun = {
+            let mut borrowed = lock(&self.borrowed);
+            if let Some(outcome) = borrowed.admit(&key) {
+                return Ok(outcome);
+            }
+            match self.begin_gated(&mut borrowed.arena, key, data.len() as u64, data_sum)? {
+                Some(begun) => begun,
+                None => return Ok(PutOutcome::Skipped),
+            }
+        };
+        if !self.write_begun(BlockClass::Borrowed, key, data, begun)? {
+            // Removed while it was written: by a delete, or by an owned put of the key that
+            // published first (then the block is cached, in the owned budget).
+            let owned = lock(&self.owned).contains(&key);
+            return Ok(if owned { PutOutcome::Refreshed } else { PutOutcome::Skipped });
+        }
+        if lock(&self.owned).contains(&key) {
             // A concurrent owned put won the race; a block lives in one budget only.
             self.drop_from(&mut lock(&self.borrowed).arena, &key);
             return Ok(PutOutcome::Refreshed);
         }
-        Ok(outcome)
+        Ok(PutOutcome::Inserted)
     }
 
     /// Drops `key` from both arenas; returns whether either held it.
