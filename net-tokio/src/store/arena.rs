@@ -484,16 +484,6 @@ impl Arena {
         Some(self.slots[slot as usize].live.expect("linked slot is live").0)
     }
 
-    /// A copy of `key`'s bytes read from disk, refreshing recency if `touch` (the read happens
-    /// under the caller's hold of the lock; [`Arena::begin_read`] reads outside it).
-    pub(crate) fn read(
-        &mut self,
-        key: &BlockKey,
-        touch: bool,
-    ) -> Result<Option<Bytes>, StoreError> {
-        self.begin_read(key, None, touch)?.map(|read| read.read()).transpose()
-    }
-
     /// Pins the slot of `key`'s block (the whole block, or `window` = `(start, len, block_len)`
     /// of a block held with exactly `block_len` bytes) for a read outside the lock, refreshing
     /// its recency if `touch`. `Ok(None)` for a miss (or a window that does not fit).

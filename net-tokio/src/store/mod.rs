@@ -44,8 +44,8 @@
 //! bytes outside it, and publishes the key under it again; a delete of a key being written wins
 //! (the write is then not published). So reads and writes of one arena overlap. Inside the lock
 //! stay the bookkeeping, a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded
-//! by a copy), a 64-byte header invalidation, and the read of a borrowed block promoted into the
-//! owned arena. Whether a key is held can be asked without the arena's lock: each arena keeps its
+//! by a copy) and a 64-byte header invalidation (the read of a borrowed block that an owned put
+//! moves over is pinned too). Whether a key is held can be asked without the arena's lock: each arena keeps its
 //! published keys in a set of their own, a leaf lock taken only for a set operation (inside the
 //! arena's when the index changes, alone when asked), so [`BlockStore::get_from_ram`], which the
 //! driver calls under the node's lock, never waits for an arena's lock. The store never

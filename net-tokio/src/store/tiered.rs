@@ -259,33 +259,6 @@ impl Tiered {
         }
     }
 
-    /// Reads `key` from `arena` (refreshing recency if `touch`); an unreadable slot is dropped,
-    /// recorded and reported as a miss.
-    fn read_or_drop(&self, arena: &mut Arena, key: &BlockKey, touch: bool) -> Option<Bytes> {
-        let read = arena.read(key, touch);
-        self.found_or_drop(arena, key, read)
-    }
-
-    /// The result of a read of `key` from `arena`; an unreadable slot is dropped, recorded and
-    /// reported as a miss.
-    fn found_or_drop(
-        &self,
-        arena: &mut Arena,
-        key: &BlockKey,
-        read: Result<Option<Bytes>, StoreError>,
-    ) -> Option<Bytes> {
-        match read {
-            Ok(found) => found,
-            Err(StoreError::Closed) => None,
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "dropping an unreadable cached block");
-                self.record_failure(Op::Read, &e);
-                self.drop_from(arena, key);
-                None
-            }
-        }
-    }
-
     /// Drops `key` from `arena`; returns whether it held it. A failed header invalidation is
     /// recorded as a failed write.
     fn drop_from(&self, arena: &mut Arena, key: &BlockKey) -> bool {
@@ -459,7 +432,8 @@ impl Tiered {
             return Ok(PutOutcome::Refreshed);
         }
         // Write-once across budgets: a promoted block keeps the bytes it was first stored with.
-        let moved = self.read_or_drop(&mut lock(&self.borrowed).arena, &key, false);
+        let begun = lock(&self.borrowed).arena.begin_read(&key, None, false);
+        let moved = self.read_pinned(BlockClass::Borrowed, &key, begun);
         let (bytes, sum) = match &moved {
             Some(b) => (&b[..], self.verify.then(|| slot_checksum(&key, b))),
             None => (data, data_sum),
