@@ -533,10 +533,11 @@ impl Arena {
         }
     }
 
-    /// [`Arena::read`] (touching recency) or a read of `window` = `(start, len, block_len)`,
-    /// answered only from the page cache, under the lock (it cannot wait for the disk): `None` when the bytes are not
-    /// all cached (or the read failed: the blocking read then meets the error and reports it),
-    /// `Some(None)` for a miss, `Some(Some(bytes))` for a hit.
+    /// A read of `key`'s whole block or of `window` = `(start, len, block_len)`, touching
+    /// recency, answered only from the page cache, under the lock (it cannot wait for the disk):
+    /// `None` when the bytes are not all cached (or the read failed: the blocking read, pinned
+    /// by [`Arena::begin_read`], then meets the error and reports it), `Some(None)` for a miss,
+    /// `Some(Some(bytes))` for a hit.
     pub(crate) fn read_cached(
         &mut self,
         key: &BlockKey,
