@@ -231,7 +231,8 @@ impl Tiered {
     /// Writes `data` into the slot `begun` reserved in `class`'s arena, outside the arena's lock
     /// (reads and look-ups of the arena go on meanwhile), then publishes it under the lock.
     /// `Ok(false)` when `key` was removed (or the store closed) during the write. A failed write
-    /// is recorded and returned (the arena has freed the slot).
+    /// is recorded, and returned unless the key was removed meanwhile (the arena has freed the
+    /// slot either way).
     fn write_begun(
         &self,
         class: BlockClass,
@@ -241,22 +242,17 @@ impl Tiered {
     ) -> Result<bool, StoreError> {
         let Begun { write, ticket, now } = begun;
         let written = write.write(data);
-        let ok = written.is_ok();
-        let len = data.len() as u64;
-        let finished =
-            self.with_arena_mut(class, |arena| arena.finish_insert(key, len, write, written));
-        match finished {
-            Ok(published) => {
-                if ok && lock(&self.health).written(ticket, now) {
+        match &written {
+            // Recorded even if the key was removed meanwhile: the disk failed all the same.
+            Err(e) => self.record_failure(Op::Write, e),
+            Ok(()) => {
+                if lock(&self.health).written(ticket, now) {
                     tracing::info!("cache disk healthy again: a probe write succeeded");
                 }
-                Ok(published)
-            }
-            Err(e) => {
-                self.record_failure(Op::Write, &e);
-                Err(e)
             }
         }
+        let len = data.len() as u64;
+        self.with_arena_mut(class, |arena| arena.finish_insert(key, len, write, written))
     }
 
     /// Drops `key` from `arena`; returns whether it held it. A failed header invalidation is
