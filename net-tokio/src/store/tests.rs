@@ -217,6 +217,8 @@ fn reads_racing_evictions_return_their_keys_bytes_or_nothing() {
 struct GatedIo {
     state: std::sync::Mutex<(bool, u32)>,
     changed: std::sync::Condvar,
+    /// Whether block writes that pass the gate fail (EIO).
+    fail: std::sync::atomic::AtomicBool,
 }
 
 impl GatedIo {
@@ -248,6 +250,9 @@ impl StoreIo for GatedIo {
                 state = self.changed.wait(state).unwrap();
             }
             state.1 -= 1;
+            if self.fail.load(Ordering::Relaxed) {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
         }
         std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
     }
@@ -313,6 +318,27 @@ fn a_write_in_progress_holds_up_no_other_read_or_put_of_its_arena() {
             }
         }
     }
+}
+
+/// A block write that fails counts against the disk's health even when its key was deleted while
+/// it was written (the put then caches nothing either way), and frees its slot.
+#[test]
+fn a_failed_write_of_a_key_deleted_meanwhile_still_degrades_the_store() {
+    let dir = TestDir::new("write-fails-deleted");
+    let io = Arc::new(GatedIo::default());
+    let store = BlockStore::open_with_io(config(dir.path(), 2, 1, 0), io.clone()).unwrap();
+    io.close_gate();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| put(&store, 1, BlockClass::Owned));
+        io.await_held(1);
+        store.delete(&key(1));
+        io.fail.store(true, Ordering::Relaxed);
+        io.open_gate();
+        assert!(!writer.join().unwrap());
+    });
+    assert!(matches!(store.health().state, HealthState::Degraded { .. }));
+    assert_eq!(store.get(&key(1)), None);
+    store.check_invariants();
 }
 
 #[test]
