@@ -4,6 +4,18 @@
 /// "No slot" marker in the link arrays.
 const NIL: u32 = u32::MAX;
 
+/// The slots from `first` on, following `links` (`next` or `prev`) to [`NIL`].
+fn walk(first: u32, links: &[u32]) -> impl Iterator<Item = u32> + '_ {
+    let mut cur = first;
+    std::iter::from_fn(move || {
+        (cur != NIL).then(|| {
+            let slot = cur;
+            cur = links[slot as usize];
+            slot
+        })
+    })
+}
+
 /// Doubly linked list of slot indices `0..slots`, most recently used first.
 #[derive(Debug)]
 pub(crate) struct SlotList {
@@ -94,26 +106,12 @@ impl SlotList {
 
     /// Linked slots, most recently used first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut cur = self.head;
-        std::iter::from_fn(move || {
-            (cur != NIL).then(|| {
-                let slot = cur;
-                cur = self.next[slot as usize];
-                slot
-            })
-        })
+        walk(self.head, &self.next)
     }
 
     /// Linked slots, least recently used first.
     pub(crate) fn iter_from_back(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut cur = self.tail;
-        std::iter::from_fn(move || {
-            (cur != NIL).then(|| {
-                let slot = cur;
-                cur = self.prev[slot as usize];
-                slot
-            })
-        })
+        walk(self.tail, &self.prev)
     }
 
     /// Unlinks every slot.
@@ -159,10 +157,12 @@ mod tests {
         l.touch(0);
         l.touch(2);
         assert_eq!(l.iter().collect::<Vec<_>>(), [2, 0, 3, 1]);
+        assert_eq!(l.iter_from_back().collect::<Vec<_>>(), [1, 3, 0, 2]);
         assert_eq!(l.back(), Some(1));
         l.unlink(1);
         l.unlink(2);
         assert_eq!(l.iter().collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(l.iter_from_back().collect::<Vec<_>>(), [3, 0]);
         assert_eq!((l.len(), l.back()), (2, Some(3)));
         assert!(l.contains(0) && !l.contains(1));
         l.check_invariants();
