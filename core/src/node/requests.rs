@@ -624,7 +624,8 @@ impl Node {
     /// slow that window and starve them (the `herd-narrow-links` scenario: herd p99 from 1.14x
     /// to 1.56x one solo read when the root read ahead). Another client's read: readers spread
     /// over the object each keep their own windows ahead, so many more blocks are in flight at
-    /// once (64 readers of one 1 GiB object: peak RSS 381 MiB without, 527-734 MiB with).
+    /// once (64 readers of one 1 GiB object, two herds: peak RSS 340 and 381 MiB without, 419
+    /// and 734 MiB with; docs/benchmarks.md, "Read-ahead at the origin").
     ///
     /// [`EngineConfig::origin_read_ahead`]: crate::engine::EngineConfig::origin_read_ahead
     fn origin_ahead(&self, rid: RequestId) -> usize {
@@ -641,10 +642,11 @@ impl Node {
     /// ([`EngineConfig::read_ahead`] for any miss, or [`Node::origin_ahead`] when the miss went
     /// to the origin, whichever is larger) are acquired now by read-ahead reads (relay reads of
     /// this node that answer nobody), so that hop and origin latency overlap the transfer of the
-    /// block being served. Each takes the path a miss takes (its tree ancestors, then the origin, with the read's own
-    /// credential) and fills the cache; the read then finds each block in the store, or joins
-    /// the peer fetch or origin flight still under way. Nothing starts for a block a read-ahead
-    /// already acquires, nor while half of [`super::REQUESTS_MAX`] requests are live.
+    /// block being served. Each takes the path a miss takes (its tree ancestors, then the origin,
+    /// with the read's own credential) and fills the cache; the read then finds each block in
+    /// the store, or joins the peer fetch or origin flight still under way. Nothing starts for a
+    /// block a read-ahead already acquires, nor while half of [`super::REQUESTS_MAX`] requests
+    /// are live.
     ///
     /// [`EngineConfig::read_ahead`]: crate::engine::EngineConfig::read_ahead
     /// [`EngineConfig::origin_read_ahead`]: crate::engine::EngineConfig::origin_read_ahead

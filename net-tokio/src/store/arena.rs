@@ -486,23 +486,21 @@ impl Arena {
 
     /// Pins the slot of `key`'s block (the whole block, or `window` = `(start, len, block_len)`
     /// of a block held with exactly `block_len` bytes) for a read outside the lock, refreshing
-    /// its recency if `touch`. `Ok(None)` for a miss (or a window that does not fit).
+    /// its recency if `touch`. `None` for a miss (a window that does not fit, a closed arena).
     pub(crate) fn begin_read(
         &mut self,
         key: &BlockKey,
         window: Option<(u64, u64, u64)>,
         touch: bool,
-    ) -> Result<Option<SlotRead>, StoreError> {
-        let Some((slot, start, len)) = self.span(key, window) else {
-            return Ok(None);
-        };
-        let file = self.file.clone().ok_or(StoreError::Closed)?;
+    ) -> Option<SlotRead> {
+        let (slot, start, len) = self.span(key, window)?;
+        let file = self.file.clone()?;
         // Raised under the lock, where inserts look at it.
         self.pins[slot as usize].fetch_add(1, Ordering::Relaxed);
         if touch {
             self.lru.touch(slot);
         }
-        Ok(Some(SlotRead {
+        Some(SlotRead {
             path: self.path.clone(),
             file,
             io: self.io.clone(),
@@ -510,7 +508,7 @@ impl Arena {
             slot,
             offset: self.layout.data_offset(slot) + start,
             len,
-        }))
+        })
     }
 
     /// Whether a read outside the lock holds `slot`.
@@ -559,7 +557,7 @@ impl Arena {
     /// Reserves a slot no read pins for an absent `key` of `len` bytes ([`Arena::has_room`] must
     /// hold), evicting the least recently used such block if no free one is left; the bytes are
     /// then written outside the lock ([`SlotWrite::write`]) and published by
-    /// [`Arena::finish_insert`]. Until then `key` is absent but [`Arena::is_writing`].
+    /// [`Arena::finish_insert`]. Until then `key` is absent but [`Arena::touch_or_writing`].
     /// `data_sum` is [`slot_checksum`] of the bytes, required exactly when headers are kept.
     pub(crate) fn begin_insert(
         &mut self,
@@ -641,9 +639,10 @@ impl Arena {
         Ok(true)
     }
 
-    /// Whether `key`'s bytes are being written (reserved, not yet published).
-    pub(crate) fn is_writing(&self, key: &BlockKey) -> bool {
-        self.writing.contains_key(key)
+    /// Whether `key` is published (its recency refreshed) or its bytes are being written: a put
+    /// of it has nothing to write.
+    pub(crate) fn touch_or_writing(&mut self, key: &BlockKey) -> bool {
+        self.touch(key) || self.writing.contains_key(key)
     }
 
     /// Zeroes `slot`'s header if it may be non-zero; a failure is logged (the slot stays marked,

@@ -98,29 +98,36 @@ fn get_returns_exactly_the_bytes_put_and_a_miss_is_none() {
     }
 }
 
+/// What `ask` answers while the test holds both arenas' locks (as any operation of an arena
+/// holds its own): the answer must come at once (the bound is for that failure only).
+fn answered_while_both_arenas_are_held<T: Send>(
+    store: &BlockStore,
+    ask: impl FnOnce() -> T + Send,
+) -> T {
+    let held = store.disk.hold();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || tx.send(ask()).expect("the test waits for the answer"));
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        answer.expect("answered while both arenas' locks are held")
+    })
+}
+
 #[test]
 fn a_look_up_under_the_nodes_lock_never_waits_for_a_disk_write() {
     // The driver asks `get_from_ram` under the node's lock: it must not wait for an arena's lock,
-    // whoever holds it (here the test). Block 2 is in RAM and on disk, block 1 on disk only, block 3 nowhere.
+    // whoever holds it (here the test). Block 2 is in RAM and on disk, block 1 on disk only,
+    // block 3 nowhere.
     let dir = TestDir::new("no-wait");
     let store = open(&dir, 2, 2, 1);
     assert!(put(&store, 1, BlockClass::Owned));
     assert!(put(&store, 2, BlockClass::Borrowed));
     assert!(store.in_ram(&key(2)) && !store.in_ram(&key(1)));
-    let held = store.disk.hold();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let answers: Vec<_> =
-                (1..=3).map(|i| store.get_from_ram(&key(i)).map(|b| b.map(|b| b.len()))).collect();
-            tx.send(answers).expect("the test waits for the answers");
-        });
-        // A bound for the failure only: the answers come at once, or the look-up waited.
-        let answers = rx.recv_timeout(std::time::Duration::from_secs(10));
-        drop(held);
-        let answers = answers.expect("look-ups answered while a write holds both arenas");
-        assert_eq!(answers, vec![None, Some(Some(BLOCK as usize)), Some(None)]);
+    let answers = answered_while_both_arenas_are_held(&store, || {
+        (1..=3).map(|i| store.get_from_ram(&key(i)).map(|b| b.map(|b| b.len()))).collect::<Vec<_>>()
     });
+    assert_eq!(answers, vec![None, Some(Some(BLOCK as usize)), Some(None)]);
     // Once the write is over the disk copy answers, and nothing drifted.
     assert_holds(&store, 1);
     store.check_invariants();
@@ -1079,21 +1086,12 @@ fn a_small_window_under_the_nodes_lock_reads_the_page_cache_and_never_waits_for_
     assert_eq!(store.get_window_now(&key(1), (0, 2, BLOCK + 1)), Some(None), "another length");
     assert_eq!(store.get_window_now(&key(1), (BLOCK - 1, 2, BLOCK)), Some(None), "past the end");
 
-    let held = store.disk.hold();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let answers: Vec<_> = (1..=3)
-                .map(|i| store.get_window_now(&key(i), w).map(|b| b.map(|b| b.len())))
-                .collect();
-            tx.send(answers).expect("the test waits for the answers");
-        });
-        // A bound for the failure only: the answers come at once, or the look-up waited.
-        let answers = rx.recv_timeout(std::time::Duration::from_secs(10));
-        drop(held);
-        let answers = answers.expect("look-ups answered while a write holds both arenas");
-        assert_eq!(answers, vec![None, Some(Some(7)), Some(None)]);
+    let answers = answered_while_both_arenas_are_held(&store, || {
+        (1..=3)
+            .map(|i| store.get_window_now(&key(i), w).map(|b| b.map(|b| b.len())))
+            .collect::<Vec<_>>()
     });
+    assert_eq!(answers, vec![None, Some(Some(7)), Some(None)]);
     store.close();
     assert_eq!(store.get_window_now(&key(2), w), Some(None), "closed");
 }

@@ -66,7 +66,7 @@ impl Borrowed {
     fn admit(&mut self, key: &BlockKey) -> Option<PutOutcome> {
         // An insertion is an access, or write-only traffic leaves every estimate at 0 (#34 S5).
         self.sketch.increment(key);
-        if self.arena.touch(key) || self.arena.is_writing(key) {
+        if self.arena.touch_or_writing(key) {
             return Some(PutOutcome::Refreshed);
         }
         if self.arena.is_full() {
@@ -301,6 +301,7 @@ impl Tiered {
             owned.contains(key).then(|| owned.begin_read(key, window, true))
         };
         if let Some(begun) = begun {
+            // Held in the owned budget: its answer, even a window that does not fit.
             return self.read_pinned(BlockClass::Owned, key, begun);
         }
         let begun = {
@@ -317,13 +318,9 @@ impl Tiered {
         &self,
         class: BlockClass,
         key: &BlockKey,
-        begun: Result<Option<SlotRead>, StoreError>,
+        begun: Option<SlotRead>,
     ) -> Option<Bytes> {
-        let read = match begun {
-            Ok(Some(read)) => read,
-            Ok(None) | Err(StoreError::Closed) => return None,
-            Err(e) => unreachable!("a read begins or fails as closed: {e}"),
-        };
+        let read = begun?;
         let e = match read.read() {
             Ok(bytes) => return Some(bytes),
             Err(e) => e,
@@ -437,7 +434,7 @@ impl Tiered {
         let not_written = if moved.is_some() { PutOutcome::Refreshed } else { PutOutcome::Skipped };
         let begun = {
             let mut owned = lock(&self.owned);
-            if owned.touch(&key) || owned.is_writing(&key) {
+            if owned.touch_or_writing(&key) {
                 return Ok(PutOutcome::Refreshed);
             }
             match self.begin_gated(&mut owned, key, bytes.len() as u64, sum)? {
@@ -455,8 +452,7 @@ impl Tiered {
 
     /// Whether the owned arena holds `key` (refreshing its recency) or is writing it.
     fn owned_has(&self, key: &BlockKey) -> bool {
-        let mut owned = lock(&self.owned);
-        owned.touch(key) || owned.is_writing(key)
+        lock(&self.owned).touch_or_writing(key)
     }
 
     /// Borrowed put: an owned key (or one the owned arena is writing) only has its recency
@@ -564,7 +560,7 @@ impl Tiered {
     /// its recency.
     #[cfg(test)]
     pub(crate) fn pin(&self, class: BlockClass, key: &BlockKey) -> Option<SlotRead> {
-        self.with_arena_mut(class, |arena| arena.begin_read(key, None, false)).unwrap()
+        self.with_arena_mut(class, |arena| arena.begin_read(key, None, false))
     }
 
     /// Runs `f` on the arena of `class`.
