@@ -10,25 +10,30 @@
 #   `worker_processes` = cores, `access_log off` (configuration written below, in full);
 # - dart, RAM tier on (the default --mem-size 256MiB) and dart, RAM tier off (--mem-size 0: the
 #   disk tier only), both single nodes with 4 MiB blocks reading the origin through the prefix API.
-# Cases (wrk -t2 -c16, DURATION seconds each, requests per second):
+# Cases (wrk -t2 -c16, requests per second), each measured in ROUNDS rounds of DURATION seconds
+# per target, the targets taking turns within a round (in a rotating order), so that a slow or
+# fast phase of the machine falls on all of them; a ratio is the median of the rounds' ratios,
+# printed with their range:
 # - one hot range (1 MiB, 64 KiB) of OBJECT;
 # - random aligned ranges (1 MiB, 64 KiB) over OBJECT (256 MiB);
 # - random aligned 1 MiB ranges over BIG (1 GiB): a working set larger than dart's RAM tier;
-# - cold whole reads of fresh objects: MB/s through each cache and directly from the origin.
+# - cold whole reads of fresh objects: MB/s through each cache and directly from the origin, the
+#   four reads of one object in turn, one object per round.
 # Every target is warmed by one whole read checked against the file's sha256, and each case's
 # first range is checked byte for byte on every target before wrk runs; a non-2xx answer during a
 # case fails the run. HOLD=1 stops after the warm-up, prints the URLs and waits (for a profiler);
-# ctrl-c ends it. Knobs: DURATION (5), CONNECTIONS (16), THREADS (2), OBJECT_MIB (256),
+# ctrl-c ends it. Knobs: ROUNDS (3), DURATION (2), CONNECTIONS (16), THREADS (2), OBJECT_MIB (256),
 # BIG_MIB (1024), COLD_OBJECTS (3), DART (binary path), NGINX, WRK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-2}
 CONNECTIONS=${CONNECTIONS:-16}
 THREADS=${THREADS:-2}
 OBJECT_MIB=${OBJECT_MIB:-256}
 BIG_MIB=${BIG_MIB:-1024}
-COLD_OBJECTS=${COLD_OBJECTS:-3}
+COLD_OBJECTS=${COLD_OBJECTS:-$ROUNDS}
 DART=${DART:-${CARGO_TARGET_DIR:-target}/release/dart}
 CORES=$(nproc)
 
@@ -193,20 +198,44 @@ EOF
   awk '/^Requests\/sec:/ {print $2}' "$out"
 }
 
+# The median of the numbers on stdin, and their range as "lo-hi" (two decimals).
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+range() { sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {print a / b}'; }
+# The targets of round `r` in turn, starting one place later each round.
+turns() {
+  local r=$1
+  shift
+  local all=("$@") i
+  for i in $(seq 0 $(($# - 1))); do echo "${all[$(((i + r) % $#))]}"; done
+}
+
 rows=()
 ratios_ram=()
 ratios_disk=()
 bench_case() {
-  local label=$1 obj=$2 len=$3 mode=$4 size=$5 n r d
+  local label=$1 obj=$2 len=$3 mode=$4 size=$5 round t v
+  local ns=() rs=() ds=() rr=() dr=() n r d
   check_range "$obj" 0 "$len"
-  echo "== $label" >&2
-  n=$(run_wrk nginx "$obj" "$len" "$mode" "$size")
-  r=$(run_wrk ram "$obj" "$len" "$mode" "$size")
-  d=$(run_wrk disk "$obj" "$len" "$mode" "$size")
-  rows+=("$(awk -v l="$label" -v n="$n" -v r="$r" -v d="$d" 'BEGIN {
-    printf "| %s | %.0f | %.0f | %.2f | %.0f | %.2f |", l, n, r, r / n, d, d / n }')")
-  ratios_ram+=("$(awk -v n="$n" -v r="$r" 'BEGIN {print r / n}')")
-  ratios_disk+=("$(awk -v n="$n" -v d="$d" 'BEGIN {print d / n}')")
+  echo "== $label ($ROUNDS rounds of ${DURATION}s per target)" >&2
+  for round in $(seq 0 $((ROUNDS - 1))); do
+    for t in $(turns "$round" nginx ram disk); do
+      v=$(run_wrk "$t" "$obj" "$len" "$mode" "$size")
+      case $t in nginx) n=$v ;; ram) r=$v ;; disk) d=$v ;; esac
+    done
+    ns+=("$n") rs+=("$r") ds+=("$d")
+    rr+=("$(ratio "$r" "$n")") dr+=("$(ratio "$d" "$n")")
+  done
+  n=$(printf '%s\n' "${ns[@]}" | median)
+  r=$(printf '%s\n' "${rs[@]}" | median)
+  d=$(printf '%s\n' "${ds[@]}" | median)
+  local mr md
+  mr=$(printf '%s\n' "${rr[@]}" | median)
+  md=$(printf '%s\n' "${dr[@]}" | median)
+  rows+=("$(printf '| %s | %.0f | %.0f | %.2f (%s) | %.0f | %.2f (%s) |' "$label" "$n" "$r" "$mr" \
+    "$(printf '%s\n' "${rr[@]}" | range)" "$d" "$md" "$(printf '%s\n' "${dr[@]}" | range)")")
+  ratios_ram+=("$mr")
+  ratios_disk+=("$md")
 }
 
 obj_size=$((OBJECT_MIB << 20))
@@ -217,16 +246,7 @@ bench_case "random aligned 1 MiB ranges" obj.bin 1048576 random "$obj_size"
 bench_case "random aligned 64 KiB ranges" obj.bin 65536 random "$obj_size"
 bench_case "random aligned 1 MiB ranges, ${BIG_MIB} MiB working set" big.bin 1048576 random "$big_size"
 
-echo "== cold whole reads (${COLD_OBJECTS} objects, each cold for every target)" >&2
-cold_mbs() {
-  local t=$1 i secs all=()
-  for i in $(seq "$COLD_OBJECTS"); do
-    secs=$(whole_read "$t" "cold$i.bin")
-    all+=("$secs")
-  done
-  printf '%s\n' "${all[@]}" | sort -n | awk -v mib="$OBJECT_MIB" '{a[NR] = $1} END {
-    printf "%.1f", mib * 1.048576 / a[int((NR + 1) / 2)] }'
-}
+echo "== cold whole reads (${COLD_OBJECTS} objects, each cold for every target, read in turn)" >&2
 # A read-through cache also writes every cold byte it serves to its store, which the direct read
 # does not: the page cache's write rate here says what that costs. On a fresh VM, memory touched
 # for the first time can hold it near 350 MB/s (docs/benchmarks.md, "The machine's memory").
@@ -239,26 +259,39 @@ write_mbs() {
   awk -v a="$t0" -v b="$t1" -v mib="$OBJECT_MIB" 'BEGIN {printf "%.1f", mib * 1.048576 / (b - a)}'
 }
 c_write=$(write_mbs)
-c_origin=$(cold_mbs origin)
-c_nginx=$(cold_mbs nginx)
-c_ram=$(cold_mbs ram)
-c_disk=$(cold_mbs disk)
-rows+=("$(awk -v n="$c_nginx" -v r="$c_ram" -v d="$c_disk" 'BEGIN {
-  printf "| cold whole read (MB/s, median of reads) | %.1f | %.1f | %.2f | %.1f | %.2f |", n, r, r / n, d, d / n }')")
-ratios_ram+=("$(awk -v n="$c_nginx" -v r="$c_ram" 'BEGIN {print r / n}')")
-ratios_disk+=("$(awk -v n="$c_nginx" -v d="$c_disk" 'BEGIN {print d / n}')")
+mbs() { awk -v s="$1" -v mib="$OBJECT_MIB" 'BEGIN {print mib * 1.048576 / s}'; }
+cs_origin=() cs_nginx=() cs_ram=() cs_disk=()
+cr_ram=() cr_disk=() cd_nginx=() cd_ram=() cd_disk=()
+for i in $(seq "$COLD_OBJECTS"); do
+  for t in $(turns "$i" origin nginx ram disk); do
+    v=$(mbs "$(whole_read "$t" "cold$i.bin")")
+    case $t in origin) o=$v ;; nginx) n=$v ;; ram) r=$v ;; disk) d=$v ;; esac
+  done
+  cs_origin+=("$o") cs_nginx+=("$n") cs_ram+=("$r") cs_disk+=("$d")
+  cr_ram+=("$(ratio "$r" "$n")") cr_disk+=("$(ratio "$d" "$n")")
+  cd_nginx+=("$(ratio "$n" "$o")") cd_ram+=("$(ratio "$r" "$o")") cd_disk+=("$(ratio "$d" "$o")")
+done
+med() { printf '%s\n' "$@" | median; }
+rng() { printf '%s\n' "$@" | range; }
+c_origin=$(med "${cs_origin[@]}") c_nginx=$(med "${cs_nginx[@]}")
+c_ram=$(med "${cs_ram[@]}") c_disk=$(med "${cs_disk[@]}")
+rows+=("$(printf '| cold whole read (MB/s) | %.1f | %.1f | %.2f (%s) | %.1f | %.2f (%s) |' "$c_nginx" \
+  "$c_ram" "$(med "${cr_ram[@]}")" "$(rng "${cr_ram[@]}")" "$c_disk" "$(med "${cr_disk[@]}")" "$(rng "${cr_disk[@]}")")")
+ratios_ram+=("$(med "${cr_ram[@]}")")
+ratios_disk+=("$(med "${cr_disk[@]}")")
 
 geo() { printf '%s\n' "$@" | awk '{s += log($1); n++} END {printf "%.2f", exp(s / n)}'; }
 
 echo
-echo "dart $("$DART" --version 2>/dev/null | head -n1), nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $CORES cores, wrk -t$THREADS -c$CONNECTIONS ${DURATION}s per case"
+echo "dart $("$DART" --version 2>/dev/null | head -n1), nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $CORES cores, wrk -t$THREADS -c$CONNECTIONS, $ROUNDS rounds of ${DURATION}s per case and target"
+echo "req/s (MB/s for the cold read): medians of the rounds; ratios: the median of the rounds' ratios (their range)"
 echo
-echo "| case | nginx req/s | dart (RAM tier on) req/s | dart / nginx | dart (disk tier only) req/s | dart / nginx |"
+echo "| case | nginx | dart (RAM tier on) | dart / nginx | dart (disk tier only) | dart / nginx |"
 echo "|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo "| geometric mean of the ratios | | | $(geo "${ratios_ram[@]}") | | $(geo "${ratios_disk[@]}") |"
 echo
-awk -v o="$c_origin" -v r="$c_ram" -v d="$c_disk" -v n="$c_nginx" 'BEGIN {
-  printf "cold whole read, MB/s: origin direct %.1f; through dart (RAM on) %.1f = %.2fx direct; dart (disk only) %.1f = %.2fx; nginx %.1f = %.2fx\n",
-    o, r, r / o, d, d / o, n, n / o }'
+printf 'cold whole read against the origin read directly (%.1f MB/s), medians of the objects'"'"' ratios (range): dart (RAM tier on) %.2fx (%s), dart (disk tier only) %.2fx (%s), nginx %.2fx (%s)\n' \
+  "$c_origin" "$(med "${cd_ram[@]}")" "$(rng "${cd_ram[@]}")" "$(med "${cd_disk[@]}")" "$(rng "${cd_disk[@]}")" \
+  "$(med "${cd_nginx[@]}")" "$(rng "${cd_nginx[@]}")"
 echo "page-cache write of ${OBJECT_MIB} MiB beside the caches (dd, bs=4M): ${c_write} MB/s (each cache also writes every cold byte it serves)"
