@@ -208,6 +208,8 @@ pub(crate) struct SlotWrite {
     path: Arc<Path>,
     file: Arc<File>,
     io: Arc<dyn StoreIo>,
+    /// The arena's [`Arena::writer`]: held for the whole write.
+    writer: Arc<Mutex<()>>,
     slot: u32,
     data_offset: u64,
     header_offset: u64,
@@ -221,6 +223,7 @@ impl SlotWrite {
     /// Invalidates the slot's old header if needed, writes `data`, then the new header.
     pub(crate) fn write(&self, data: &[u8]) -> Result<(), StoreError> {
         let fail = || io_error(&self.path);
+        let _one_at_a_time = lock(&self.writer);
         if self.zero_header {
             self.io.write_all_at(&self.file, &ZERO_HEADER, self.header_offset).map_err(fail())?;
         }
@@ -243,6 +246,11 @@ pub(crate) struct Arena {
     pins: Arc<[AtomicU32]>,
     /// Every positional read and write of `file` goes through it.
     io: Arc<dyn StoreIo>,
+    /// Held by the block write in progress ([`SlotWrite::write`]), so that the arena's file sees
+    /// one at a time: the file system serializes buffered writes of one file anyway (the inode's
+    /// lock), and a writer that waits there spins on a CPU (6 % of a node's CPU during a cold
+    /// read, measured); one that waits here sleeps. A leaf lock, taken with no other held.
+    writer: Arc<Mutex<()>>,
     layout: Layout,
     /// Superblock tag that keeps the owned and borrowed files from being swapped.
     class_tag: u64,
@@ -296,6 +304,7 @@ impl Arena {
             file: Some(Arc::new(file)),
             pins: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             io,
+            writer: Arc::default(),
             layout: Layout::new(block_bytes, slots),
             class_tag,
             verify: warm == WarmStart::Verify,
@@ -595,6 +604,7 @@ impl Arena {
             path: self.path.clone(),
             file,
             io: self.io.clone(),
+            writer: self.writer.clone(),
             slot,
             data_offset: self.layout.data_offset(slot),
             header_offset: self.layout.header_offset(slot),

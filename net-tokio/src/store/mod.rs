@@ -42,7 +42,9 @@
 //! takes a pinned slot, so no slot is recycled mid-read), and a put reserves a slot under the lock
 //! (a reserved slot is neither free nor published: no read or other insert touches it), writes the
 //! bytes outside it, and publishes the key under it again; a delete of a key being written wins
-//! (the write is then not published). So reads and writes of one arena overlap. Inside the lock
+//! (the write is then not published). So reads and writes of one arena overlap. Block writes into
+//! one arena's file are one at a time, behind a leaf lock of their own (the file system serializes
+//! buffered writes of a file anyway, and a writer waiting there spins on a CPU). Inside the lock
 //! stay the bookkeeping, a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded
 //! by a copy) and a 64-byte header invalidation (the read of a borrowed block that an owned put
 //! moves over is pinned too). Whether a key is held can be asked without the arena's lock: each arena keeps its

@@ -265,10 +265,11 @@ impl StoreIo for GatedIo {
     }
 }
 
-/// A block's bytes are written outside its arena's lock: while a put's write is held, reads,
-/// look-ups and puts of other blocks of the same arena go on, a second put of the same key is a
-/// refresh, and a delete of the key being written wins (the write is not published). What the
-/// write held is published once it ends.
+/// A block's bytes are written outside its arena's lock: while a put's write is held, reads and
+/// look-ups of the same arena go on, a second put of the same key is a refresh, a put into the
+/// other arena writes meanwhile, and a delete of a key being written wins (the write is not
+/// published). What the write held is published once it ends. (A second block write into the
+/// same arena file waits for the first: `writes_into_one_arena_file_are_one_at_a_time`.)
 #[test]
 fn a_write_in_progress_holds_up_no_other_read_or_put_of_its_arena() {
     for verify in [false, true] {
@@ -301,7 +302,7 @@ fn a_write_in_progress_holds_up_no_other_read_or_put_of_its_arena() {
             assert_eq!(two, None, "not published before its write ends");
             assert!(!store.has(&key(2)));
             assert!(again, "a second put of a key being written is a refresh");
-            let other = s.spawn(move || put(store, 3, owned));
+            let other = s.spawn(move || put(store, 3, BlockClass::Borrowed));
             io.await_held(2);
             store.delete(&key(3));
             io.open_gate();
@@ -311,9 +312,9 @@ fn a_write_in_progress_holds_up_no_other_read_or_put_of_its_arena() {
         assert_holds(&store, 2);
         assert_eq!(store.get(&key(3)), None);
         store.check_invariants();
-        // The slot 3 was written into is free again, and (verify) its header does not bring 3
-        // back on a warm restart.
-        assert!(put(&store, 4, owned) && put(&store, 5, owned));
+        // The slot 3 was written into is free again (the borrowed arena's two slots both take a
+        // block), and (verify) its header does not bring 3 back on a warm restart.
+        assert!(put(&store, 4, BlockClass::Borrowed) && put(&store, 5, BlockClass::Borrowed));
         store.check_invariants();
         store.close();
         drop(store);
@@ -325,6 +326,65 @@ fn a_write_in_progress_holds_up_no_other_read_or_put_of_its_arena() {
             }
         }
     }
+}
+
+/// A [`StoreIo`] that counts the block writes in progress per file and keeps the most seen at once
+/// (each write yields a few times while counted, so that writes that may overlap do).
+#[derive(Debug, Default)]
+struct OverlapIo {
+    /// Per file descriptor: (in progress, most at once).
+    writes: std::sync::Mutex<std::collections::HashMap<i32, (u32, u32)>>,
+}
+
+impl StoreIo for OverlapIo {
+    fn write_all_at(&self, file: &std::fs::File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        let block = buf.len() as u64 <= BLOCK;
+        if block {
+            let mut writes = self.writes.lock().unwrap();
+            let (now, most) = writes.entry(fd).or_default();
+            *now += 1;
+            *most = (*most).max(*now);
+        }
+        for _ in 0..20 {
+            std::thread::yield_now();
+        }
+        let written = std::os::unix::fs::FileExt::write_all_at(file, buf, offset);
+        if block {
+            self.writes.lock().unwrap().get_mut(&fd).expect("counted above").0 -= 1;
+        }
+        written
+    }
+}
+
+/// Block writes into one arena file are one at a time (the file system would serialize them
+/// anyway, with the waiting writer spinning on a CPU): four threads putting into the owned arena
+/// never have two writes of its file in progress at once. Fails with the arena's writer lock
+/// taken out (two or more at once).
+#[test]
+fn writes_into_one_arena_file_are_one_at_a_time() {
+    let dir = TestDir::new("one-writer");
+    let io = Arc::new(OverlapIo::default());
+    let store = BlockStore::open_with_io(config(dir.path(), 8, 2, 0), io.clone()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..50 {
+                    let k = 1 + t * 1000 + i;
+                    store.put(key(k), &bytes(k, 0, BLOCK as usize), BlockClass::Owned).unwrap();
+                }
+            });
+        }
+    });
+    let writes = io.writes.lock().unwrap();
+    assert!(!writes.is_empty(), "block writes were counted");
+    for (fd, (now, most)) in writes.iter() {
+        assert_eq!((*now, *most), (0, 1), "file {fd}: (writes in progress, most at once)");
+    }
+    drop(writes);
+    store.check_invariants();
 }
 
 /// A block write that fails counts against the disk's health even when its key was deleted while
