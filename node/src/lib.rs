@@ -679,7 +679,7 @@ fn members_json(node: &Node, self_id: &str, now: dart_core::time::Instant) -> Ad
     });
     json_answer(&serde_json::json!({
         "self_id": self_id, "epoch": view.epoch().to_string(), "members": members,
-        "discovery": discovery,
+        "discovery": discovery, "broadcast_targets": node.broadcast_targets(),
     }))
 }
 

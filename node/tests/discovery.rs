@@ -1,9 +1,14 @@
 //! Five real `dart` processes on loopback that know only the next one's address (a cyclic seed
-//! list, `--discover static:`): their views converge on one epoch within three refresh
-//! intervals; one is killed and leaves every view within forget-after plus one interval, while
-//! reads through the survivors keep succeeding with correct bytes. One stopped with SIGTERM
-//! instead announces its departure to its broadcast targets (here every other member) and leaves
-//! every view at once, long before forget-after.
+//! list, `--discover static:`): their views converge on one epoch; one is killed and leaves every
+//! view after forget-after, while reads through the survivors keep succeeding with correct bytes.
+//! One stopped with SIGTERM instead announces its departure to its broadcast targets (here every
+//! other member) and leaves every view at once, long before forget-after.
+//!
+//! The time bounds asserted here are wall-clock bounds for five processes and this test sharing a
+//! possibly loaded machine, so they leave room ([`SLACK`]); the figures measured are printed. The
+//! protocol's own bounds (views converge within three discovery rounds, a member met again within
+//! three) are asserted in simulated time, deterministically, by the shared subset that runs the
+//! real shell under turmoil and madsim (`tests/support/subset.rs`).
 
 mod support;
 
@@ -15,6 +20,8 @@ const NODES: usize = 5;
 const INTERVAL: Duration = Duration::from_millis(1000);
 const FORGET: Duration = Duration::from_millis(3000);
 const SIZE: u64 = 4 << 20;
+/// Room for a loaded machine on top of a protocol bound (see the module doc).
+const SLACK: Duration = Duration::from_secs(3);
 
 struct Proc {
     dart: DartProcess,
@@ -86,8 +93,8 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
             break started.elapsed();
         }
         assert!(
-            started.elapsed() < INTERVAL * 3,
-            "views did not converge within 3 intervals: {views:?}"
+            started.elapsed() < INTERVAL * 3 + SLACK,
+            "views did not converge within 3 intervals (+ {SLACK:?}): {views:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -101,7 +108,8 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
         if m["id"] == "node-0" {
             assert_eq!(ago, None, "self has no contact age");
         } else {
-            assert!(ago.is_some_and(|ms| ms <= 3 * INTERVAL.as_millis() as u64), "{m}");
+            let bound = (3 * INTERVAL + SLACK).as_millis() as u64;
+            assert!(ago.is_some_and(|ms| ms <= bound), "{m}");
         }
     }
 
@@ -131,7 +139,7 @@ async fn five_processes_with_cyclic_seeds_converge_and_forget_a_killed_one() {
             break killed.elapsed();
         }
         assert!(
-            killed.elapsed() < FORGET + INTERVAL + Duration::from_millis(1000),
+            killed.elapsed() < FORGET + INTERVAL + SLACK,
             "nodes {listed:?} still list the killed {gone_id} {:?} after the kill",
             killed.elapsed()
         );
@@ -162,12 +170,31 @@ async fn a_member_stopped_with_sigterm_leaves_every_view_long_before_forget_afte
         if views.iter().all(|ids| *ids == all) {
             break;
         }
-        assert!(started.elapsed() < INTERVAL * 3, "views did not converge: {views:?}");
+        assert!(started.elapsed() < INTERVAL * 3 + SLACK, "views did not converge: {views:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The broadcast targets are pinged on every view change: give the round a moment.
-    tokio::time::sleep(INTERVAL).await;
+    // The broadcast targets are pinged on every view change: the victim announces its departure
+    // to the ones it has published, so wait until they are every other member.
     let victim = 3;
+    let others: Vec<String> = all.iter().filter(|id| **id != all[victim]).cloned().collect();
+    let published = Instant::now();
+    loop {
+        let p = procs[victim].as_ref().expect("alive");
+        let reply = get(&format!("http://{}/admin/members", p.admin), &[]).await;
+        let v: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+        let targets = v["broadcast_targets"].as_array().expect("broadcast targets are on");
+        let mut targets: Vec<String> =
+            targets.iter().map(|t| t.as_str().expect("an id").to_owned()).collect();
+        targets.sort();
+        if targets == others {
+            break;
+        }
+        assert!(
+            published.elapsed() < INTERVAL * 3 + SLACK,
+            "node-{victim} publishes {targets:?} as broadcast targets, not {others:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut gone = procs[victim].take().expect("alive");
     let pid = gone.dart.child.id().to_string();
     let status = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
