@@ -229,7 +229,8 @@ impl Tiered {
     }
 
     /// Writes `data` into the slot `begun` reserved in `class`'s arena, outside the arena's lock
-    /// (reads and look-ups of the arena go on meanwhile), then publishes it under the lock.
+    /// (reads and look-ups of the arena go on meanwhile; other block writes into the same file
+    /// wait for this one, [`SlotWrite::write`]), then publishes it under the lock.
     /// `Ok(false)` when `key` was removed (or the store closed) during the write. A failed write
     /// is recorded, and returned unless the key was removed meanwhile (the arena has freed the
     /// slot either way).
