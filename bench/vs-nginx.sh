@@ -13,7 +13,9 @@
 # Cases (wrk -t2 -c16, requests per second), each measured in ROUNDS rounds of DURATION seconds
 # per target, the targets taking turns within a round (in a rotating order), so that a slow or
 # fast phase of the machine falls on all of them; a ratio is the median of the rounds' ratios,
-# printed with their range:
+# printed with their range. Beside each rate it takes the servers' CPU time from /proc (nginx: its
+# master and workers; dart: its process), per request and per GiB served cold: a steadier figure
+# on a shared machine than a rate:
 # - one hot range (1 MiB, 64 KiB) of OBJECT;
 # - random aligned ranges (1 MiB, 64 KiB) over OBJECT (256 MiB);
 # - random aligned 1 MiB ranges over BIG (1 GiB): a working set larger than dart's RAM tier;
@@ -123,6 +125,24 @@ url() {
   esac
 }
 
+# The server processes of target `t`, and their CPU time (user + system) in clock ticks.
+server_pids() {
+  case $1 in
+  nginx) echo "${pids[1]}" $(pgrep -P "${pids[1]}") ;;
+  ram) echo "${pids[2]}" ;;
+  disk) echo "${pids[3]}" ;;
+  esac
+}
+TICK=$(getconf CLK_TCK)
+cpu_ticks() {
+  local sum=0 p
+  # Fields 14 and 15 of /proc/<pid>/stat, counted after the command name in parentheses.
+  for p in $(server_pids "$1"); do
+    sum=$((sum + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+  done
+  echo "$sum"
+}
+
 for _ in $(seq 100); do
   ok=1
   for t in origin nginx ram disk; do
@@ -168,7 +188,8 @@ check_range() {
 }
 
 # wrk over one case: a fixed range, or random ranges aligned to their length (seeded per thread,
-# the same sequence on every target). Prints requests per second.
+# the same sequence on every target). Prints requests per second and the target's CPU
+# microseconds per request.
 run_wrk() {
   local t=$1 obj=$2 len=$3 mode=$4 size=$5 script="$WORK/case.lua" out="$WORK/wrk.out"
   local u
@@ -192,16 +213,22 @@ function request()
   return wrk.format("GET")
 end
 EOF
+  local c0 c1
+  c0=$(cpu_ticks "$t")
   "$WRK" -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" -s "$script" "$u" >"$out" 2>&1 ||
     fail "$t: wrk failed: $(cat "$out")"
+  c1=$(cpu_ticks "$t")
   if grep -q "Non-2xx" "$out"; then fail "$t: non-2xx answers: $(cat "$out")"; fi
-  awk '/^Requests\/sec:/ {print $2}' "$out"
+  awk -v ticks=$((c1 - c0)) -v hz="$TICK" '/^Requests\/sec:/ {rps = $2} / requests in / {n = $1}
+    END {printf "%s %.2f\n", rps, ticks / hz * 1e6 / n}' "$out"
 }
 
 # The median of the numbers on stdin, and their range as "lo-hi" (two decimals).
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 range() { sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {print a / b}'; }
+med() { printf '%s\n' "$@" | median; }
+rng() { printf '%s\n' "$@" | range; }
 # The targets of round `r` in turn, starting one place later each round.
 turns() {
   local r=$1
@@ -214,14 +241,15 @@ rows=()
 ratios_ram=()
 ratios_disk=()
 bench_case() {
-  local label=$1 obj=$2 len=$3 mode=$4 size=$5 round t v
-  local ns=() rs=() ds=() rr=() dr=() n r d
+  local label=$1 obj=$2 len=$3 mode=$4 size=$5 round t v c
+  local ns=() rs=() ds=() rr=() dr=() n r d nc=() rc=() dc=()
   check_range "$obj" 0 "$len"
   echo "== $label ($ROUNDS rounds of ${DURATION}s per target)" >&2
   for round in $(seq 0 $((ROUNDS - 1))); do
     for t in $(turns "$round" nginx ram disk); do
       v=$(run_wrk "$t" "$obj" "$len" "$mode" "$size")
-      case $t in nginx) n=$v ;; ram) r=$v ;; disk) d=$v ;; esac
+      read -r v c <<<"$v"
+      case $t in nginx) n=$v nc+=("$c") ;; ram) r=$v rc+=("$c") ;; disk) d=$v dc+=("$c") ;; esac
     done
     ns+=("$n") rs+=("$r") ds+=("$d")
     rr+=("$(ratio "$r" "$n")") dr+=("$(ratio "$d" "$n")")
@@ -236,6 +264,13 @@ bench_case() {
     "$(printf '%s\n' "${rr[@]}" | range)" "$d" "$md" "$(printf '%s\n' "${dr[@]}" | range)")")
   ratios_ram+=("$mr")
   ratios_disk+=("$md")
+  cpu_row "$label (CPU µs per request)" "$(med "${nc[@]}")" "$(med "${rc[@]}")" "$(med "${dc[@]}")"
+}
+cpu_rows=()
+# A row of the CPU table: the three targets' medians and the dart / nginx ratios.
+cpu_row() {
+  cpu_rows+=("$(awk -v l="$1" -v n="$2" -v r="$3" -v d="$4" 'BEGIN {
+    printf "| %s | %.2f | %.2f | %.2f | %.2f | %.2f |", l, n, r, r / n, d, d / n }')")
 }
 
 obj_size=$((OBJECT_MIB << 20))
@@ -260,25 +295,28 @@ write_mbs() {
 }
 c_write=$(write_mbs)
 mbs() { awk -v s="$1" -v mib="$OBJECT_MIB" 'BEGIN {print mib * 1.048576 / s}'; }
-cs_origin=() cs_nginx=() cs_ram=() cs_disk=()
+cs_origin=() cs_nginx=() cs_ram=() cs_disk=() cc_nginx=() cc_ram=() cc_disk=()
 cr_ram=() cr_disk=() cd_nginx=() cd_ram=() cd_disk=()
 for i in $(seq "$COLD_OBJECTS"); do
   for t in $(turns "$i" origin nginx ram disk); do
-    v=$(mbs "$(whole_read "$t" "cold$i.bin")")
-    case $t in origin) o=$v ;; nginx) n=$v ;; ram) r=$v ;; disk) d=$v ;; esac
+    c0=$(cpu_ticks "$t")
+    v=$(whole_read "$t" "cold$i.bin")
+    v=$(mbs "$v")
+    # CPU seconds per GiB served (none for the origin read directly).
+    c=$(awk -v t=$(($(cpu_ticks "$t") - c0)) -v hz="$TICK" -v mib="$OBJECT_MIB" 'BEGIN {print t / hz * 1024 / mib}')
+    case $t in origin) o=$v ;; nginx) n=$v cc_nginx+=("$c") ;; ram) r=$v cc_ram+=("$c") ;; disk) d=$v cc_disk+=("$c") ;; esac
   done
   cs_origin+=("$o") cs_nginx+=("$n") cs_ram+=("$r") cs_disk+=("$d")
   cr_ram+=("$(ratio "$r" "$n")") cr_disk+=("$(ratio "$d" "$n")")
   cd_nginx+=("$(ratio "$n" "$o")") cd_ram+=("$(ratio "$r" "$o")") cd_disk+=("$(ratio "$d" "$o")")
 done
-med() { printf '%s\n' "$@" | median; }
-rng() { printf '%s\n' "$@" | range; }
 c_origin=$(med "${cs_origin[@]}") c_nginx=$(med "${cs_nginx[@]}")
 c_ram=$(med "${cs_ram[@]}") c_disk=$(med "${cs_disk[@]}")
 rows+=("$(printf '| cold whole read (MB/s) | %.1f | %.1f | %.2f (%s) | %.1f | %.2f (%s) |' "$c_nginx" \
   "$c_ram" "$(med "${cr_ram[@]}")" "$(rng "${cr_ram[@]}")" "$c_disk" "$(med "${cr_disk[@]}")" "$(rng "${cr_disk[@]}")")")
 ratios_ram+=("$(med "${cr_ram[@]}")")
 ratios_disk+=("$(med "${cr_disk[@]}")")
+cpu_row "cold whole read (CPU s per GiB)" "$(med "${cc_nginx[@]}")" "$(med "${cc_ram[@]}")" "$(med "${cc_disk[@]}")"
 
 geo() { printf '%s\n' "$@" | awk '{s += log($1); n++} END {printf "%.2f", exp(s / n)}'; }
 
@@ -295,3 +333,9 @@ printf 'cold whole read against the origin read directly (%.1f MB/s), medians of
   "$c_origin" "$(med "${cd_ram[@]}")" "$(rng "${cd_ram[@]}")" "$(med "${cd_disk[@]}")" "$(rng "${cd_disk[@]}")" \
   "$(med "${cd_nginx[@]}")" "$(rng "${cd_nginx[@]}")"
 echo "page-cache write of ${OBJECT_MIB} MiB beside the caches (dd, bs=4M): ${c_write} MB/s (each cache also writes every cold byte it serves)"
+echo
+echo "The servers' CPU time (user + system, from /proc; nginx: master and workers), medians of the rounds; lower is better, and a ratio below 1 means dart spent less:"
+echo
+echo "| case | nginx | dart (RAM tier on) | dart / nginx | dart (disk tier only) | dart / nginx |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${cpu_rows[@]}"
