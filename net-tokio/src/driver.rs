@@ -366,8 +366,18 @@ impl<D: Dialer> NodeDriver<D> {
 
     /// Feeds `inputs` in order under one hold of the lock, as [`NodeDriver::feed`] feeds one.
     pub fn feed_all(self: &Arc<Self>, inputs: impl IntoIterator<Item = Input>) {
+        self.feed_after(|_| {}, inputs);
+    }
+
+    /// [`NodeDriver::feed_all`], after `first` under the same hold of the lock.
+    fn feed_after(
+        self: &Arc<Self>,
+        first: impl FnOnce(&mut Inner),
+        inputs: impl IntoIterator<Item = Input>,
+    ) {
         let deferred = {
             let mut inner = self.lock();
+            first(&mut inner);
             let mut deferred = Vec::new();
             for input in inputs {
                 inner.node.handle_input(input, self.clock.now());
@@ -1021,11 +1031,16 @@ impl<D: Dialer> NodeDriver<D> {
     ) -> Response<ResponseBody> {
         let id = RequestId(self.next_request.fetch_add(1, Ordering::Relaxed));
         let (tx, mut rx) = mpsc::unbounded_channel();
-        self.lock().mailboxes.insert(id, Mailbox { tx, connection });
         let mut guard = CancelGuard { driver: Some(self.clone()), id };
-        // The wall clock and the request under one hold of the lock.
+        // The mailbox, the wall clock and the request under one hold of the lock.
         let wall = Input::WallClock { unix_ms: self.unix_ms() };
-        self.feed_all([wall, Input::Request { id, plane, request }]);
+        let mailbox = Mailbox { tx, connection };
+        self.feed_after(
+            |inner| {
+                inner.mailboxes.insert(id, mailbox);
+            },
+            [wall, Input::Request { id, plane, request }],
+        );
         let head = match rx.recv().await {
             Some(Part::Head(head)) => head,
             Some(_) | None => {
@@ -1056,6 +1071,7 @@ impl<D: Dialer> NodeDriver<D> {
                 hashing: None,
                 held: None,
                 ending: false,
+                peeked: None,
             };
             *resp.body_mut() = body.boxed();
         }
@@ -1192,17 +1208,33 @@ struct NodeBody<D: Dialer> {
     /// The latest part of a checked response, written only once the next arrives or the node
     /// ends the response after its verdict.
     held: Option<Bytes>,
-    /// The node ended a checked response: the held part goes out, then the end.
+    /// The node ended the response (a checked one after its verdict): the part going out is the
+    /// last, then the end.
     ending: bool,
+    /// A part taken from the mailbox ahead of its turn ([`NodeBody::release`]).
+    peeked: Option<Part>,
 }
 
 impl<D: Dialer> NodeBody<D> {
-    /// Hands `data` to the connection: counted against the length, acknowledged to the node.
+    /// Hands `data` to the connection: counted against the length, acknowledged to the node
+    /// unless the node has ended the response already (its end waits in the mailbox: the node
+    /// took the request out of its table when it ended it, so the acknowledgement would find
+    /// nothing, and it costs a hold of the node's lock; a small response's one part and its end
+    /// come together).
     fn release(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if let Some(r) = &mut self.remaining {
             *r = r.saturating_sub(data.len() as u64);
         }
-        self.driver.feed(Input::Drained { id: self.id });
+        if !self.ending && self.peeked.is_none() {
+            match self.rx.try_recv() {
+                Ok(Part::End) if self.held.is_none() => self.ending = true,
+                Ok(part) => self.peeked = Some(part),
+                Err(_) => {}
+            }
+        }
+        if !self.ending {
+            self.driver.feed(Input::Drained { id: self.id });
+        }
         Poll::Ready(Some(Ok(Frame::data(data))))
     }
 }
@@ -1242,7 +1274,11 @@ impl<D: Dialer> Body for NodeBody<D> {
                 this.done = true;
                 return Poll::Ready(None);
             }
-            return match this.rx.poll_recv(cx) {
+            let next = match this.peeked.take() {
+                Some(part) => Poll::Ready(Some(part)),
+                None => this.rx.poll_recv(cx),
+            };
+            return match next {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Some(Part::Data(data))) => match &mut this.hashing {
                     Some(hasher) => {
