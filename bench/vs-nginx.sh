@@ -14,8 +14,8 @@
 # per target, the targets taking turns within a round (in a rotating order), so that a slow or
 # fast phase of the machine falls on all of them; a ratio is the median of the rounds' ratios,
 # printed with their range. Beside each rate it takes the servers' CPU time from /proc (nginx: its
-# master and workers; dart: its process), per request and per GiB served cold: a steadier figure
-# on a shared machine than a rate:
+# master and workers; dart: its process), per request and per GiB served cold: what a request
+# cost the server, where a rate says who served more on the shared cores:
 # - one hot range (1 MiB, 64 KiB) of OBJECT;
 # - random aligned ranges (1 MiB, 64 KiB) over OBJECT (256 MiB);
 # - random aligned 1 MiB ranges over BIG (1 GiB): a working set larger than dart's RAM tier;
@@ -254,14 +254,11 @@ bench_case() {
     ns+=("$n") rs+=("$r") ds+=("$d")
     rr+=("$(ratio "$r" "$n")") dr+=("$(ratio "$d" "$n")")
   done
-  n=$(printf '%s\n' "${ns[@]}" | median)
-  r=$(printf '%s\n' "${rs[@]}" | median)
-  d=$(printf '%s\n' "${ds[@]}" | median)
   local mr md
-  mr=$(printf '%s\n' "${rr[@]}" | median)
-  md=$(printf '%s\n' "${dr[@]}" | median)
-  rows+=("$(printf '| %s | %.0f | %.0f | %.2f (%s) | %.0f | %.2f (%s) |' "$label" "$n" "$r" "$mr" \
-    "$(printf '%s\n' "${rr[@]}" | range)" "$d" "$md" "$(printf '%s\n' "${dr[@]}" | range)")")
+  mr=$(med "${rr[@]}")
+  md=$(med "${dr[@]}")
+  rows+=("$(printf '| %s | %.0f | %.0f | %.2f (%s) | %.0f | %.2f (%s) |' "$label" "$(med "${ns[@]}")" \
+    "$(med "${rs[@]}")" "$mr" "$(rng "${rr[@]}")" "$(med "${ds[@]}")" "$md" "$(rng "${dr[@]}")")")
   ratios_ram+=("$mr")
   ratios_disk+=("$md")
   cpu_row "$label (CPU µs per request)" "$(med "${nc[@]}")" "$(med "${rc[@]}")" "$(med "${dc[@]}")"

@@ -248,8 +248,8 @@ pub(crate) struct Arena {
     io: Arc<dyn StoreIo>,
     /// Held by the block write in progress ([`SlotWrite::write`]), so that the arena's file sees
     /// one at a time: the file system serializes buffered writes of one file anyway (the inode's
-    /// lock), and a writer that waits there spins on a CPU (6 % of a node's CPU during a cold
-    /// read, measured); one that waits here sleeps. A leaf lock, taken with no other held.
+    /// lock), and a writer that waits there spins on a CPU (4-6 % of a node's CPU during cold
+    /// reads, measured); one that waits here sleeps. A leaf lock, taken with no other held.
     writer: Arc<Mutex<()>>,
     layout: Layout,
     /// Superblock tag that keeps the owned and borrowed files from being swapped.
