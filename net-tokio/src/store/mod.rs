@@ -47,11 +47,12 @@
 //! buffered writes of a file anyway, and a writer waiting there spins on a CPU). Inside the lock
 //! stay the bookkeeping, a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded
 //! by a copy) and a 64-byte header invalidation (the read of a borrowed block that an owned put
-//! moves over is pinned too). Whether a key is held can be asked without the arena's lock: each arena keeps its
-//! published keys in a set of their own, a leaf lock taken only for a set operation (inside the
-//! arena's when the index changes, alone when asked), so [`BlockStore::get_from_ram`], which the
-//! driver calls under the node's lock, never waits for an arena's lock. The store never
-//! blocks on anything but its own locks and the file system; it does not depend on tokio.
+//! moves over is pinned too). Whether a key is held can be asked without the arena's lock: each
+//! arena keeps its published keys in a set of their own, a leaf lock taken only for a set
+//! operation (inside the arena's when the index changes, alone when asked), so
+//! [`BlockStore::get_from_ram`], which the driver calls under the node's lock, never waits for an
+//! arena's lock. The store never blocks on anything but its own locks and the file system; it
+//! does not depend on tokio.
 //!
 //! # Degraded mode
 //!
@@ -272,8 +273,8 @@ impl BlockStore {
     /// [`BlockStore::get`] (`window` `None`) or [`BlockStore::get_window`] (`window` =
     /// `(start, len, block_len)`) when it needs no wait: a RAM hit, a miss, or a disk hit whose
     /// bytes the page cache holds (read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a
-    /// blocking read can answer: the bytes are not cached, or another operation holds the arena's lock. A whole
-    /// block read so is promoted into RAM, as by `get`.
+    /// blocking read can answer: the bytes are not cached, or another operation holds the arena's
+    /// lock. A whole block read so is promoted into RAM, as by `get`.
     pub fn get_cached(
         &self,
         key: &BlockKey,

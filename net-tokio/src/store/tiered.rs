@@ -274,16 +274,7 @@ impl Tiered {
     /// pinned slot ([`Arena::begin_read`]): reads of one arena overlap, and a look-up or a put
     /// waits for none of them.
     pub(crate) fn get(&self, key: &BlockKey) -> Option<Bytes> {
-        let begun = lock(&self.owned).begin_read(key, None, true);
-        if let Some(bytes) = self.read_pinned(BlockClass::Owned, key, begun) {
-            return Some(bytes);
-        }
-        let begun = {
-            let mut borrowed = lock(&self.borrowed);
-            borrowed.sketch.increment(key);
-            borrowed.arena.begin_read(key, None, true)
-        };
-        self.read_pinned(BlockClass::Borrowed, key, begun)
+        self.read(key, None)
     }
 
     /// Bytes `start..start + len` of `key`, if held with exactly `block_len` bytes: owned first,
@@ -296,14 +287,22 @@ impl Tiered {
         len: u64,
         block_len: u64,
     ) -> Option<Bytes> {
-        let window = Some((start, len, block_len));
+        self.read(key, Some((start, len, block_len)))
+    }
+
+    /// [`Tiered::get`] (`window` `None`) or [`Tiered::get_window`]: the owned budget's answer
+    /// when it holds `key` (even a window that does not fit), except that a whole block it could
+    /// not read is looked for in the borrowed budget too; else the borrowed budget's.
+    fn read(&self, key: &BlockKey, window: Option<(u64, u64, u64)>) -> Option<Bytes> {
         let begun = {
             let mut owned = lock(&self.owned);
             owned.contains(key).then(|| owned.begin_read(key, window, true))
         };
         if let Some(begun) = begun {
-            // Held in the owned budget: its answer, even a window that does not fit.
-            return self.read_pinned(BlockClass::Owned, key, begun);
+            let found = self.read_pinned(BlockClass::Owned, key, begun);
+            if found.is_some() || window.is_some() {
+                return found;
+            }
         }
         let begun = {
             let mut borrowed = lock(&self.borrowed);
@@ -339,9 +338,10 @@ impl Tiered {
     }
 
     /// [`Tiered::get`] (`window` `None`) or [`Tiered::get_window`] (`window` =
-    /// `(start, len, block_len)`) answered without waiting: `None` when an arena's lock is held (a
-    /// write in progress) or the bytes are not all in the page cache; then the blocking read
-    /// answers. The estimator counts an answered borrowed look-up once, as the blocking read does.
+    /// `(start, len, block_len)`) answered without waiting: `None` when an arena's lock is held
+    /// (by another operation of the arena) or the bytes are not all in the page cache; then the
+    /// blocking read answers. The estimator counts an answered borrowed look-up once, as the
+    /// blocking read does.
     pub(crate) fn get_cached(
         &self,
         key: &BlockKey,
@@ -370,9 +370,9 @@ impl Tiered {
         borrowed.arena.touch(key);
     }
 
-    /// [`Tiered::touch`] if neither arena's lock is held now (another operation of
-    /// the arena holds it); otherwise nothing, and `false`. For callers that must not wait on the disk:
-    /// a skipped touch leaves the disk copy's recency (and the estimator's count) as it was.
+    /// [`Tiered::touch`] if neither arena's lock is held now (by another operation of the
+    /// arena); otherwise nothing, and `false`. For callers that must not wait on the disk: a
+    /// skipped touch leaves the disk copy's recency (and the estimator's count) as it was.
     pub(crate) fn try_touch(&self, key: &BlockKey) -> bool {
         let Ok(mut owned) = self.owned.try_lock() else { return false };
         if owned.touch(key) {
