@@ -18,6 +18,7 @@ pub mod cache;
 pub mod client;
 pub mod driver;
 pub mod guard;
+pub mod mapped;
 pub mod metrics;
 pub mod origin_server;
 pub mod registry_auth;

@@ -17,6 +17,11 @@
 //! Reads outside the lock ([`Arena::begin_read`]) pin their slot; an insert takes only a slot no
 //! read pins, so a slot's bytes never change under a read, even one whose key was dropped or
 //! evicted after it began.
+//!
+//! A window read whose pages the page cache holds is answered from the file's read-only mapping
+//! ([`SlotRead::try_map`]): the `Bytes` point into the page cache and own the slot's pin, so the
+//! slot is not rewritten until the last of them is dropped. At most a [`MAPPED_SHARE`]th of the
+//! slots is held so at once; past that, and for whole blocks, reads copy.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -33,6 +38,7 @@ use super::io::StoreIo;
 use super::lru::SlotList;
 use super::tiered::lock;
 use super::{StoreError, WarmStart};
+use crate::mapped::Mapping;
 use dart_core::bufpool::Buf;
 
 /// Superblock magic: "DARTARN1".
@@ -162,6 +168,42 @@ struct Slot {
     header_on_disk: bool,
 }
 
+/// At most `slots / MAPPED_SHARE` slots (and at least one) are pinned by mapped answers at once
+/// ([`SlotRead::try_map`]): a pinned slot is never reused, and a client that reads slowly holds
+/// its answer's pin until its socket takes the bytes, so the share bounds what slow clients can
+/// keep from new blocks. Reads past the share copy, as without a mapping.
+pub(crate) const MAPPED_SHARE: u32 = 4;
+
+/// An arena file's read-only mapping and its mapped answers out.
+#[derive(Debug)]
+struct Mapped {
+    mapping: Mapping,
+    /// Mapped answers alive now (each pins its slot).
+    out: AtomicU32,
+    /// The most `out` may reach.
+    cap: u32,
+}
+
+/// The owner of a mapped answer's bytes: its pinned read, and the mapping.
+struct MappedWindow {
+    read: SlotRead,
+    mapped: Arc<Mapped>,
+}
+
+impl AsRef<[u8]> for MappedWindow {
+    fn as_ref(&self) -> &[u8] {
+        // Pinned: the slot's bytes do not change while this lives (`crate::mapped`'s contract).
+        self.mapped.mapping.slice(self.read.offset, self.read.len)
+    }
+}
+
+impl Drop for MappedWindow {
+    fn drop(&mut self) {
+        self.mapped.out.fetch_sub(1, Ordering::Relaxed);
+        // `read`'s own drop then releases the pin.
+    }
+}
+
 /// A slot's bytes, to be read outside the arena's lock ([`Arena::begin_read`]). While it lives
 /// the slot is pinned: no insert takes it (a pinned slot on the free list or at the end of the LRU
 /// list is passed over), so the bytes read are the ones published under the key when it was
@@ -175,6 +217,9 @@ pub(crate) struct SlotRead {
     slot: u32,
     offset: u64,
     len: u64,
+    /// The file's mapping, for a window read ([`SlotRead::try_map`]); `None` for a whole block
+    /// (which may be kept in the RAM tier for long) and when the file is not mapped.
+    mapped: Option<Arc<Mapped>>,
 }
 
 impl SlotRead {
@@ -190,6 +235,24 @@ impl SlotRead {
             .read_exact_at(&self.file, buf.as_mut_slice(), self.offset)
             .map_err(io_error(&self.path))?;
         Ok(buf.freeze())
+    }
+
+    /// The bytes without a copy, pointing into the file's mapping: when this reads a window, the
+    /// file is mapped, fewer than the arena's cap of mapped answers are out ([`MAPPED_SHARE`])
+    /// and the page cache holds every page (`mincore`). Else the read itself comes back, for
+    /// [`SlotRead::read`]. The answer keeps the slot pinned until it and every clone and slice of
+    /// it are dropped.
+    pub(crate) fn try_map(self) -> Result<Bytes, SlotRead> {
+        let Some(mapped) = self.mapped.clone() else {
+            return Err(self);
+        };
+        if mapped.out.fetch_add(1, Ordering::Relaxed) >= mapped.cap
+            || !mapped.mapping.resident(self.offset, self.len)
+        {
+            mapped.out.fetch_sub(1, Ordering::Relaxed);
+            return Err(self);
+        }
+        Ok(Bytes::from_owner(MappedWindow { read: self, mapped }))
     }
 }
 
@@ -273,6 +336,9 @@ pub(crate) struct Arena {
     /// The block digests (`dart_core::integrity`) of the slots the last warm open kept, hashed
     /// from the bytes that passed their checksum.
     loaded_digests: Vec<(BlockKey, dart_core::integrity::BlockDigest)>,
+    /// The file's read-only mapping once opened, if `io` maps ([`StoreIo::map`]); `None` once
+    /// closed (mapped answers still out keep it alive).
+    mapped: Option<Arc<Mapped>>,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
@@ -317,6 +383,7 @@ impl Arena {
             free: (0..slots).rev().collect(),
             next_seq: 1,
             loaded_digests: Vec::new(),
+            mapped: None,
         };
         let report = match warm {
             WarmStart::Cold => {
@@ -325,6 +392,14 @@ impl Arena {
             }
             WarmStart::Verify => arena.load()?,
         };
+        // Mapped only now: the file has its final length, and is never truncated again while
+        // this process has it open (`crate::mapped`'s contract).
+        if let Some(file) = &arena.file {
+            arena.mapped = arena.io.map(file, arena.layout.file_len).map(|mapping| {
+                let cap = (slots / MAPPED_SHARE).max(1);
+                Arc::new(Mapped { mapping, out: AtomicU32::new(0), cap })
+            });
+        }
         arena.check_invariants();
         Ok((arena, report))
     }
@@ -517,6 +592,7 @@ impl Arena {
             slot,
             offset: self.layout.data_offset(slot) + start,
             len,
+            mapped: self.mapped.clone().filter(|_| window.is_some()),
         })
     }
 
@@ -553,6 +629,12 @@ impl Arena {
         let Some((slot, start, len)) = self.span(key, window) else {
             return Some(None);
         };
+        if let Some(read) = self.begin_read(key, window, false).filter(|r| r.mapped.is_some()) {
+            if let Ok(bytes) = read.try_map() {
+                self.lru.touch(slot);
+                return Some(Some(bytes));
+            }
+        }
         let file = self.file.as_ref()?;
         let mut buf = Buf::take(len as usize);
         let offset = self.layout.data_offset(slot) + start;
@@ -704,6 +786,7 @@ impl Arena {
     /// Releases the file and forgets the index; later operations see an empty, closed arena.
     pub(crate) fn close(&mut self) {
         self.file = None;
+        self.mapped = None;
         self.index.clear();
         self.writing.clear();
         self.reserved = 0;
@@ -719,6 +802,12 @@ impl Arena {
         self.index.remove(&key);
         lock(&self.published).remove(&key);
         self.lru.unlink(slot);
+    }
+
+    /// Mapped answers out now ([`SlotRead::try_map`]).
+    #[cfg(test)]
+    pub(crate) fn mapped_out(&self) -> Option<u32> {
+        self.mapped.as_ref().map(|m| m.out.load(Ordering::Relaxed))
     }
 
     /// The file layout.

@@ -31,6 +31,15 @@ pub trait StoreIo: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// A read-only shared mapping of `file`'s first `len` bytes, for hits answered straight from
+    /// the page cache (`crate::mapped`); `None` means "no mapping, read with
+    /// [`StoreIo::read_exact_at`]". The default is `None`, so a test double that injects faults
+    /// keeps every read on its own calls.
+    fn map(&self, file: &File, len: u64) -> Option<crate::mapped::Mapping> {
+        let _ = (file, len);
+        None
+    }
+
     /// Writes all of `buf` to `file` at `offset` (`FileExt::write_all_at`); a short write that
     /// cannot be completed is an error, with an unknown prefix of `buf` written.
     fn write_all_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -56,5 +65,15 @@ impl StoreIo for OsIo {
         // blocking way, which is rare enough not to be worth continuing here.
         let read = preadv2(file, &mut [io::IoSliceMut::new(buf)], offset, ReadWriteFlags::NOWAIT);
         matches!(read, Ok(n) if n == want)
+    }
+
+    fn map(&self, file: &File, len: u64) -> Option<crate::mapped::Mapping> {
+        match crate::mapped::Mapping::map(file, len) {
+            Ok(mapping) => Some(mapping),
+            Err(e) => {
+                tracing::warn!(error = %e, "arena file not mapped: disk-tier hits copy with pread");
+                None
+            }
+        }
     }
 }

@@ -177,6 +177,71 @@ fn a_slot_being_read_outside_the_lock_is_never_reused_under_the_read() {
     store.check_invariants();
 }
 
+/// A window hit the page cache holds is answered from the arena file's mapping, and the answer owns
+/// its slot's pin: deleting its key, evicting around it and putting the key again never change its
+/// bytes, and its slot is reused only once the last slice of the answer is dropped.
+#[test]
+fn a_mapped_window_keeps_its_bytes_and_its_slot_until_its_last_slice_is_dropped() {
+    let dir = TestDir::new("mapped");
+    let store = open(&dir, 2, 1, 0);
+    let owned = BlockClass::Owned;
+    let mapped_out = || store.disk.with_arena(owned, |a| a.mapped_out());
+    assert!(put(&store, 1, owned));
+    assert!(put(&store, 2, owned));
+    let window = store.get_window(&key(1), 3, 5, BLOCK).expect("1 is held");
+    assert_eq!(mapped_out(), Some(1), "answered from the mapping");
+    assert_eq!(&window[..], &bytes(1, 0, BLOCK as usize)[3..8]);
+    let slot1 = store.disk.with_arena(owned, |a| a.slot_of(&key(1))).expect("1 is held");
+    let slice = window.slice(1..3);
+    drop(window);
+    assert_eq!(mapped_out(), Some(1), "a slice keeps the answer");
+    store.delete(&key(1));
+    assert!(put(&store, 3, owned), "3 passes over the pinned slot of 1 and evicts 2");
+    assert_eq!(store.get(&key(2)), None);
+    let other = bytes(1, 9, BLOCK as usize);
+    assert!(store.put(key(1), &other, owned).unwrap(), "1 again, other bytes, evicting 3");
+    assert_ne!(store.disk.with_arena(owned, |a| a.slot_of(&key(1))), Some(slot1));
+    assert_eq!(&slice[..], &bytes(1, 0, BLOCK as usize)[4..6], "the answer's bytes held");
+    assert_eq!(store.get_window(&key(1), 4, 2, BLOCK).as_deref(), Some(&other[4..6]));
+    drop(slice);
+    assert_eq!(mapped_out(), Some(0));
+    assert!(put(&store, 4, owned), "the slot of 1 is free again");
+    assert_eq!(store.disk.with_arena(owned, |a| a.slot_of(&key(4))), Some(slot1));
+    assert_holds(&store, 4);
+    store.check_invariants();
+}
+
+/// At most a [`arena::MAPPED_SHARE`]th of an arena's slots is pinned by mapped answers; reads past
+/// it, and whole-block reads (the RAM tier may keep those), are copies. The look-up under the
+/// node's lock maps as the blocking read does. Every answer holds its own bytes.
+#[test]
+fn mapped_answers_stop_at_their_share_and_whole_blocks_are_copies() {
+    let dir = TestDir::new("mapped-share");
+    let store = open(&dir, 8, 1, 0);
+    let owned = BlockClass::Owned;
+    let mapped_out = || store.disk.with_arena(owned, |a| a.mapped_out());
+    for i in 0..8 {
+        assert!(put(&store, i, owned));
+    }
+    let whole = store.get(&key(0)).expect("0 is held");
+    assert_eq!(mapped_out(), Some(0), "a whole block is a copy");
+    let windows: Vec<_> =
+        (0..5).map(|i| store.get_window(&key(i), 0, BLOCK, BLOCK).expect("held")).collect();
+    assert_eq!(mapped_out(), Some(8 / arena::MAPPED_SHARE), "the rest are copies");
+    for (i, window) in (0..).zip(&windows) {
+        assert_eq!(&window[..], &bytes(i, 0, BLOCK as usize)[..], "window of {i}");
+    }
+    drop(windows);
+    assert_eq!(mapped_out(), Some(0));
+    let now = store.get_window_now(&key(7), (2, 4, BLOCK)).expect("cached").expect("held");
+    assert_eq!(mapped_out(), Some(1), "the look-up under the node's lock maps too");
+    assert_eq!(&now[..], &bytes(7, 0, BLOCK as usize)[2..6]);
+    assert_eq!(&whole[..], &bytes(0, 0, BLOCK as usize)[..]);
+    drop(now);
+    store.close();
+    assert_eq!(mapped_out(), None, "closed: the arena lets go of its mapping");
+}
+
 /// Reads (whole blocks and windows) on two threads race puts that evict and deletes on a third:
 /// every read answers its own key's bytes or nothing. The interleavings differ run to run; the
 /// property holds in each (a regression shows as a wrong-bytes failure, maybe not every run).

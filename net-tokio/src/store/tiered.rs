@@ -320,7 +320,10 @@ impl Tiered {
         key: &BlockKey,
         begun: Option<SlotRead>,
     ) -> Option<Bytes> {
-        let read = begun?;
+        let read = match begun?.try_map() {
+            Ok(mapped) => return Some(mapped),
+            Err(read) => read,
+        };
         let e = match read.read() {
             Ok(bytes) => return Some(bytes),
             Err(e) => e,
