@@ -7,7 +7,9 @@
 # --mem-size 256MiB, 4 MiB blocks; origin read-ahead is for a lone read, so a herd's readers
 # read nothing ahead once a second one has started), both on loopback. It prints the node's
 # resident set (VmRSS, sampled every 100 ms from /proc) when idle, its peak during the herd, and
-# after it, with the kernel's own peak (VmHWM), once per herd: each herd reads another object, cold,
+# after it, with the kernel's own peak (VmHWM), and how much of it after the herd is the node's own
+# memory (RssAnon) and how much the page cache's pages of the arena files that disk-tier hits
+# mapped (RssFile: shared, reclaimable, still the page cache's), once per herd: each herd reads another object, cold,
 # so a second herd tells memory kept for reuse (flat) from memory lost (growing). Every reader must receive SIZE_MIB bytes; one
 # reader's body is checked against the file's sha256 (checking all of them would cost more CPU
 # than the herd). Installs nginx when missing (as root), else fails naming it. DART_FLAGS adds
@@ -96,19 +98,22 @@ herd() {
   [ "$(sha256sum <"$WORK/body" | cut -d' ' -f1)" = "$sum" ] || fail "reader 1 got wrong bytes"
   rm -f "$WORK/body"
   sleep 1
-  local after hwm peak
+  local after hwm peak anon file
   after=$(kib VmRSS)
+  anon=$(kib RssAnon)
+  file=$(kib RssFile)
   hwm=$(kib VmHWM)
   kill "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
   peak=$(cat "$WORK/peak" 2>/dev/null || echo 0)
   awk -v h="$h" -v n="$READERS" -v mib="$SIZE_MIB" -v idle="$idle" -v peak="$peak" -v after="$after" \
-    -v hwm="$hwm" -v s="$start" -v e="$end" -v flags="${DART_FLAGS:-defaults}" 'BEGIN {
-    printf "| %d | %d | %d MiB | %s | %.1f MiB | %.1f / %.1f MiB | %.1f MiB | %.1f s | %.1f GiB |\n",
-      h, n, mib, flags, idle / 1024, peak / 1024, hwm / 1024, after / 1024, e - s, n * mib / 1024
+    -v hwm="$hwm" -v anon="$anon" -v file="$file" -v s="$start" -v e="$end" -v flags="${DART_FLAGS:-defaults}" 'BEGIN {
+    printf "| %d | %d | %d MiB | %s | %.1f MiB | %.1f / %.1f MiB | %.1f MiB | %.1f / %.1f MiB | %.1f s | %.1f GiB |\n",
+      h, n, mib, flags, idle / 1024, peak / 1024, hwm / 1024, after / 1024, anon / 1024, file / 1024,
+      e - s, n * mib / 1024
   }'
 }
 
-printf "| herd | readers | object | flags | idle RSS (before the first) | peak RSS during the herd (sampled / VmHWM so far) | RSS after | herd wall time | bytes served |\n"
-printf "|---|---|---|---|---|---|---|---|---|\n"
+printf "| herd | readers | object | flags | idle RSS (before the first) | peak RSS during the herd (sampled / VmHWM so far) | RSS after | of which anonymous / file-mapped | herd wall time | bytes served |\n"
+printf "|---|---|---|---|---|---|---|---|---|---|\n"
 for h in $(seq "$HERDS"); do herd "$h"; done
