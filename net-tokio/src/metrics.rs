@@ -412,6 +412,20 @@ impl prometheus_client::collector::Collector for Collected {
             "Borrowed insertions refused by admission.",
             c.admit_rejected,
         )?;
+        let reads = [
+            ("mapped", c.disk_reads_mapped),
+            ("page_cache", c.disk_reads_page_cache),
+            ("blocking", c.disk_reads_blocking),
+        ];
+        counter(
+            &mut enc,
+            "dart_store_disk_reads",
+            "Disk-tier reads of block bytes, by how: from the arena's mapping without a copy \
+             (mapped), copied from the page cache without waiting (page_cache), or the way that \
+             may wait for the disk, on the blocking pool (blocking).",
+            "how",
+            &reads,
+        )?;
         let health = self.cache.health();
         let degraded = ConstGauge::new(i64::from(health.is_degraded()));
         let m = enc.encode_descriptor(

@@ -28,7 +28,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -174,6 +174,17 @@ struct Slot {
 /// keep from new blocks. Reads past the share copy, as without a mapping.
 pub(crate) const MAPPED_SHARE: u32 = 4;
 
+/// How an arena's reads of block bytes went, since open (`dart_store_disk_reads_total`).
+#[derive(Debug, Default)]
+pub(crate) struct ReadCounts {
+    /// Answered from the file's mapping, no copy ([`SlotRead::try_map`]).
+    pub(crate) mapped: AtomicU64,
+    /// Copied from the page cache without waiting for the disk ([`Arena::read_cached`]).
+    pub(crate) page_cache: AtomicU64,
+    /// Read the way that may wait for the disk ([`SlotRead::read`], on the blocking pool).
+    pub(crate) blocking: AtomicU64,
+}
+
 /// An arena file's read-only mapping and its mapped answers out.
 #[derive(Debug)]
 struct Mapped {
@@ -220,6 +231,7 @@ pub(crate) struct SlotRead {
     /// The file's mapping, for a window read ([`SlotRead::try_map`]); `None` for a whole block
     /// (which may be kept in the RAM tier for long) and when the file is not mapped.
     mapped: Option<Arc<Mapped>>,
+    reads: Arc<ReadCounts>,
 }
 
 impl SlotRead {
@@ -234,6 +246,7 @@ impl SlotRead {
         self.io
             .read_exact_at(&self.file, buf.as_mut_slice(), self.offset)
             .map_err(io_error(&self.path))?;
+        self.reads.blocking.fetch_add(1, Ordering::Relaxed);
         Ok(buf.freeze())
     }
 
@@ -252,6 +265,7 @@ impl SlotRead {
             mapped.out.fetch_sub(1, Ordering::Relaxed);
             return Err(self);
         }
+        self.reads.mapped.fetch_add(1, Ordering::Relaxed);
         Ok(Bytes::from_owner(MappedWindow { read: self, mapped }))
     }
 }
@@ -339,6 +353,7 @@ pub(crate) struct Arena {
     /// The file's read-only mapping once opened, if `io` maps ([`StoreIo::map`]); `None` once
     /// closed (mapped answers still out keep it alive).
     mapped: Option<Arc<Mapped>>,
+    reads: Arc<ReadCounts>,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
@@ -384,6 +399,7 @@ impl Arena {
             next_seq: 1,
             loaded_digests: Vec::new(),
             mapped: None,
+            reads: Arc::default(),
         };
         let report = match warm {
             WarmStart::Cold => {
@@ -511,6 +527,11 @@ impl Arena {
         self.loaded_digests.clone()
     }
 
+    /// How this arena's reads went since open.
+    pub(crate) fn read_counts(&self) -> Arc<ReadCounts> {
+        self.reads.clone()
+    }
+
     /// Number of published blocks.
     pub(crate) fn len(&self) -> usize {
         self.index.len()
@@ -593,6 +614,7 @@ impl Arena {
             offset: self.layout.data_offset(slot) + start,
             len,
             mapped: self.mapped.clone().filter(|_| window.is_some()),
+            reads: self.reads.clone(),
         })
     }
 
@@ -641,6 +663,7 @@ impl Arena {
         if !self.io.read_cached_at(file, buf.as_mut_slice(), offset) {
             return None;
         }
+        self.reads.page_cache.fetch_add(1, Ordering::Relaxed);
         self.lru.touch(slot);
         Some(Some(buf.freeze()))
     }

@@ -135,6 +135,13 @@ pub struct StoreStats {
     pub mem_slots: u64,
     /// Borrowed puts refused by TinyLFU admission since open.
     pub admit_rejected: u64,
+    /// Disk-tier reads of block bytes since open answered from an arena file's mapping, without
+    /// a copy (windows whose pages the page cache held).
+    pub disk_reads_mapped: u64,
+    /// Disk-tier reads since open copied from the page cache without waiting for the disk.
+    pub disk_reads_page_cache: u64,
+    /// Disk-tier reads since open made the way that may wait for the disk (the blocking pool).
+    pub disk_reads_blocking: u64,
 }
 
 /// The block store: RAM hot set, owned arena and borrowed arena behind one `&self` API.
@@ -433,7 +440,12 @@ impl BlockStore {
     pub fn stats(&self) -> StoreStats {
         let (owned_blocks, owned_slots, borrowed_blocks, borrowed_slots) = self.disk.counts();
         let mem_blocks = self.mem.as_ref().map_or(0, |mem| lock(mem).len());
+        let (disk_reads_mapped, disk_reads_page_cache, disk_reads_blocking) =
+            self.disk.read_counts();
         StoreStats {
+            disk_reads_mapped,
+            disk_reads_page_cache,
+            disk_reads_blocking,
             owned_blocks: owned_blocks as u64,
             owned_slots: u64::from(owned_slots),
             borrowed_blocks: borrowed_blocks as u64,

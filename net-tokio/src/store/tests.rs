@@ -237,6 +237,11 @@ fn mapped_answers_stop_at_their_share_and_whole_blocks_are_copies() {
     assert_eq!(mapped_out(), Some(1), "the look-up under the node's lock maps too");
     assert_eq!(&now[..], &bytes(7, 0, BLOCK as usize)[2..6]);
     assert_eq!(&whole[..], &bytes(0, 0, BLOCK as usize)[..]);
+    let cached = store.get_cached(&key(6), None).expect("cached").expect("held");
+    assert_eq!(&cached[..], &bytes(6, 0, BLOCK as usize)[..]);
+    let stats = store.stats();
+    let reads = (stats.disk_reads_mapped, stats.disk_reads_page_cache, stats.disk_reads_blocking);
+    assert_eq!(reads, (3, 1, 4), "mapped: 2 windows + the look-up; blocking: 1 whole + 3 windows");
     drop(now);
     store.close();
     assert_eq!(mapped_out(), None, "closed: the arena lets go of its mapping");
@@ -829,7 +834,16 @@ fn stats_report_blocks_and_slots_per_tier() {
         mem_blocks: 1,
         mem_slots: 1,
         admit_rejected: 0,
+        disk_reads_mapped: 0,
+        disk_reads_page_cache: 0,
+        disk_reads_blocking: 0,
     };
+    assert_eq!(store.stats(), want);
+    // 3 is in RAM too; 1 and 2 only on disk: a window from the mapping, a whole block copied.
+    assert!(store.get(&key(3)).is_some());
+    assert!(store.get_window(&key(1), 0, 4, BLOCK).is_some());
+    assert!(store.get(&key(2)).is_some());
+    let want = StoreStats { disk_reads_mapped: 1, disk_reads_blocking: 1, mem_blocks: 1, ..want };
     assert_eq!(store.stats(), want);
 }
 

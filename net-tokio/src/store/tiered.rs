@@ -11,13 +11,14 @@
 //! the write (bar one probe per interval), and every failed read or write is reported to it.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use dart_core::hash::BlockKey;
 
-use super::arena::{slot_checksum, Arena, LoadReport, SlotRead, SlotWrite};
+use super::arena::{slot_checksum, Arena, LoadReport, ReadCounts, SlotRead, SlotWrite};
 use super::config::Budgets;
 use super::health::{DegradedReason, Gate, Health, StoreHealth, Ticket, PROBE_INTERVAL};
 use super::io::StoreIo;
@@ -102,6 +103,8 @@ pub(crate) struct Tiered {
     io: Arc<dyn StoreIo>,
     /// Degraded mode; a leaf lock.
     health: Mutex<Health>,
+    /// The owned and the borrowed arena's read counts ([`Arena::read_counts`]).
+    reads: [Arc<ReadCounts>; 2],
 }
 
 /// Which kind of disk call failed.
@@ -145,7 +148,9 @@ impl Tiered {
         let sketch = Sketch::new(u64::from(budgets.borrowed_slots));
         let health = Mutex::new(Health::new(io.now()));
         let (owned_keys, borrowed_keys) = (owned.published(), borrowed.published());
+        let reads = [owned.read_counts(), borrowed.read_counts()];
         let tiered = Tiered {
+            reads,
             owned_keys,
             borrowed_keys,
             owned: Mutex::new(owned),
@@ -510,6 +515,15 @@ impl Tiered {
         };
         let borrowed = lock(&self.borrowed);
         (owned_blocks, owned_slots, borrowed.arena.len(), borrowed.arena.slots())
+    }
+
+    /// Reads of block bytes since open, both arenas: (mapped, copied from the page cache,
+    /// blocking), as [`super::arena::ReadCounts`] counts them.
+    pub(crate) fn read_counts(&self) -> (u64, u64, u64) {
+        let sum = |f: fn(&ReadCounts) -> &AtomicU64| {
+            self.reads.iter().map(|r| f(r).load(Ordering::Relaxed)).sum()
+        };
+        (sum(|r| &r.mapped), sum(|r| &r.page_cache), sum(|r| &r.blocking))
     }
 
     /// How many of `keys` neither arena holds.
