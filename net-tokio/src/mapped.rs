@@ -16,10 +16,12 @@
 //!
 //! What no contract covers: another process truncating or writing the arena file (an operator's
 //! mistake) can then show torn bytes or kill the process with `SIGBUS`, and a page the kernel
-//! evicts between [`Mapping::resident`] and the socket write is read back from the disk inside
-//! that write (a failing disk then fails the write with `EFAULT`; a reader in user space, such as
-//! a peer response's signature, would take `SIGBUS`). `pread` turns all of these into errors; the
-//! residency check before every mapped answer keeps the window for the last one small.
+//! evicts between [`Mapping::resident`] and the socket write (a slow client's response waits in
+//! its connection's queue) is read back from the disk inside that write, on the async worker, as
+//! nginx's `sendfile` does without its thread pool; a failing disk then fails the write with
+//! `EFAULT`, while a reader in user space, such as a peer response's signature, would take
+//! `SIGBUS`. `pread` turns all of these into errors before the answer exists; the residency check
+//! before every mapped answer keeps the window for the last two small.
 #![allow(unsafe_code)]
 
 use std::fs::File;

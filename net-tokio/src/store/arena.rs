@@ -21,7 +21,8 @@
 //! A window read whose pages the page cache holds is answered from the file's read-only mapping
 //! ([`SlotRead::try_map`]): the `Bytes` point into the page cache and own the slot's pin, so the
 //! slot is not rewritten until the last of them is dropped. At most a [`MAPPED_SHARE`]th of the
-//! slots is held so at once; past that, and for whole blocks, reads copy.
+//! slots is held so at once; past that, and for whole blocks unless the store has no RAM tier
+//! ([`Arena::map_whole_blocks`]), reads copy.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -168,7 +169,8 @@ struct Slot {
     header_on_disk: bool,
 }
 
-/// At most `slots / MAPPED_SHARE` slots (and at least one) are pinned by mapped answers at once
+/// At most `slots / MAPPED_SHARE` slots are pinned by mapped answers at once (none in an arena of
+/// fewer slots)
 /// ([`SlotRead::try_map`]): a pinned slot is never reused, and a client that reads slowly holds
 /// its answer's pin until its socket takes the bytes, so the share bounds what slow clients can
 /// keep from new blocks. Reads past the share copy, as without a mapping.
@@ -228,8 +230,8 @@ pub(crate) struct SlotRead {
     slot: u32,
     offset: u64,
     len: u64,
-    /// The file's mapping, for a window read ([`SlotRead::try_map`]); `None` for a whole block
-    /// (which may be kept in the RAM tier for long) and when the file is not mapped.
+    /// The file's mapping, for a window read ([`SlotRead::try_map`]); `None` when the file is not
+    /// mapped, and for a whole block when a RAM tier may keep it ([`Arena::map_whole_blocks`]).
     mapped: Option<Arc<Mapped>>,
     reads: Arc<ReadCounts>,
 }
@@ -250,8 +252,8 @@ impl SlotRead {
         Ok(buf.freeze())
     }
 
-    /// The bytes without a copy, pointing into the file's mapping: when this reads a window, the
-    /// file is mapped, fewer than the arena's cap of mapped answers are out ([`MAPPED_SHARE`])
+    /// The bytes without a copy, pointing into the file's mapping: when this reads a window (or a
+    /// whole block of an arena that maps them), the file is mapped, fewer than the arena's cap of mapped answers are out ([`MAPPED_SHARE`])
     /// and the page cache holds every page (`mincore`). Else the read itself comes back, for
     /// [`SlotRead::read`]. The answer keeps the slot pinned until it and every clone and slice of
     /// it are dropped.
@@ -353,6 +355,8 @@ pub(crate) struct Arena {
     /// The file's read-only mapping once opened, if `io` maps ([`StoreIo::map`]); `None` once
     /// closed (mapped answers still out keep it alive).
     mapped: Option<Arc<Mapped>>,
+    /// Whether whole-block reads are mapped too ([`Arena::map_whole_blocks`]).
+    map_whole: bool,
     reads: Arc<ReadCounts>,
 }
 
@@ -399,6 +403,7 @@ impl Arena {
             next_seq: 1,
             loaded_digests: Vec::new(),
             mapped: None,
+            map_whole: false,
             reads: Arc::default(),
         };
         let report = match warm {
@@ -412,7 +417,7 @@ impl Arena {
         // this process has it open (`crate::mapped`'s contract).
         if let Some(file) = &arena.file {
             arena.mapped = arena.io.map(file, arena.layout.file_len).map(|mapping| {
-                let cap = (slots / MAPPED_SHARE).max(1);
+                let cap = slots / MAPPED_SHARE;
                 Arc::new(Mapped { mapping, out: AtomicU32::new(0), cap })
             });
         }
@@ -527,6 +532,13 @@ impl Arena {
         self.loaded_digests.clone()
     }
 
+    /// Maps whole-block reads too, not only windows: for a store without a RAM tier, where no
+    /// whole block is kept after its read (with one, a whole block read is promoted into it and
+    /// would hold its slot's pin for as long as it stays there).
+    pub(crate) fn map_whole_blocks(&mut self) {
+        self.map_whole = true;
+    }
+
     /// How this arena's reads went since open.
     pub(crate) fn read_counts(&self) -> Arc<ReadCounts> {
         self.reads.clone()
@@ -613,7 +625,7 @@ impl Arena {
             slot,
             offset: self.layout.data_offset(slot) + start,
             len,
-            mapped: self.mapped.clone().filter(|_| window.is_some()),
+            mapped: self.mapped.clone().filter(|_| window.is_some() || self.map_whole),
             reads: self.reads.clone(),
         })
     }

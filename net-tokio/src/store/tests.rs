@@ -183,11 +183,12 @@ fn a_slot_being_read_outside_the_lock_is_never_reused_under_the_read() {
 #[test]
 fn a_mapped_window_keeps_its_bytes_and_its_slot_until_its_last_slice_is_dropped() {
     let dir = TestDir::new("mapped");
-    let store = open(&dir, 2, 1, 0);
+    let store = open(&dir, 4, 1, 0);
     let owned = BlockClass::Owned;
     let mapped_out = || store.disk.with_arena(owned, |a| a.mapped_out());
-    assert!(put(&store, 1, owned));
-    assert!(put(&store, 2, owned));
+    for i in [1, 2, 5, 6] {
+        assert!(put(&store, i, owned));
+    }
     let window = store.get_window(&key(1), 3, 5, BLOCK).expect("1 is held");
     assert_eq!(mapped_out(), Some(1), "answered from the mapping");
     assert_eq!(&window[..], &bytes(1, 0, BLOCK as usize)[3..8]);
@@ -199,7 +200,7 @@ fn a_mapped_window_keeps_its_bytes_and_its_slot_until_its_last_slice_is_dropped(
     assert!(put(&store, 3, owned), "3 passes over the pinned slot of 1 and evicts 2");
     assert_eq!(store.get(&key(2)), None);
     let other = bytes(1, 9, BLOCK as usize);
-    assert!(store.put(key(1), &other, owned).unwrap(), "1 again, other bytes, evicting 3");
+    assert!(store.put(key(1), &other, owned).unwrap(), "1 again, other bytes, evicting 5");
     assert_ne!(store.disk.with_arena(owned, |a| a.slot_of(&key(1))), Some(slot1));
     assert_eq!(&slice[..], &bytes(1, 0, BLOCK as usize)[4..6], "the answer's bytes held");
     assert_eq!(store.get_window(&key(1), 4, 2, BLOCK).as_deref(), Some(&other[4..6]));
@@ -212,10 +213,10 @@ fn a_mapped_window_keeps_its_bytes_and_its_slot_until_its_last_slice_is_dropped(
 }
 
 /// At most a [`arena::MAPPED_SHARE`]th of an arena's slots is pinned by mapped answers; reads past
-/// it, and whole-block reads (the RAM tier may keep those), are copies. The look-up under the
-/// node's lock maps as the blocking read does. Every answer holds its own bytes.
+/// it are copies. Without a RAM tier whole blocks are mapped as windows are, and the look-up under
+/// the node's lock maps as the blocking read does. Every answer holds its own bytes.
 #[test]
-fn mapped_answers_stop_at_their_share_and_whole_blocks_are_copies() {
+fn mapped_answers_stop_at_their_share() {
     let dir = TestDir::new("mapped-share");
     let store = open(&dir, 8, 1, 0);
     let owned = BlockClass::Owned;
@@ -224,7 +225,7 @@ fn mapped_answers_stop_at_their_share_and_whole_blocks_are_copies() {
         assert!(put(&store, i, owned));
     }
     let whole = store.get(&key(0)).expect("0 is held");
-    assert_eq!(mapped_out(), Some(0), "a whole block is a copy");
+    assert_eq!(mapped_out(), Some(1), "no RAM tier: a whole block is mapped");
     let windows: Vec<_> =
         (0..5).map(|i| store.get_window(&key(i), 0, BLOCK, BLOCK).expect("held")).collect();
     assert_eq!(mapped_out(), Some(8 / arena::MAPPED_SHARE), "the rest are copies");
@@ -232,19 +233,45 @@ fn mapped_answers_stop_at_their_share_and_whole_blocks_are_copies() {
         assert_eq!(&window[..], &bytes(i, 0, BLOCK as usize)[..], "window of {i}");
     }
     drop(windows);
-    assert_eq!(mapped_out(), Some(0));
+    assert_eq!(mapped_out(), Some(1));
     let now = store.get_window_now(&key(7), (2, 4, BLOCK)).expect("cached").expect("held");
-    assert_eq!(mapped_out(), Some(1), "the look-up under the node's lock maps too");
+    assert_eq!(mapped_out(), Some(2), "the look-up under the node's lock maps too");
     assert_eq!(&now[..], &bytes(7, 0, BLOCK as usize)[2..6]);
-    assert_eq!(&whole[..], &bytes(0, 0, BLOCK as usize)[..]);
     let cached = store.get_cached(&key(6), None).expect("cached").expect("held");
+    assert_eq!(mapped_out(), Some(2), "past the share: copied from the page cache");
     assert_eq!(&cached[..], &bytes(6, 0, BLOCK as usize)[..]);
+    assert_eq!(&whole[..], &bytes(0, 0, BLOCK as usize)[..]);
     let stats = store.stats();
     let reads = (stats.disk_reads_mapped, stats.disk_reads_page_cache, stats.disk_reads_blocking);
-    assert_eq!(reads, (3, 1, 4), "mapped: 2 windows + the look-up; blocking: 1 whole + 3 windows");
-    drop(now);
+    assert_eq!(reads, (3, 1, 4), "mapped: the whole block, a window, the look-up");
+    drop((whole, now));
+    assert_eq!(mapped_out(), Some(0));
     store.close();
     assert_eq!(mapped_out(), None, "closed: the arena lets go of its mapping");
+}
+
+/// With a RAM tier a whole block read from the disk is promoted into it and may stay there for
+/// long, so it is a copy, never a mapped answer that would pin its slot meanwhile; windows map.
+#[test]
+fn with_a_ram_tier_whole_blocks_are_copies() {
+    let dir = TestDir::new("mapped-ram");
+    let store = open(&dir, 4, 1, 1);
+    let owned = BlockClass::Owned;
+    let mapped_out = || store.disk.with_arena(owned, |a| a.mapped_out());
+    assert!(put(&store, 1, owned));
+    assert!(put(&store, 2, owned), "2 takes the RAM tier's one slot");
+    let whole = store.get(&key(1)).expect("1 is held");
+    assert_eq!(mapped_out(), Some(0), "a copy");
+    assert_eq!(&whole[..], &bytes(1, 0, BLOCK as usize)[..]);
+    let cached = store.get_cached(&key(2), None);
+    assert_eq!(cached.flatten().as_deref(), Some(&bytes(2, 0, BLOCK as usize)[..]));
+    assert_eq!(mapped_out(), Some(0), "a copy too");
+    let window = store.get_window(&key(2), 1, 2, BLOCK);
+    assert_eq!(mapped_out(), Some(0), "2 is in RAM now: a slice of it");
+    assert_eq!(window.as_deref(), Some(&bytes(2, 0, BLOCK as usize)[1..3]));
+    let window = store.get_window(&key(1), 1, 2, BLOCK).expect("1 is held");
+    assert_eq!(mapped_out(), Some(1), "1 left RAM: its window is mapped");
+    assert_eq!(&window[..], &bytes(1, 0, BLOCK as usize)[1..3]);
 }
 
 /// Reads (whole blocks and windows) on two threads race puts that evict and deletes on a third:
@@ -255,7 +282,8 @@ fn reads_racing_evictions_return_their_keys_bytes_or_nothing() {
     const KEYS: u64 = 12;
     const ROUNDS: u64 = 3000;
     let dir = TestDir::new("pinned-race");
-    let store = open(&dir, 3, 2, 0);
+    // Four slots per arena: one of them may be held by a mapped answer (`MAPPED_SHARE`).
+    let store = open(&dir, 4, 4, 0);
     std::thread::scope(|s| {
         s.spawn(|| {
             for r in 0..ROUNDS {
@@ -286,6 +314,10 @@ fn reads_racing_evictions_return_their_keys_bytes_or_nothing() {
     });
     store.check_invariants();
     assert_eq!(store.health().state, HealthState::Healthy);
+    for class in [BlockClass::Owned, BlockClass::Borrowed] {
+        let out = store.disk.with_arena(class, |a| a.mapped_out());
+        assert_eq!(out, Some(0), "mapped, and every mapped answer let go of its slot");
+    }
 }
 
 /// A [`StoreIo`] whose block writes (at most [`BLOCK`] bytes: headers and the superblock are
@@ -822,13 +854,13 @@ fn len_counts_disk_blocks_plus_ram_only_blocks() {
 #[test]
 fn stats_report_blocks_and_slots_per_tier() {
     let dir = TestDir::new("stats");
-    let store = open(&dir, 3, 2, 1);
+    let store = open(&dir, 4, 2, 1);
     put(&store, 1, BlockClass::Owned);
     put(&store, 2, BlockClass::Owned);
     put(&store, 3, BlockClass::Borrowed);
     let want = StoreStats {
         owned_blocks: 2,
-        owned_slots: 3,
+        owned_slots: 4,
         borrowed_blocks: 1,
         borrowed_slots: 2,
         mem_blocks: 1,

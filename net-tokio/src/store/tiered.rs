@@ -124,7 +124,7 @@ impl Tiered {
         io: Arc<dyn StoreIo>,
     ) -> Result<(Tiered, [LoadReport; 2]), StoreError> {
         let block = budgets.block_bytes;
-        let (owned, owned_report) = Arena::open(
+        let (mut owned, owned_report) = Arena::open(
             dir.join(OWNED_FILE),
             OWNED_TAG,
             block,
@@ -140,6 +140,11 @@ impl Tiered {
             warm,
             io.clone(),
         )?;
+        if budgets.mem_slots == 0 {
+            // No RAM tier to keep a whole block after its read: whole blocks may be mapped too.
+            owned.map_whole_blocks();
+            borrowed.map_whole_blocks();
+        }
         // A crash between a promotion's owned insert and its borrowed delete leaves two copies.
         for key in owned.keys() {
             // A failed header invalidation only costs the next warm start a duplicate to drop.
