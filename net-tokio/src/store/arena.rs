@@ -663,11 +663,8 @@ impl Arena {
         let Some((slot, start, len)) = self.span(key, window) else {
             return Some(None);
         };
-        if let Some(read) = self.begin_read(key, window, false).filter(|r| r.mapped.is_some()) {
-            if let Ok(bytes) = read.try_map() {
-                self.lru.touch(slot);
-                return Some(Some(bytes));
-            }
+        if let Some(bytes) = self.read_mapped(key, window) {
+            return Some(Some(bytes));
         }
         let file = self.file.as_ref()?;
         let mut buf = Buf::take(len as usize);
@@ -678,6 +675,23 @@ impl Arena {
         self.reads.page_cache.fetch_add(1, Ordering::Relaxed);
         self.lru.touch(slot);
         Some(Some(buf.freeze()))
+    }
+
+    /// `key`'s whole block or `window` = `(start, len, block_len)` of it from the file's mapping,
+    /// touching recency ([`SlotRead::try_map`]: no copy, no wait for the disk); `None` when it
+    /// cannot be answered so (a miss, a window that does not fit, no mapping or not for whole
+    /// blocks, the share of mapped answers out, a page not in the page cache).
+    pub(crate) fn read_mapped(
+        &mut self,
+        key: &BlockKey,
+        window: Option<(u64, u64, u64)>,
+    ) -> Option<Bytes> {
+        self.mapped.as_ref()?;
+        let read = self.begin_read(key, window, false)?;
+        let slot = read.slot();
+        let bytes = read.try_map().ok()?;
+        self.lru.touch(slot);
+        Some(bytes)
     }
 
     /// Reserves a slot no read pins for an absent `key` of `len` bytes ([`Arena::has_room`] must

@@ -251,9 +251,11 @@ fn mapped_answers_stop_at_their_share() {
 }
 
 /// With a RAM tier a whole block read from the disk is promoted into it and may stay there for
-/// long, so it is a copy, never a mapped answer that would pin its slot meanwhile; windows map.
+/// long, so it is a copy, never a mapped answer that would pin its slot meanwhile. A window maps
+/// even when the tier holds its block (its send then moves page-cache pages instead of copying the
+/// tier's bytes), and the tier answers it when the mapping cannot (the share is out).
 #[test]
-fn with_a_ram_tier_whole_blocks_are_copies() {
+fn with_a_ram_tier_whole_blocks_are_copies_and_windows_map_first() {
     let dir = TestDir::new("mapped-ram");
     let store = open(&dir, 4, 1, 1);
     let owned = BlockClass::Owned;
@@ -261,17 +263,21 @@ fn with_a_ram_tier_whole_blocks_are_copies() {
     assert!(put(&store, 1, owned));
     assert!(put(&store, 2, owned), "2 takes the RAM tier's one slot");
     let whole = store.get(&key(1)).expect("1 is held");
-    assert_eq!(mapped_out(), Some(0), "a copy");
+    assert_eq!(mapped_out(), Some(0), "a copy, promoted into RAM");
     assert_eq!(&whole[..], &bytes(1, 0, BLOCK as usize)[..]);
     let cached = store.get_cached(&key(2), None);
-    assert_eq!(cached.flatten().as_deref(), Some(&bytes(2, 0, BLOCK as usize)[..]));
     assert_eq!(mapped_out(), Some(0), "a copy too");
-    let window = store.get_window(&key(2), 1, 2, BLOCK);
-    assert_eq!(mapped_out(), Some(0), "2 is in RAM now: a slice of it");
-    assert_eq!(window.as_deref(), Some(&bytes(2, 0, BLOCK as usize)[1..3]));
-    let window = store.get_window(&key(1), 1, 2, BLOCK).expect("1 is held");
-    assert_eq!(mapped_out(), Some(1), "1 left RAM: its window is mapped");
-    assert_eq!(&window[..], &bytes(1, 0, BLOCK as usize)[1..3]);
+    assert_eq!(cached.flatten().as_deref(), Some(&bytes(2, 0, BLOCK as usize)[..]));
+    let window = store.get_window(&key(2), 1, 2, BLOCK).expect("2 is held");
+    assert_eq!(mapped_out(), Some(1), "2 is in RAM and on disk: mapped first");
+    assert_eq!(&window[..], &bytes(2, 0, BLOCK as usize)[1..3]);
+    let now = store.get_window_now(&key(2), (3, 4, BLOCK)).expect("no wait").expect("held");
+    assert_eq!(mapped_out(), Some(1), "the share (one of four slots) is out: RAM answers");
+    assert_eq!(&now[..], &bytes(2, 0, BLOCK as usize)[3..7]);
+    drop(window);
+    let now = store.get_window_now(&key(2), (3, 4, BLOCK)).expect("no wait").expect("held");
+    assert_eq!(mapped_out(), Some(1), "mapped under the node's lock too");
+    assert_eq!(&now[..], &bytes(2, 0, BLOCK as usize)[3..7]);
 }
 
 /// Reads (whole blocks and windows) on two threads race puts that evict and deletes on a third:
