@@ -280,6 +280,22 @@ impl BlockStore {
         }
     }
 
+    /// `window` = `(start, len, block_len)` of `key`'s block from an arena file's mapping, only if
+    /// that needs no wait and no copy (the page cache holds every page, the share of mapped
+    /// answers is not out, no other operation holds the arena's lock); `None` otherwise. The
+    /// driver asks it under the node's lock for windows larger than [`WINDOW_NOW_MAX`] before the
+    /// RAM tier, as `get_window_now` does for smaller ones.
+    pub fn get_window_mapped(
+        &self,
+        key: &BlockKey,
+        (start, len, block_len): (u64, u64, u64),
+    ) -> Option<Bytes> {
+        if self.is_closed() || !window_valid(start, len, block_len) {
+            return None;
+        }
+        self.disk.get_mapped(key, (start, len, block_len))
+    }
+
     /// [`BlockStore::get`] (`window` `None`) or [`BlockStore::get_window`] (`window` =
     /// `(start, len, block_len)`) when it needs no wait: a RAM hit, a miss, or a disk hit whose
     /// bytes the page cache holds (a window from the arena's mapping first, as in `get_window`,

@@ -280,6 +280,46 @@ fn with_a_ram_tier_whole_blocks_are_copies_and_windows_map_first() {
     assert_eq!(&now[..], &bytes(2, 0, BLOCK as usize)[3..7]);
 }
 
+/// Under the node's lock (`BlockCache::try_get_now`) a window larger than [`WINDOW_NOW_MAX`] is
+/// answered from the arena's mapping, ahead of the RAM tier, when the page cache holds it, and is
+/// never copied from the disk there: without a mapping (the fault-injecting double) the RAM tier
+/// answers it, and without either the blocking read does.
+#[test]
+fn a_large_window_is_answered_under_the_nodes_lock_only_without_a_copy_from_disk() {
+    use crate::cache::BlockCache;
+    let block = 2 * WINDOW_NOW_MAX;
+    let data = bytes(1, 0, block as usize);
+    let window = dart_core::engine::Window { start: 1, end: WINDOW_NOW_MAX + 1, block_len: block };
+    let want = &data[1..WINDOW_NOW_MAX as usize + 2];
+    for (mapped, ram) in [(true, true), (true, false), (false, true), (false, false)] {
+        let dir = TestDir::new("mapped-large");
+        let ram_bytes = if ram { block } else { 0 };
+        let config = StoreConfig::new(dir.path(), 8 * block, ram_bytes, block);
+        let store = if mapped {
+            BlockStore::open(config).unwrap()
+        } else {
+            BlockStore::open_with_io(config, Arc::new(FaultyIo::new())).unwrap()
+        };
+        assert!(store.put(key(1), &data, BlockClass::Owned).unwrap());
+        let class = store.disk.class_of(&key(1)).expect("held");
+        let got = BlockCache::try_get_now(&store, &key(1), Some(window));
+        let out = store.disk.with_arena(class, |a| a.mapped_out());
+        match (mapped, ram) {
+            (true, _) => {
+                assert_eq!(got.flatten().as_deref(), Some(want), "mapped, ram {ram}");
+                assert_eq!(out, Some(1), "counted while `got` held the answer");
+            }
+            (false, true) => assert_eq!(got.flatten().as_deref(), Some(want), "the RAM tier's"),
+            (false, false) => assert_eq!(got, None, "no disk copy under the node's lock"),
+        }
+        let miss = BlockCache::try_get_now(&store, &key(2), Some(window));
+        assert_eq!(miss, Some(None), "a miss needs no disk");
+        let blocking = store.get_window(&key(1), 1, WINDOW_NOW_MAX + 1, block);
+        assert_eq!(blocking.as_deref(), Some(want));
+        store.check_invariants();
+    }
+}
+
 /// Reads (whole blocks and windows) on two threads race puts that evict and deletes on a third:
 /// every read answers its own key's bytes or nothing. The interleavings differ run to run; the
 /// property holds in each (a regression shows as a wrong-bytes failure, maybe not every run).
