@@ -428,16 +428,7 @@ mod tests {
     /// pieces); a slice of ordinary memory is written as usual.
     #[tokio::test]
     async fn a_mapped_slice_is_sent_from_its_file_byte_for_byte() {
-        let dir = std::env::temp_dir().join(format!("dart-guard-sendfile-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("arena");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .expect("open");
+        let (dir, file) = crate::mapped::temp_file("sendfile");
         let len = 24usize << 20;
         let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8).collect();
         file.write_all_at(&data, 0).expect("write");

@@ -163,24 +163,26 @@ fn page_size() -> usize {
     usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
+/// An empty file `f` in a fresh directory of the temp dir (the caller removes the directory).
+#[cfg(test)]
+pub(crate) fn temp_file(name: &str) -> (std::path::PathBuf, File) {
+    let dir = std::env::temp_dir().join(format!("dart-mapped-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("f");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("open");
+    (dir, file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
-
-    fn temp_file(name: &str) -> (std::path::PathBuf, File) {
-        let dir = std::env::temp_dir().join(format!("dart-mapped-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("f");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .expect("open");
-        (dir, file)
-    }
 
     #[test]
     fn a_mapping_shows_what_was_written_and_knows_which_pages_are_cached() {
