@@ -11,8 +11,14 @@
 //! lives, and the file must not shrink under the mapping (a read past its end is `SIGBUS`):
 //! - the store writes a slot's bytes only into a slot no read pins, and every slice is owned by a
 //!   pinned read (the arena's `SlotRead`), so a slot being read is never rewritten;
-//! - an arena file is truncated only by `Arena::open`, before its mapping exists, and its size
-//!   never changes after; the cache directory's lock keeps a second `dart` out of the files.
+//! - an arena file is never truncated or resized while mapped: a cold open makes a new file
+//!   (`Arena::reset`), so even an answer that outlives its closed store keeps the old file's
+//!   pages; the cache directory's lock keeps a second `dart` out of the files.
+//!
+//! Not covered: a warm (`Verify`) reopen of the same directory in the same process while an
+//! answer of the closed store is still alive reuses the file and may rewrite that answer's slot.
+//! The node opens its store once per process; an embedder that reopens one must let the old
+//! store's answers go first.
 //!
 //! What no contract covers: another process truncating or writing the arena file (an operator's
 //! mistake) can then show torn bytes or kill the process with `SIGBUS`, and a page the kernel

@@ -438,10 +438,26 @@ impl Arena {
         ])
     }
 
-    /// Truncates the file to exactly the layout's length (sparse, all zero) and writes the superblock.
+    /// Replaces the file with a new one of exactly the layout's length (sparse, all zero) and
+    /// writes the superblock. A new file, not the old one truncated: a mapping of the old one
+    /// that outlives its store in this process (an answer still being sent after the store
+    /// closed) keeps the old file's pages and stays readable, where a truncation would turn its
+    /// reads into `SIGBUS` (`crate::mapped`). If the old name cannot be removed, the file is
+    /// truncated in place.
     fn reset(&mut self) -> Result<(), StoreError> {
-        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
+        self.file.as_ref().ok_or(StoreError::Closed)?;
         let fail = io_error(&self.path);
+        if std::fs::remove_file(&self.path).is_ok() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&self.path)
+                .map_err(io_error(&self.path))?;
+            self.file = Some(Arc::new(file));
+        }
+        let file = self.file.as_ref().ok_or(StoreError::Closed)?;
         let result = file
             .set_len(0)
             .and_then(|()| file.set_len(self.layout.file_len))

@@ -320,6 +320,26 @@ fn a_large_window_is_answered_under_the_nodes_lock_only_without_a_copy_from_disk
     }
 }
 
+/// A mapped answer may outlive its store (a response still being sent when the node closes it):
+/// a cold open of the same directory afterwards makes new arena files instead of truncating the
+/// old ones under the answer's mapping (a read past a truncated file's end is `SIGBUS`), so the
+/// answer keeps its bytes, and the new store starts empty.
+#[test]
+fn an_answer_that_outlives_its_store_keeps_its_bytes_through_a_cold_reopen() {
+    let dir = TestDir::new("mapped-reopen");
+    let store = open(&dir, 8, 1, 0);
+    assert!(put(&store, 1, BlockClass::Owned));
+    let window = store.get_window(&key(1), 2, 9, BLOCK).expect("1 is held");
+    assert_eq!(store.disk.with_arena(BlockClass::Owned, |a| a.mapped_out()), Some(1));
+    store.close();
+    drop(store);
+    let reopened = open(&dir, 8, 1, 0);
+    assert_eq!(reopened.get(&key(1)), None, "a cold open starts empty");
+    assert!(put(&reopened, 2, BlockClass::Owned));
+    assert_eq!(&window[..], &bytes(1, 0, BLOCK as usize)[2..11]);
+    assert_holds(&reopened, 2);
+}
+
 /// Reads (whole blocks and windows) on two threads race puts that evict and deletes on a third:
 /// every read answers its own key's bytes or nothing. The interleavings differ run to run; the
 /// property holds in each (a regression shows as a wrong-bytes failure, maybe not every run).
