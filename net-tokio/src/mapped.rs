@@ -47,7 +47,9 @@ static LIVE: RwLock<Vec<(usize, usize, Arc<File>)>> = RwLock::new(Vec::new());
 
 /// The file and offset whose bytes the `len` bytes at address `ptr` are, when they lie wholly
 /// inside a live mapping. The slice's owner keeps the mapping (and its file) alive and the bytes
-/// unchanged (module contract), so sending the file's bytes sends the slice's.
+/// unchanged (module contract), so sending the file's bytes sends the slice's. (Its one user,
+/// the `sendfile` path, is not built under madsim.)
+#[cfg(all(target_os = "linux", not(madsim)))]
 pub(crate) fn file_span(ptr: *const u8, len: usize) -> Option<(Arc<File>, u64)> {
     let at = ptr as usize;
     let live = LIVE.read().unwrap_or_else(std::sync::PoisonError::into_inner);
