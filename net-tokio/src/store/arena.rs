@@ -169,11 +169,10 @@ struct Slot {
     header_on_disk: bool,
 }
 
-/// At most `slots / MAPPED_SHARE` slots are pinned by mapped answers at once (none in an arena of
-/// fewer slots)
-/// ([`SlotRead::try_map`]): a pinned slot is never reused, and a client that reads slowly holds
-/// its answer's pin until its socket takes the bytes, so the share bounds what slow clients can
-/// keep from new blocks. Reads past the share copy, as without a mapping.
+/// At most `slots / MAPPED_SHARE` slots are pinned by mapped answers ([`SlotRead::try_map`]) at
+/// once, none in an arena of fewer slots: a pinned slot is never reused, and a client that reads
+/// slowly holds its answer's pin until its socket takes the bytes, so the share bounds what slow
+/// clients can keep from new blocks. Reads past the share copy, as without a mapping.
 pub(crate) const MAPPED_SHARE: u32 = 4;
 
 /// How an arena's reads of block bytes went, since open (`dart_store_disk_reads_total`).
@@ -253,10 +252,10 @@ impl SlotRead {
     }
 
     /// The bytes without a copy, pointing into the file's mapping: when this reads a window (or a
-    /// whole block of an arena that maps them), the file is mapped, fewer than the arena's cap of mapped answers are out ([`MAPPED_SHARE`])
-    /// and the page cache holds every page (`mincore`). Else the read itself comes back, for
-    /// [`SlotRead::read`]. The answer keeps the slot pinned until it and every clone and slice of
-    /// it are dropped.
+    /// whole block of an arena that maps them), the file is mapped, fewer than the arena's cap of
+    /// mapped answers are out ([`MAPPED_SHARE`]) and the page cache holds every page (`mincore`).
+    /// Else the read itself comes back, for [`SlotRead::read`]. The answer keeps the slot pinned
+    /// until it and every clone and slice of it are dropped.
     pub(crate) fn try_map(self) -> Result<Bytes, SlotRead> {
         let Some(mapped) = self.mapped.clone() else {
             return Err(self);

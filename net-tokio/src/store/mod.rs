@@ -136,7 +136,7 @@ pub struct StoreStats {
     /// Borrowed puts refused by TinyLFU admission since open.
     pub admit_rejected: u64,
     /// Disk-tier reads of block bytes since open answered from an arena file's mapping, without
-    /// a copy (windows whose pages the page cache held).
+    /// a copy (windows, and whole blocks when there is no RAM tier, whose pages were cached).
     pub disk_reads_mapped: u64,
     /// Disk-tier reads since open copied from the page cache without waiting for the disk.
     pub disk_reads_page_cache: u64,
@@ -299,9 +299,9 @@ impl BlockStore {
     /// [`BlockStore::get`] (`window` `None`) or [`BlockStore::get_window`] (`window` =
     /// `(start, len, block_len)`) when it needs no wait: a RAM hit, a miss, or a disk hit whose
     /// bytes the page cache holds (a window from the arena's mapping first, as in `get_window`,
-    /// else read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a
-    /// blocking read can answer: the bytes are not cached, or another operation holds the arena's
-    /// lock. A whole block read so is promoted into RAM, as by `get`.
+    /// else read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a blocking read can
+    /// answer: the bytes are not cached, or another operation holds the arena's lock. A whole
+    /// block read so is promoted into RAM, as by `get`.
     pub fn get_cached(
         &self,
         key: &BlockKey,
@@ -331,9 +331,9 @@ impl BlockStore {
 
     /// Bytes `start..start + len` of `key`'s block, if it is held with exactly `block_len` bytes.
     /// A window the page cache holds is answered from the arena file's mapping first, even when
-    /// the RAM tier holds the block too (`mapped_first`); else a RAM hit is a slice
-    /// of the held block, and a disk hit reads only those bytes (and, unlike [`BlockStore::get`],
-    /// is not promoted into RAM: only whole-block reads are).
+    /// the RAM tier holds the block too (`mapped_first`); else a RAM hit is a slice of the held
+    /// block, and a disk hit reads only those bytes (and, unlike [`BlockStore::get`], is not
+    /// promoted into RAM: only whole-block reads are).
     pub fn get_window(
         &self,
         key: &BlockKey,
