@@ -24,10 +24,9 @@ pub trait BlockCache: Send + Sync + 'static {
         self.get(key).and_then(|b| window.slice(&b))
     }
     /// The answer to a look-up (of `window`, or of the whole block) when it needs no wait on the
-    /// disk (a RAM hit, a key the index does not hold, and for the disk store a window the page
-    /// cache holds: of any size from the arena's mapping, and copied if at most
-    /// [`crate::store::WINDOW_NOW_MAX`] bytes); `None` when only a disk read can tell. Called
-    /// under the node's lock.
+    /// disk (a RAM hit, a key the index does not hold, and for the disk store a window of at most
+    /// [`crate::store::WINDOW_NOW_MAX`] bytes the page cache holds); `None` when only a disk read
+    /// can tell. Called under the node's lock.
     fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
         Some(match window {
             Some(w) => self.get_window(key, w),
@@ -142,16 +141,9 @@ impl BlockCache for crate::store::BlockStore {
     }
 
     fn try_get_now(&self, key: &BlockKey, window: Option<Window>) -> Option<Option<Bytes>> {
-        if let Some(w) = window {
-            let (small, w) =
-                (w.len() <= crate::store::WINDOW_NOW_MAX, (w.start, w.len(), w.block_len));
-            if small {
-                return crate::store::BlockStore::get_window_now(self, key, w);
-            }
-            // A larger window only if no byte is copied under the node's lock.
-            if let Some(bytes) = crate::store::BlockStore::get_window_mapped(self, key, w) {
-                return Some(Some(bytes));
-            }
+        if let Some(w) = window.filter(|w| w.len() <= crate::store::WINDOW_NOW_MAX) {
+            let w = (w.start, w.len(), w.block_len);
+            return crate::store::BlockStore::get_window_now(self, key, w);
         }
         let held = crate::store::BlockStore::get_from_ram(self, key)?;
         Some(match window {

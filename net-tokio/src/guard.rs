@@ -8,10 +8,6 @@
 //! connection's [`ConnectionAbort`] carries that decision to the socket even while hyper is
 //! blocked on a full socket and never polls the body again. Bodies the node does not see
 //! (passthrough pipes, admin answers) are bounded by [`GuardedIo`]'s write-progress bound.
-//!
-//! On a plain TCP socket [`GuardedIo`] also sends a body slice that lies inside an arena file's
-//! mapping (a disk-tier hit answered from the page cache, `crate::mapped`) with `sendfile` from
-//! that file instead of copying it into the socket ([`ZERO_COPY_BYTES`] counts them).
 
 use std::future::Future;
 use std::io;
@@ -186,72 +182,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedIo<S> {
     }
 }
 
-/// Body bytes sent from arena files with `sendfile` instead of a copy, since the process started.
-pub static ZERO_COPY_BYTES: AtomicU64 = AtomicU64::new(0);
-
-/// `sendfile` of mapped slices on tokio TCP sockets (not under madsim, whose sockets are
-/// simulated).
-#[cfg(all(target_os = "linux", not(madsim)))]
-mod zero_copy {
-    use super::ZERO_COPY_BYTES;
-    use std::any::Any;
-    use std::io::{self, IoSlice};
-    use std::sync::atomic::Ordering;
-    use std::task::{Context, Poll};
-    use tokio::io::Interest;
-
-    /// Slices shorter than this are written as they come: `sendfile` saves a copy of the bytes
-    /// but costs a system call of its own.
-    const SENDFILE_MIN: usize = 16 << 10;
-
-    /// Writes the front of `bufs` when one of them lies inside an arena file's mapping and
-    /// `inner` is a tokio TCP socket: the slices before it with `sendmsg(MSG_MORE)` (so a
-    /// response head leaves with its body), else that slice with `sendfile` from its file.
-    /// `None` when neither holds (the caller writes as usual).
-    pub(super) fn poll_send<S: 'static>(
-        inner: &mut S,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Option<Poll<io::Result<usize>>> {
-        let tcp = (inner as &mut dyn Any).downcast_mut::<tokio::net::TcpStream>()?;
-        let (first, file, offset) = bufs.iter().enumerate().find_map(|(i, b)| {
-            let (file, offset) = crate::mapped::file_span(b.as_ptr(), b.len())
-                .filter(|_| b.len() >= SENDFILE_MIN)?;
-            Some((i, file, offset))
-        })?;
-        let tcp = &*tcp;
-        loop {
-            let sent = tcp.try_io(Interest::WRITABLE, || {
-                if first > 0 {
-                    let flags = rustix::net::SendFlags::MORE | rustix::net::SendFlags::NOSIGNAL;
-                    let mut control = rustix::net::SendAncillaryBuffer::default();
-                    rustix::net::sendmsg(tcp, &bufs[..first], &mut control, flags)
-                        .map_err(io::Error::from)
-                } else {
-                    let mut at = offset;
-                    rustix::fs::sendfile(tcp, &*file, Some(&mut at), bufs[0].len())
-                        .map_err(io::Error::from)
-                }
-            });
-            match sent {
-                Ok(n) => {
-                    if first == 0 {
-                        ZERO_COPY_BYTES.fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    return Some(Poll::Ready(Ok(n)));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
-                    Poll::Ready(Ok(())) => continue,
-                    Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
-                    Poll::Pending => return Some(Poll::Pending),
-                },
-                Err(e) => return Some(Poll::Ready(Err(e))),
-            }
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin + 'static> AsyncWrite for GuardedIo<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -266,10 +197,6 @@ impl<S: AsyncWrite + Unpin + 'static> AsyncWrite for GuardedIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        #[cfg(all(target_os = "linux", not(madsim)))]
-        if let Some(polled) = zero_copy::poll_send(&mut self.inner, cx, bufs) {
-            return self.guard(cx, polled);
-        }
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.guard(cx, polled)
     }
@@ -415,71 +342,46 @@ impl Future for PlainSleep {
 
 impl hyper::rt::Sleep for PlainSleep {}
 
-#[cfg(all(test, target_os = "linux", not(madsim)))]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
-    use std::io::IoSlice;
     use std::os::unix::fs::FileExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A slice of an arena file's mapping, written through [`GuardedIo`] on a TCP socket behind
-    /// a response head, arrives byte for byte, by `sendfile` (counted in [`ZERO_COPY_BYTES`]),
-    /// through partial writes and a full socket (the reader starts late and reads in small
-    /// pieces); a slice of ordinary memory is written as usual.
+    /// A disk-tier answer from an arena file's mapping is written to the client's socket as a
+    /// copy taken at the write: once the write returned (and the answer's pin may go), rewriting
+    /// those file bytes (a new block in the same slot) must not change what the client reads from
+    /// its socket later. A `sendfile` of the mapped bytes fails this (the socket keeps references
+    /// to the page cache's pages until the reader takes them): it served wrong bytes in the soak.
     #[tokio::test]
-    async fn a_mapped_slice_is_sent_from_its_file_byte_for_byte() {
-        let (dir, file) = crate::mapped::temp_file("sendfile");
-        let len = 24usize << 20;
-        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8).collect();
-        file.write_all_at(&data, 0).expect("write");
+    async fn bytes_written_from_a_mapping_are_the_bytes_at_write_time() {
+        let (dir, file) = crate::mapped::temp_file("write-time");
+        let len = 1usize << 20;
+        let old: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        file.write_all_at(&old, 0).expect("write");
         let mapping = crate::mapped::Mapping::map(&file, len as u64).expect("map");
-        let (start, body_len) = (4099usize, 9usize << 20);
-        let body = mapping.slice(start as u64, body_len as u64);
-        let heap = vec![9u8; 40 << 10];
-        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 9437184\r\n\r\n";
+        let body = &mapping.slice(4096, 256 << 10);
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let reader = tokio::spawn(async move {
-            let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let mut got = Vec::new();
-            let mut piece = vec![0u8; 3000];
-            loop {
-                let n = client.read(&mut piece).await.expect("read");
-                if n == 0 {
-                    return got;
-                }
-                got.extend_from_slice(&piece[..n]);
-            }
-        });
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (server, _) = listener.accept().await.expect("accept");
         let second = Duration::from_secs(10);
         let (mut io, _timer) = GuardedIo::new(server, second, second, second, Reclaim::default());
-        let before = ZERO_COPY_BYTES.load(Ordering::Relaxed);
-        let mut parts: Vec<&[u8]> = vec![head, body, &heap];
-        while !parts.is_empty() {
-            let slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
-            let mut n = io.write_vectored(&slices).await.expect("write");
-            assert!(n > 0);
-            while n > 0 {
-                let first = parts[0].len().min(n);
-                parts[0] = &parts[0][first..];
-                n -= first;
-                if parts[0].is_empty() {
-                    parts.remove(0);
-                }
-            }
+        // As hyper writes a body: vectored.
+        let mut rest: &[u8] = body;
+        while !rest.is_empty() {
+            let n = io.write_vectored(&[std::io::IoSlice::new(rest)]).await.expect("write");
+            rest = &rest[n..];
         }
+        io.flush().await.expect("flush");
+        // The slot is rewritten after the write returned, before the client reads a byte.
+        file.write_all_at(&vec![0xEE; len], 0).expect("rewrite");
         io.shutdown().await.expect("shutdown");
-        drop(io);
-        let got = reader.await.expect("reader");
-        let sent = ZERO_COPY_BYTES.load(Ordering::Relaxed) - before;
-        assert_eq!(got.len(), head.len() + body_len + heap.len());
-        assert!(got[..head.len()] == head[..], "the head first");
-        assert!(got[head.len()..head.len() + body_len] == data[start..start + body_len], "body");
-        assert!(got[head.len() + body_len..] == heap[..], "then the heap slice");
-        assert!(sent >= body_len as u64, "the mapped slice went by sendfile ({sent} bytes)");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got.len(), 256 << 10);
+        assert!(got[..] == old[4096..4096 + (256 << 10)], "the bytes at the time of the write");
         drop(mapping);
         std::fs::remove_dir_all(dir).expect("clean up");
     }

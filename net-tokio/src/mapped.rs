@@ -29,35 +29,20 @@
 //! `SIGBUS`. `pread` turns all of these into errors before the answer exists; the residency check
 //! before every mapped answer keeps the window for the last two small.
 //!
-//! # Sending mapped bytes without a copy
-//! Every live mapping is listed with a handle on its file ([`file_span`]), so that a socket write
-//! handed a slice that lies inside a mapping can send those file bytes with `sendfile` instead
-//! (`crate::guard::GuardedIo`): they are the same bytes, since the mapping is the file's page
-//! cache, and the kernel then moves page references instead of copying them into the socket.
+//! # Why the bytes are copied into the socket, not sent with `sendfile`
+//! `sendfile` from the arena file would skip the copy into the socket (measured: hot 64 KiB
+//! disk-tier hits +48 % req/s), but the socket then holds references to the page cache's pages,
+//! not a copy, until the receiver has read them (on loopback) or the peer acknowledged them:
+//! after the answer's pin is released the slot may be rewritten in place, and the bytes still
+//! queued change under the socket. The bounded soak served 11 MB of wrong bytes that way (CI,
+//! 2026-12-05). A `write` copies at the time of the call, while the pin holds; test
+//! `crate::guard`'s `bytes_written_from_a_mapping_are_the_bytes_at_write_time`.
 #![allow(unsafe_code)]
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::{Arc, RwLock};
-
-/// The live mappings: (first address, length, the mapped file).
-static LIVE: RwLock<Vec<(usize, usize, Arc<File>)>> = RwLock::new(Vec::new());
-
-/// The file and offset whose bytes the `len` bytes at address `ptr` are, when they lie wholly
-/// inside a live mapping. The slice's owner keeps the mapping (and its file) alive and the bytes
-/// unchanged (module contract), so sending the file's bytes sends the slice's. (Its one user,
-/// the `sendfile` path, is not built under madsim.)
-#[cfg(all(target_os = "linux", not(madsim)))]
-pub(crate) fn file_span(ptr: *const u8, len: usize) -> Option<(Arc<File>, u64)> {
-    let at = ptr as usize;
-    let live = LIVE.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-    live.iter().find_map(|(start, mapped, file)| {
-        let inside = at >= *start && at.checked_add(len)? <= start + mapped;
-        inside.then(|| (file.clone(), (at - start) as u64))
-    })
-}
 
 /// A whole file mapped read-only and shared: the page cache's own pages, no copy. Only this crate
 /// makes one (a [`crate::store::StoreIo`] other than [`crate::store::OsIo`] can only hand on
@@ -99,11 +84,7 @@ impl Mapping {
         }
         let ptr =
             NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
-        let mapping = Mapping { ptr, len };
-        let handle = Arc::new(file.try_clone()?);
-        let mut live = LIVE.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        live.push((ptr.as_ptr() as usize, len, handle));
-        Ok(mapping)
+        Ok(Mapping { ptr, len })
     }
 
     /// Bytes `offset..offset + len` of the file. Panics if they reach past the mapping.
@@ -154,10 +135,6 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        let start = self.ptr.as_ptr() as usize;
-        LIVE.write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(at, _, _)| *at != start);
         // SAFETY: unmaps exactly what `map` mapped; no slice outlives `self` (they borrow it).
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);

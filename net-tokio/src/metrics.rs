@@ -426,13 +426,6 @@ impl prometheus_client::collector::Collector for Collected {
             "how",
             &reads,
         )?;
-        plain_counter(
-            &mut enc,
-            "dart_sendfile_bytes",
-            "Response body bytes sent from the arena files with sendfile instead of a copy \
-             (disk-tier hits answered from the page cache, on plain TCP connections).",
-            crate::guard::ZERO_COPY_BYTES.load(std::sync::atomic::Ordering::Relaxed),
-        )?;
         let health = self.cache.health();
         let degraded = ConstGauge::new(i64::from(health.is_degraded()));
         let m = enc.encode_descriptor(

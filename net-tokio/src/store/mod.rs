@@ -270,9 +270,6 @@ impl BlockStore {
         if !window_valid(start, len, block_len) {
             return Some(None);
         }
-        if let Some(bytes) = self.mapped_first(key, (start, len, block_len)) {
-            return Some(Some(bytes));
-        }
         match self.get_from_ram(key) {
             Some(Some(bytes)) => Some(window_of(&bytes, start, len, block_len)),
             Some(None) => Some(None),
@@ -280,28 +277,11 @@ impl BlockStore {
         }
     }
 
-    /// `window` = `(start, len, block_len)` of `key`'s block from an arena file's mapping, only if
-    /// that needs no wait and no copy (the page cache holds every page, the share of mapped
-    /// answers is not out, no other operation holds the arena's lock); `None` otherwise. The
-    /// driver asks it under the node's lock for windows larger than [`WINDOW_NOW_MAX`] before the
-    /// RAM tier, as `get_window_now` does for smaller ones.
-    pub fn get_window_mapped(
-        &self,
-        key: &BlockKey,
-        (start, len, block_len): (u64, u64, u64),
-    ) -> Option<Bytes> {
-        if self.is_closed() || !window_valid(start, len, block_len) {
-            return None;
-        }
-        self.disk.get_mapped(key, (start, len, block_len))
-    }
-
     /// [`BlockStore::get`] (`window` `None`) or [`BlockStore::get_window`] (`window` =
     /// `(start, len, block_len)`) when it needs no wait: a RAM hit, a miss, or a disk hit whose
-    /// bytes the page cache holds (a window from the arena's mapping first, as in `get_window`,
-    /// else read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a blocking read can
-    /// answer: the bytes are not cached, or another operation holds the arena's lock. A whole
-    /// block read so is promoted into RAM, as by `get`.
+    /// bytes the page cache holds (read at once, `preadv2` with `RWF_NOWAIT`). `None` when only a
+    /// blocking read can answer: the bytes are not cached, or another operation holds the arena's
+    /// lock. A whole block read so is promoted into RAM, as by `get`.
     pub fn get_cached(
         &self,
         key: &BlockKey,
@@ -312,9 +292,6 @@ impl BlockStore {
         }
         if window.is_some_and(|(start, len, block_len)| !window_valid(start, len, block_len)) {
             return Some(None);
-        }
-        if let Some(bytes) = window.and_then(|w| self.mapped_first(key, w)) {
-            return Some(Some(bytes));
         }
         if let Some(bytes) = self.ram_hit(key) {
             return Some(match window {
@@ -330,10 +307,8 @@ impl BlockStore {
     }
 
     /// Bytes `start..start + len` of `key`'s block, if it is held with exactly `block_len` bytes.
-    /// A window the page cache holds is answered from the arena file's mapping first, even when
-    /// the RAM tier holds the block too (`mapped_first`); else a RAM hit is a slice of the held
-    /// block, and a disk hit reads only those bytes (and, unlike [`BlockStore::get`], is not
-    /// promoted into RAM: only whole-block reads are).
+    /// A RAM hit is a slice of the held block; a disk hit reads only those bytes (and, unlike
+    /// [`BlockStore::get`], is not promoted into RAM: only whole-block reads are).
     pub fn get_window(
         &self,
         key: &BlockKey,
@@ -344,23 +319,10 @@ impl BlockStore {
         if self.is_closed() || !window_valid(start, len, block_len) {
             return None;
         }
-        if let Some(bytes) = self.mapped_first(key, (start, len, block_len)) {
-            return Some(bytes);
-        }
         if let Some(bytes) = self.ram_hit(key) {
             return window_of(&bytes, start, len, block_len);
         }
         self.disk.get_window(key, start, len, block_len)
-    }
-
-    /// With a RAM tier, a window of a block the disk also holds is answered from the arena file's
-    /// mapping before the tier is asked, when its pages are in the page cache: a plain-TCP client's
-    /// response then leaves by `sendfile` (`crate::guard`), where a slice of the tier's copy is
-    /// copied into the socket (measured: `docs/benchmarks.md`, "Disk-tier hits from the arena's
-    /// mapping"). Without a RAM tier the disk read maps first anyway. Never waits.
-    fn mapped_first(&self, key: &BlockKey, window: (u64, u64, u64)) -> Option<Bytes> {
-        self.mem.as_ref()?;
-        self.disk.get_mapped(key, window)
     }
 
     /// A RAM-tier hit of `key`, refreshing the disk copy's recency; `None` when the tier is off

@@ -251,11 +251,9 @@ fn mapped_answers_stop_at_their_share() {
 }
 
 /// With a RAM tier a whole block read from the disk is promoted into it and may stay there for
-/// long, so it is a copy, never a mapped answer that would pin its slot meanwhile. A window maps
-/// even when the tier holds its block (its send then moves page-cache pages instead of copying the
-/// tier's bytes), and the tier answers it when the mapping cannot (the share is out).
+/// long, so it is a copy, never a mapped answer that would pin its slot meanwhile; windows map.
 #[test]
-fn with_a_ram_tier_whole_blocks_are_copies_and_windows_map_first() {
+fn with_a_ram_tier_whole_blocks_are_copies() {
     let dir = TestDir::new("mapped-ram");
     let store = open(&dir, 4, 1, 1);
     let owned = BlockClass::Owned;
@@ -263,61 +261,17 @@ fn with_a_ram_tier_whole_blocks_are_copies_and_windows_map_first() {
     assert!(put(&store, 1, owned));
     assert!(put(&store, 2, owned), "2 takes the RAM tier's one slot");
     let whole = store.get(&key(1)).expect("1 is held");
-    assert_eq!(mapped_out(), Some(0), "a copy, promoted into RAM");
+    assert_eq!(mapped_out(), Some(0), "a copy");
     assert_eq!(&whole[..], &bytes(1, 0, BLOCK as usize)[..]);
     let cached = store.get_cached(&key(2), None);
-    assert_eq!(mapped_out(), Some(0), "a copy too");
     assert_eq!(cached.flatten().as_deref(), Some(&bytes(2, 0, BLOCK as usize)[..]));
-    let window = store.get_window(&key(2), 1, 2, BLOCK).expect("2 is held");
-    assert_eq!(mapped_out(), Some(1), "2 is in RAM and on disk: mapped first");
-    assert_eq!(&window[..], &bytes(2, 0, BLOCK as usize)[1..3]);
-    let now = store.get_window_now(&key(2), (3, 4, BLOCK)).expect("no wait").expect("held");
-    assert_eq!(mapped_out(), Some(1), "the share (one of four slots) is out: RAM answers");
-    assert_eq!(&now[..], &bytes(2, 0, BLOCK as usize)[3..7]);
-    drop(window);
-    let now = store.get_window_now(&key(2), (3, 4, BLOCK)).expect("no wait").expect("held");
-    assert_eq!(mapped_out(), Some(1), "mapped under the node's lock too");
-    assert_eq!(&now[..], &bytes(2, 0, BLOCK as usize)[3..7]);
-}
-
-/// Under the node's lock (`BlockCache::try_get_now`) a window larger than [`WINDOW_NOW_MAX`] is
-/// answered from the arena's mapping, ahead of the RAM tier, when the page cache holds it, and is
-/// never copied from the disk there: without a mapping (the fault-injecting double) the RAM tier
-/// answers it, and without either the blocking read does.
-#[test]
-fn a_large_window_is_answered_under_the_nodes_lock_only_without_a_copy_from_disk() {
-    use crate::cache::BlockCache;
-    let block = 2 * WINDOW_NOW_MAX;
-    let data = bytes(1, 0, block as usize);
-    let window = dart_core::engine::Window { start: 1, end: WINDOW_NOW_MAX + 1, block_len: block };
-    let want = &data[1..WINDOW_NOW_MAX as usize + 2];
-    for (mapped, ram) in [(true, true), (true, false), (false, true), (false, false)] {
-        let dir = TestDir::new("mapped-large");
-        let ram_bytes = if ram { block } else { 0 };
-        let config = StoreConfig::new(dir.path(), 8 * block, ram_bytes, block);
-        let store = if mapped {
-            BlockStore::open(config).unwrap()
-        } else {
-            BlockStore::open_with_io(config, Arc::new(FaultyIo::new())).unwrap()
-        };
-        assert!(store.put(key(1), &data, BlockClass::Owned).unwrap());
-        let class = store.disk.class_of(&key(1)).expect("held");
-        let got = BlockCache::try_get_now(&store, &key(1), Some(window));
-        let out = store.disk.with_arena(class, |a| a.mapped_out());
-        match (mapped, ram) {
-            (true, _) => {
-                assert_eq!(got.flatten().as_deref(), Some(want), "mapped, ram {ram}");
-                assert_eq!(out, Some(1), "counted while `got` held the answer");
-            }
-            (false, true) => assert_eq!(got.flatten().as_deref(), Some(want), "the RAM tier's"),
-            (false, false) => assert_eq!(got, None, "no disk copy under the node's lock"),
-        }
-        let miss = BlockCache::try_get_now(&store, &key(2), Some(window));
-        assert_eq!(miss, Some(None), "a miss needs no disk");
-        let blocking = store.get_window(&key(1), 1, WINDOW_NOW_MAX + 1, block);
-        assert_eq!(blocking.as_deref(), Some(want));
-        store.check_invariants();
-    }
+    assert_eq!(mapped_out(), Some(0), "a copy too");
+    let window = store.get_window(&key(2), 1, 2, BLOCK);
+    assert_eq!(mapped_out(), Some(0), "2 is in RAM now: a slice of it");
+    assert_eq!(window.as_deref(), Some(&bytes(2, 0, BLOCK as usize)[1..3]));
+    let window = store.get_window(&key(1), 1, 2, BLOCK).expect("1 is held");
+    assert_eq!(mapped_out(), Some(1), "1 left RAM: its window is mapped");
+    assert_eq!(&window[..], &bytes(1, 0, BLOCK as usize)[1..3]);
 }
 
 /// A mapped answer may outlive its store (a response still being sent when the node closes it):

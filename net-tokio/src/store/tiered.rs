@@ -372,23 +372,6 @@ impl Tiered {
         Some(found)
     }
 
-    /// `window` = `(start, len, block_len)` of `key`'s block answered from an arena file's mapping
-    /// ([`Arena::read_mapped`]), owned first, never waiting (for an arena's lock or the disk):
-    /// `None` when it cannot be answered so. The estimator counts an answered borrowed look-up
-    /// once, as the other reads do.
-    pub(crate) fn get_mapped(&self, key: &BlockKey, window: (u64, u64, u64)) -> Option<Bytes> {
-        {
-            let mut owned = self.owned.try_lock().ok()?;
-            if owned.contains(key) {
-                return owned.read_mapped(key, Some(window));
-            }
-        }
-        let mut borrowed = self.borrowed.try_lock().ok()?;
-        let found = borrowed.arena.read_mapped(key, Some(window))?;
-        borrowed.sketch.increment(key);
-        Some(found)
-    }
-
     /// Records a RAM-tier hit: refreshes the disk copy's recency and, unless the key is owned,
     /// feeds the estimator (issue #11 S1).
     pub(crate) fn touch(&self, key: &BlockKey) {
