@@ -36,7 +36,10 @@
 //! after the answer's pin is released the slot may be rewritten in place, and the bytes still
 //! queued change under the socket. The bounded soak served 11 MB of wrong bytes that way (CI,
 //! 2026-12-05). A `write` copies at the time of the call, while the pin holds; test
-//! `crate::guard`'s `bytes_written_from_a_mapping_are_the_bytes_at_write_time`.
+//! `crate::guard`'s `bytes_written_from_a_mapping_are_the_bytes_at_write_time`. Punching the slot
+//! out of the file before its rewrite would not make `sendfile` safe: the kernel zeroes in place
+//! the part of a page-cache folio that straddles the punched range's edge (docs/benchmarks.md,
+//! "Where the rest of the gap is").
 #![allow(unsafe_code)]
 
 use std::fs::File;
