@@ -25,15 +25,20 @@ pub struct ObjectShape {
 }
 
 /// The simulator's block hasher: the digests [`dart_core::integrity::xxh3_128`] gives, but a
-/// block that is a slice of the generator's buffer is hashed once per run and looked up after
-/// (every block of the run is such a slice unless it was copied, so a block relayed down a tree
-/// of 100 nodes is hashed once, not at every hop). Any other block is hashed in full.
+/// block that is a slice of the generator's buffer is hashed once per process and looked up after
+/// (every block of a run is such a slice unless it was copied, so a block relayed down a tree of
+/// 100 nodes is hashed once, not at every hop, and a sweep of many runs hashes each slice once,
+/// not once per run). Any other block is hashed in full.
 #[derive(Debug)]
 pub struct SimHasher {
     noise: Bytes,
-    /// Digests of buffer slices, by offset and length (the buffer never changes).
-    memo: std::sync::Mutex<std::collections::BTreeMap<(usize, usize), BlockDigest>>,
 }
+
+/// Digests of noise slices by offset and length, shared by every [`SimHasher`] of the process:
+/// byte `i` of the noise is the same whatever the buffer's length ([`Contents::new`] extends one
+/// fixed sequence), so a slice's bytes, and its digest, depend on its offset and length alone.
+static MEMO: std::sync::Mutex<std::collections::BTreeMap<(usize, usize), BlockDigest>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// Slices remembered before the memo starts again (bounds its memory in a long run).
 const MEMO_MAX: usize = 1 << 20;
@@ -41,7 +46,7 @@ const MEMO_MAX: usize = 1 << 20;
 impl SimHasher {
     /// A hasher for the blocks `contents` generates.
     pub fn new(contents: &Contents) -> Self {
-        SimHasher { noise: contents.noise.clone(), memo: Default::default() }
+        SimHasher { noise: contents.noise.clone() }
     }
 }
 
@@ -53,11 +58,18 @@ impl BlockHasher for SimHasher {
             return xxh3_128(block);
         }
         let key = (at - base, block.len());
-        let mut memo = self.memo.lock().expect("the memo is never poisoned");
+        let memo = || MEMO.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(&digest) = memo().get(&key) {
+            return digest;
+        }
+        // Hashed outside the lock: runs on other threads look up their own slices meanwhile.
+        let digest = xxh3_128(block);
+        let mut memo = memo();
         if memo.len() >= MEMO_MAX {
             memo.clear();
         }
-        *memo.entry(key).or_insert_with(|| xxh3_128(block))
+        memo.insert(key, digest);
+        digest
     }
 }
 
@@ -212,6 +224,22 @@ mod tests {
         flipped[3] ^= 1;
         assert_ne!(hasher.digest(&Bytes::from(flipped)), hasher.digest(&w));
         assert_eq!(hasher.digest(&w.slice(1..)), xxh3_128(&w[1..]), "another slice, its own");
+    }
+
+    #[test]
+    fn noise_slices_are_the_same_bytes_whatever_the_block_size_so_one_memo_serves_every_run() {
+        let small = Contents::new(64);
+        let big = Contents::new(1 << 20);
+        let n = small.noise.len();
+        assert_eq!(small.noise[..], big.noise[..n], "one sequence, extended");
+        let (a, b) = (SimHasher::new(&small), SimHasher::new(&big));
+        for (at, len) in [(0, 64), (4096, 64), (n - 64, 64), (17, 1000)] {
+            let (x, y) = (small.noise.slice(at..at + len), big.noise.slice(at..at + len));
+            assert_eq!(a.digest(&x), xxh3_128(&x));
+            assert_eq!(b.digest(&y), xxh3_128(&y), "remembered from the other run, still right");
+        }
+        let past = big.noise.slice(n..n + 64);
+        assert_eq!(b.digest(&past), xxh3_128(&past));
     }
 
     #[test]
