@@ -50,6 +50,11 @@ enum Command {
         /// command; runs the budget left out are marked skipped).
         #[arg(long, value_name = "FILE")]
         junit: Option<std::path::PathBuf>,
+        /// Runs at once, each on a thread of its own (default: the machine's processors). Every
+        /// run is seeded and independent, so verdicts and traces do not depend on it; results
+        /// are printed in the plan's order.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        jobs: Option<u32>,
     },
     /// Replay one run and print its verdict (and its trace with --trace).
     Replay {
@@ -153,10 +158,14 @@ fn main() -> ExitCode {
             }
             Ok(true)
         }
-        Command::Run { scenario, seed, seeds, first_seed, budget, small, verbose, junit } => {
+        Command::Run { scenario, seed, seeds, first_seed, budget, small, verbose, junit, jobs } => {
             let scale = scale(small);
             let plan = Plan { scenario: scenario.as_deref(), seed, fresh: seeds, first_seed };
-            run(plan, budget, scale, verbose, junit.as_deref())
+            let jobs = jobs.map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                |n| n as usize,
+            );
+            run(plan, budget, jobs, scale, verbose, junit.as_deref())
         }
         Command::Replay { name, seed, small, trace } => replay(&name, seed, scale(small), trace),
         Command::Shrink { name, seed, small, runs } => shrink_cmd(&name, seed, scale(small), runs),
@@ -208,6 +217,7 @@ struct Plan<'a> {
 fn run(
     Plan { scenario, seed, fresh, first_seed }: Plan<'_>,
     budget: Option<u64>,
+    jobs: usize,
     scale: Scale,
     verbose: bool,
     junit: Option<&std::path::Path>,
@@ -247,37 +257,73 @@ fn run(
     let budget = budget.map(Duration::from_secs);
     let (mut failed, mut ran, mut sim_secs, mut events) = (Vec::new(), 0usize, 0.0, 0u64);
     let total = plan.len();
-    for (i, (s, seed)) in plan.iter().enumerate() {
-        if budget.is_some_and(|b| start.elapsed() > b) {
-            eprintln!("\nbudget spent after {ran} of {total} runs");
-            for (s, seed) in &plan[i..] {
-                report.skipped(s.name, *seed, scale, "the wall-clock budget (--budget) was spent");
-            }
-            break;
+    // `jobs` threads take the plan's runs in order; a run is started only while the budget lasts,
+    // decided under the same lock that hands out the next run, so the runs made are a prefix of
+    // the plan. Results are taken in the plan's order, whatever order they finish in.
+    let next = std::sync::Mutex::new(0usize);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let started = std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, total.max(1)) {
+            let (next, plan, done_tx) = (&next, &plan, done_tx.clone());
+            scope.spawn(move || loop {
+                let i = {
+                    let mut next = next.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if *next == plan.len() || budget.is_some_and(|b| start.elapsed() > b) {
+                        break;
+                    }
+                    *next += 1;
+                    *next - 1
+                };
+                let (s, seed) = &plan[i];
+                let t0 = Instant::now();
+                let (outcome, drift) = run_checked(s, *seed, scale, i);
+                if done_tx.send((i, outcome, drift, t0.elapsed())).is_err() {
+                    break;
+                }
+            });
         }
-        eprint!("\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ", i + 1, s.name, failed.len());
-        let _ = std::io::stderr().flush();
-        let t0 = Instant::now();
-        let (outcome, drift) = run_checked(s, *seed, scale, i);
-        report.ran(&outcome, t0.elapsed(), drift.as_deref());
-        ran += 1;
-        if let Some(r) = &outcome.report {
-            sim_secs += r.end.as_nanos() as f64 / 1e9;
-            events += r.events;
-        }
-        if !outcome.passed() || drift.is_some() {
-            eprintln!();
-            println!("{}", outcome.describe());
-            if let Some(d) = &drift {
-                println!("      {d}\n      replay: {}", outcome.replay_line());
+        drop(done_tx);
+        let mut waiting = std::collections::BTreeMap::new();
+        for (i, outcome, drift, took) in done_rx {
+            waiting.insert(i, (outcome, drift, took));
+            while let Some((outcome, drift, took)) = waiting.remove(&ran) {
+                let i = ran;
+                let (s, seed) = &plan[i];
+                eprint!(
+                    "\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ",
+                    i + 1,
+                    s.name,
+                    failed.len()
+                );
+                let _ = std::io::stderr().flush();
+                report.ran(&outcome, took, drift.as_deref());
+                ran += 1;
+                if let Some(r) = &outcome.report {
+                    sim_secs += r.end.as_nanos() as f64 / 1e9;
+                    events += r.events;
+                }
+                if !outcome.passed() || drift.is_some() {
+                    eprintln!();
+                    println!("{}", outcome.describe());
+                    if let Some(d) = &drift {
+                        println!("      {d}\n      replay: {}", outcome.replay_line());
+                    }
+                    failed.push(outcome.replay_line());
+                } else if verbose
+                    || (!outcome.check.gaps.is_empty()
+                        && i == plan.iter().position(|(p, _)| p.name == s.name).unwrap_or(i))
+                {
+                    eprintln!();
+                    println!("{}", outcome.describe());
+                }
             }
-            failed.push(outcome.replay_line());
-        } else if verbose
-            || (!outcome.check.gaps.is_empty()
-                && i == plan.iter().position(|(p, _)| p.name == s.name).unwrap_or(i))
-        {
-            eprintln!();
-            println!("{}", outcome.describe());
+        }
+        *next.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
+    if started < total {
+        eprintln!("\nbudget spent after {ran} of {total} runs");
+        for (s, seed) in &plan[started..] {
+            report.skipped(s.name, *seed, scale, "the wall-clock budget (--budget) was spent");
         }
     }
     let wall = start.elapsed().as_secs_f64();

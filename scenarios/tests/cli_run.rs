@@ -1,0 +1,48 @@
+//! `dart-scenarios run` as a user runs it: runs spread over threads (`--jobs`) print what one
+//! thread prints, in the plan's order, and a spent budget skips the runs it left out.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dart-scenarios"))
+        .arg("run")
+        .args(args)
+        .output()
+        .expect("dart-scenarios starts");
+    assert!(out.status.success(), "run {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    (String::from_utf8(out.stdout).expect("utf-8"), String::from_utf8(out.stderr).expect("utf-8"))
+}
+
+/// The lines of a run's output that do not depend on the wall clock (the summary's times do).
+fn verdicts(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| !l.contains(" s wall (") && !l.starts_with("wrote ")).collect()
+}
+
+#[test]
+fn runs_on_several_threads_print_what_one_thread_prints_in_the_same_order() {
+    // Verbose: every run's verdict, notes and trace hash, in order.
+    let args = ["--small", "--scenario", "herd", "--seeds", "5", "--first-seed", "41", "-v"];
+    let (one, _) = run(&[&args[..], &["--jobs", "1"]].concat());
+    let (three, _) = run(&[&args[..], &["--jobs", "3"]].concat());
+    let one = verdicts(&one);
+    assert!(one.iter().filter(|l| l.contains("seed 4")).count() >= 5, "every run printed: {one:?}");
+    assert_eq!(one, verdicts(&three));
+}
+
+#[test]
+fn a_spent_budget_starts_no_more_runs_and_reports_the_rest_as_skipped() {
+    let dir = std::env::temp_dir().join(format!("dart-cli-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let junit = dir.join("runs.xml");
+    let junit_arg = junit.to_str().expect("utf-8 path");
+    let args = ["--small", "--scenario", "herd", "--seeds", "4", "--first-seed", "41"];
+    let (stdout, stderr) =
+        run(&[&args[..], &["--budget", "0", "--jobs", "2", "--junit", junit_arg]].concat());
+    assert!(stdout.starts_with("0 runs, 0 failed"), "{stdout}");
+    assert!(stderr.contains("budget spent after 0 of"), "{stderr}");
+    let xml = std::fs::read_to_string(&junit).expect("the report was written");
+    let cases = xml.matches("<testcase").count();
+    assert!(cases >= 4, "every planned run is in the report: {xml}");
+    assert_eq!(xml.matches("<skipped").count(), cases, "and every one was skipped: {xml}");
+    std::fs::remove_dir_all(dir).expect("clean up");
+}
