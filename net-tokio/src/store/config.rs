@@ -19,8 +19,9 @@ pub enum WarmStart {
     /// and no bytes (including bytes fetched with credentials) survive a restart.
     #[default]
     Cold,
-    /// Keep every slot whose header and FNV-1a 64 checksum verify and drop the rest (torn or partial
-    /// writes), rebuilding empty if the arena geometry changed. Puts pay a checksum over the block.
+    /// Keep every slot whose header and checksum verify and drop the rest (torn or partial
+    /// writes), rebuilding empty if the arena geometry or format changed. Puts pay a checksum over
+    /// the block (its XXH3-128 digest).
     Verify,
 }
 

@@ -27,7 +27,8 @@
 //! - [`WarmStart::Cold`] (default, like DART): both arenas are truncated on open and the store
 //!   starts empty; no slot headers are written and no checksum is computed.
 //! - [`WarmStart::Verify`]: every slot carries a header (key, length, write sequence, FNV-1a 64 of
-//!   key + length + bytes, and a checksum of the header itself), zeroed before the slot is reused.
+//!   key + length + the bytes' XXH3-128 digest, and a checksum of the header itself), zeroed
+//!   before the slot is reused.
 //!   An open keeps the slots that verify, in their write order, and drops the rest; a changed
 //!   geometry or a foreign file rebuilds the arena empty. Costs: one checksum pass per put (outside
 //!   the locks) and a full read of the arenas at start-up. Note that verified blocks, including
