@@ -257,68 +257,30 @@ fn run(
     let budget = budget.map(Duration::from_secs);
     let (mut failed, mut ran, mut sim_secs, mut events) = (Vec::new(), 0usize, 0.0, 0u64);
     let total = plan.len();
-    // `jobs` threads take the plan's runs in order; a run is started only while the budget lasts,
-    // decided under the same lock that hands out the next run, so the runs made are a prefix of
-    // the plan. Results are taken in the plan's order, whatever order they finish in.
-    let next = std::sync::Mutex::new(0usize);
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let started = std::thread::scope(|scope| {
-        for _ in 0..jobs.clamp(1, total.max(1)) {
-            let (next, plan, done_tx) = (&next, &plan, done_tx.clone());
-            scope.spawn(move || loop {
-                let i = {
-                    let mut next = next.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if *next == plan.len() || budget.is_some_and(|b| start.elapsed() > b) {
-                        break;
-                    }
-                    *next += 1;
-                    *next - 1
-                };
-                let (s, seed) = &plan[i];
-                let t0 = Instant::now();
-                let (outcome, drift) = run_checked(s, *seed, scale, i);
-                if done_tx.send((i, outcome, drift, t0.elapsed())).is_err() {
-                    break;
-                }
-            });
+    let started = run_in_order(&plan, jobs, budget, start, scale, |i, outcome, drift, took| {
+        let (s, seed) = &plan[i];
+        eprint!("\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ", i + 1, s.name, failed.len());
+        let _ = std::io::stderr().flush();
+        report.ran(&outcome, took, drift.as_deref());
+        ran += 1;
+        if let Some(r) = &outcome.report {
+            sim_secs += r.end.as_nanos() as f64 / 1e9;
+            events += r.events;
         }
-        drop(done_tx);
-        let mut waiting = std::collections::BTreeMap::new();
-        for (i, outcome, drift, took) in done_rx {
-            waiting.insert(i, (outcome, drift, took));
-            while let Some((outcome, drift, took)) = waiting.remove(&ran) {
-                let i = ran;
-                let (s, seed) = &plan[i];
-                eprint!(
-                    "\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ",
-                    i + 1,
-                    s.name,
-                    failed.len()
-                );
-                let _ = std::io::stderr().flush();
-                report.ran(&outcome, took, drift.as_deref());
-                ran += 1;
-                if let Some(r) = &outcome.report {
-                    sim_secs += r.end.as_nanos() as f64 / 1e9;
-                    events += r.events;
-                }
-                if !outcome.passed() || drift.is_some() {
-                    eprintln!();
-                    println!("{}", outcome.describe());
-                    if let Some(d) = &drift {
-                        println!("      {d}\n      replay: {}", outcome.replay_line());
-                    }
-                    failed.push(outcome.replay_line());
-                } else if verbose
-                    || (!outcome.check.gaps.is_empty()
-                        && i == plan.iter().position(|(p, _)| p.name == s.name).unwrap_or(i))
-                {
-                    eprintln!();
-                    println!("{}", outcome.describe());
-                }
+        if !outcome.passed() || drift.is_some() {
+            eprintln!();
+            println!("{}", outcome.describe());
+            if let Some(d) = &drift {
+                println!("      {d}\n      replay: {}", outcome.replay_line());
             }
+            failed.push(outcome.replay_line());
+        } else if verbose
+            || (!outcome.check.gaps.is_empty()
+                && i == plan.iter().position(|(p, _)| p.name == s.name).unwrap_or(i))
+        {
+            eprintln!();
+            println!("{}", outcome.describe());
         }
-        *next.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     });
     if started < total {
         eprintln!("\nbudget spent after {ran} of {total} runs");
@@ -343,6 +305,53 @@ fn run(
         println!("wrote {} runs to {} (JUnit XML)", report.len(), path.display());
     }
     Ok(failed.is_empty())
+}
+
+/// Runs `plan` on `jobs` threads, each taking the next run in the plan's order, and hands every
+/// result to `take` in the plan's order (index, outcome, determinism drift, wall time), whatever
+/// order they finish in. A run starts only while `budget` (from `start`) lasts, decided under the
+/// lock that hands out the next run, so the runs made are a prefix of the plan; returns how many.
+fn run_in_order(
+    plan: &[(Scenario, u64)],
+    jobs: usize,
+    budget: Option<Duration>,
+    start: Instant,
+    scale: Scale,
+    mut take: impl FnMut(usize, Outcome, Option<String>, Duration),
+) -> usize {
+    let next = std::sync::Mutex::new(0usize);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, plan.len().max(1)) {
+            let (next, done_tx) = (&next, done_tx.clone());
+            scope.spawn(move || loop {
+                let i = {
+                    let mut next = next.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if *next == plan.len() || budget.is_some_and(|b| start.elapsed() > b) {
+                        break;
+                    }
+                    *next += 1;
+                    *next - 1
+                };
+                let (s, seed) = &plan[i];
+                let t0 = Instant::now();
+                let (outcome, drift) = run_checked(s, *seed, scale, i);
+                if done_tx.send((i, outcome, drift, t0.elapsed())).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(done_tx);
+        let (mut waiting, mut due) = (std::collections::BTreeMap::new(), 0);
+        for (i, outcome, drift, took) in done_rx {
+            waiting.insert(i, (outcome, drift, took));
+            while let Some((outcome, drift, took)) = waiting.remove(&due) {
+                take(due, outcome, drift, took);
+                due += 1;
+            }
+        }
+        *next.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    })
 }
 
 fn replay(name: &str, seed: u64, scale: Scale, trace: bool) -> Result<bool, String> {

@@ -965,12 +965,13 @@ mod tests {
     #[test]
     fn a_verify_open_keeps_its_own_format_and_rebuilds_an_arena_of_format_1() {
         use std::os::unix::fs::FileExt;
-        let (dir, _) = crate::mapped::temp_file("arena-format");
-        let path = dir.join("arena");
+        let dir = crate::store::tests::TestDir::new("arena-format");
+        std::fs::create_dir_all(dir.path()).expect("temp dir");
+        let path = dir.path().join("arena");
         let key = BlockKey { chunk: ChunkKey(5), block: 1 };
         let data = vec![7u8; 3000];
         let open = || {
-            let io: Arc<dyn StoreIo> = Arc::new(super::super::io::OsIo);
+            let io: Arc<dyn StoreIo> = Arc::new(crate::store::OsIo);
             Arena::open(path.clone(), 9, 4096, 4, WarmStart::Verify, io).expect("open")
         };
         let (mut arena, report) = open();
@@ -995,7 +996,6 @@ mod tests {
         file.write_all_at(&old, 0).expect("write the old superblock");
         let (arena, report) = open();
         assert_eq!((report.kept, report.rebuilt, arena.len()), (0, true, 0), "rebuilt empty");
-        std::fs::remove_dir_all(dir).expect("clean up");
     }
 
     #[test]
