@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use dart_scenarios::{catalogue, html, junit, seeds, shrink, Outcome, Scale, Scenario};
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -257,10 +257,11 @@ fn run(
     let budget = budget.map(Duration::from_secs);
     let (mut failed, mut ran, mut sim_secs, mut events) = (Vec::new(), 0usize, 0.0, 0u64);
     let total = plan.len();
+    let mut progress = Progress::new(total);
     let started = run_in_order(&plan, jobs, budget, start, scale, |i, outcome, drift, took| {
         let (s, seed) = &plan[i];
-        eprint!("\r[{}/{total}] {:<20} seed {seed:<10} {} failed   ", i + 1, s.name, failed.len());
-        let _ = std::io::stderr().flush();
+        let what = format_args!("{:<20} seed {seed:<10} {} failed   ", s.name, failed.len());
+        progress.show(i + 1, what);
         report.ran(&outcome, took, drift.as_deref());
         ran += 1;
         if let Some(r) = &outcome.report {
@@ -268,7 +269,7 @@ fn run(
             events += r.events;
         }
         if !outcome.passed() || drift.is_some() {
-            eprintln!();
+            progress.end_line();
             println!("{}", outcome.describe());
             if let Some(d) = &drift {
                 println!("      {d}\n      replay: {}", outcome.replay_line());
@@ -278,18 +279,18 @@ fn run(
             || (!outcome.check.gaps.is_empty()
                 && i == plan.iter().position(|(p, _)| p.name == s.name).unwrap_or(i))
         {
-            eprintln!();
+            progress.end_line();
             println!("{}", outcome.describe());
         }
     });
+    progress.end_line();
     if started < total {
-        eprintln!("\nbudget spent after {ran} of {total} runs");
+        eprintln!("budget spent after {ran} of {total} runs");
         for (s, seed) in &plan[started..] {
             report.skipped(s.name, *seed, scale, "the wall-clock budget (--budget) was spent");
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    eprintln!();
     println!(
         "{ran} runs, {} failed, in {wall:.1} s wall ({sim_secs:.0} simulated seconds, {:.0}x, {:.0} events/s)",
         failed.len(),
@@ -311,6 +312,40 @@ fn run(
 /// result to `take` in the plan's order (index, outcome, determinism drift, wall time), whatever
 /// order they finish in. A run starts only while `budget` (from `start`) lasts, decided under the
 /// lock that hands out the next run, so the runs made are a prefix of the plan; returns how many.
+/// Progress on stderr. On a terminal, one line rewritten in place after every step; elsewhere (a
+/// CI log, a pipe) a line of its own at every twentieth of the steps and at the last, so a log of
+/// 564 runs holds about 20 progress lines, not one line of 564 carriage returns.
+struct Progress {
+    total: usize,
+    terminal: bool,
+    /// A rewritten line is on the terminal without its newline yet.
+    open: bool,
+}
+
+impl Progress {
+    fn new(total: usize) -> Self {
+        Progress { total, terminal: std::io::stderr().is_terminal(), open: false }
+    }
+
+    /// Step `done` of the total finished; `what` says which.
+    fn show(&mut self, done: usize, what: std::fmt::Arguments<'_>) {
+        if self.terminal {
+            eprint!("\r[{done}/{}] {what}", self.total);
+            let _ = std::io::stderr().flush();
+            self.open = true;
+        } else if done == self.total || done.is_multiple_of(self.total.div_ceil(20).max(1)) {
+            eprintln!("[{done}/{}] {}", self.total, what.to_string().trim_end());
+        }
+    }
+
+    /// Ends a rewritten line, so the next output starts a line of its own.
+    fn end_line(&mut self) {
+        if std::mem::take(&mut self.open) {
+            eprintln!();
+        }
+    }
+}
+
 fn run_in_order(
     plan: &[(Scenario, u64)],
     jobs: usize,
@@ -401,12 +436,12 @@ fn shrink_cmd(name: &str, seed: u64, scale: Scale, runs: usize) -> Result<bool, 
 fn report(scenario: Option<&str>, seed: u64, scale: Scale, out: &str) -> Result<bool, String> {
     let scenarios = select(scenario)?;
     let mut outcomes = Vec::new();
+    let mut progress = Progress::new(scenarios.len());
     for (i, s) in scenarios.iter().enumerate() {
-        eprint!("\r[{}/{}] {:<20}", i + 1, scenarios.len(), s.name);
-        let _ = std::io::stderr().flush();
+        progress.show(i + 1, format_args!("{:<20}", s.name));
         outcomes.push(s.run(seed, scale));
     }
-    eprintln!();
+    progress.end_line();
     let page = html::page(&outcomes);
     std::fs::write(out, page).map_err(|e| format!("writing {out}: {e}"))?;
     println!("wrote {out}");
