@@ -280,8 +280,10 @@ bench_case "random aligned 1 MiB ranges, ${BIG_MIB} MiB working set" big.bin 104
 
 echo "== cold whole reads (${COLD_OBJECTS} objects, each cold for every target, read in turn)" >&2
 # A read-through cache also writes every cold byte it serves to its store, which the direct read
-# does not: the page cache's write rate here says what that costs. On a fresh VM, memory touched
-# for the first time can hold it near 350 MB/s (docs/benchmarks.md, "The machine's memory").
+# does not: the page cache's write rate here says what that costs. On the build machines (VMs that
+# hand free memory back to their host) a new page costs a host fault, and this rate sits near
+# 380 MB/s where rewriting cached pages runs at 9-12 GB/s (docs/benchmarks.md, "Why fresh memory
+# is slow on these machines").
 write_mbs() {
   local t0 t1
   t0=$(date +%s.%N)
