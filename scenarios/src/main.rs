@@ -325,10 +325,6 @@ fn run(
     Ok(failed.is_empty())
 }
 
-/// Runs `plan` on `jobs` threads, each taking the next run in the plan's order, and hands every
-/// result to `take` in the plan's order (index, outcome, determinism drift, wall time), whatever
-/// order they finish in. A run starts only while `budget` (from `start`) lasts, decided under the
-/// lock that hands out the next run, so the runs made are a prefix of the plan; returns how many.
 /// Progress on stderr. On a terminal, one line rewritten in place after every step; elsewhere (a
 /// CI log, a pipe) a line of its own at every twentieth of the steps and at the last, so a log of
 /// 564 runs holds about 20 progress lines, not one line of 564 carriage returns.
@@ -363,6 +359,10 @@ impl Progress {
     }
 }
 
+/// Runs `plan` on `jobs` threads, each taking the next run in the plan's order, and hands every
+/// result to `take` in the plan's order (index, outcome, determinism drift, wall time), whatever
+/// order they finish in. A run starts only while `budget` (from `start`) lasts, decided under the
+/// lock that hands out the next run, so the runs made are a prefix of the plan; returns how many.
 fn run_in_order(
     plan: &[(Scenario, u64)],
     jobs: usize,
