@@ -215,10 +215,12 @@ pub struct NodeFlags {
     /// and each is one more stream on an ancestor's uplink.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_READ_AHEAD)]
     pub read_ahead: usize,
-    /// The same for a lone sequential client read (past its first block, and no other read of
-    /// the object, a peer's or another client's, ran beside it on this node) whose miss goes to
-    /// the origin: a lone reader at the root of the block's tree, or on a node without peers.
-    /// The larger of the two flags applies.
+    /// The same where a sequential read's miss goes to the origin (at the root of the block's
+    /// tree, or on a node without peers): a client read past its first block that no other
+    /// client's read of the object runs beside on this node; beside peers' relays of the
+    /// object, and for a peer's relay that continues the block relayed before it, only while
+    /// the origin is latency-bound (its windows' bytes take far less time than its wait for
+    /// their heads). The larger of the two flags applies.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_ORIGIN_READ_AHEAD)]
     pub origin_read_ahead: usize,
     /// Whole-request bound of one peer request.

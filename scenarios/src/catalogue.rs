@@ -258,23 +258,15 @@ fn herd_expectations(run: &Run<'_>, check: &mut Check) {
     let alone = solo(run, slowest);
     check
         .note(format!("herd p99 / one solo read = {:.2}", p99.as_secs_f64() / alone.as_secs_f64()));
-    let within = p99.as_secs_f64() <= 1.5 * alone.as_secs_f64();
-    let what = format!("herd p99 {p99:?} ≤ 1.5 × one solo read by n{slowest} ({alone:?})");
-    // A known limitation, recorded as a gap where it shows (docs/simulation.md, "Findings about
-    // the core"): the slowest reader's node took its own blocks from the origin (a tree root),
-    // whose read alone reads ahead at the origin, while in the herd its children's relays make
-    // its read shared and it asks for one window per round trip (at test scale 2.02-2.22 × on 8
-    // of 1,000 seeds). Everywhere else the bound holds hard.
-    let root = r.blocks.iter().any(|b| b.node == slowest && b.source == BlockSource::Origin);
-    if root && !within {
-        check.gap(
-            false,
-            what,
-            "a root's read shared with its children's relays does not read ahead at the origin",
-        );
-    } else {
-        check.that(within, what);
-    }
+    // Held since a tree root reads ahead at an origin slow to answer and fast to send, for
+    // its own read shared with its children's relays and for a stream it only relays
+    // (`Node::origin_ahead`, `Node::relay_ahead`): before, such a root asked for one window per
+    // round trip and every reader followed at that pace (2.02-2.22 x on 8 of 1,000 seeds at
+    // test scale, where the slowest reader was the root; full-scale herd p99 2.50 s).
+    check.that(
+        p99.as_secs_f64() <= 1.5 * alone.as_secs_f64(),
+        format!("herd p99 {p99:?} ≤ 1.5 × one solo read by n{slowest} ({alone:?})"),
+    );
 }
 
 /// The tree root's machine vanishes `full_ms` (+ up to 99 ms) into the full-scale run (150 ms at
@@ -304,15 +296,18 @@ fn dead_root_at(name: &'static str, summary: &'static str, full_ms: u64) -> Scen
             worst <= base_worst + per_level * depth + secs(2),
             format!("slowest read {worst:?} within baseline {base_worst:?} + one header and dial bound per tree level ({depth})"),
         );
-        // Since a child of the root probes it and backs up to the origin when it is silent
-        // (`Read::handle_hedge_due`), and a relay committed to a stream that the dead root
-        // stopped feeding finishes it from the copy that lands in its node's store
-        // (`Read::resume_stream`): 1.32-1.38 x over 30 seeds at full scale, 1.36-1.43 x at
-        // test scale. 1.32-2.01 x with the probe alone (relays ended only at their progress
-        // bound); 2.8-2.9 x before it (a dial bound plus a head wait on the dead root).
+        // Routing around the dead root costs the slowest reader at most a second: its cost, not
+        // a multiple of the fault-free read, which read-ahead at the roots made shorter than the
+        // cost (this was ≤ 1.5 × the fault-free read until then). Met since a child of the root
+        // probes it and backs up to the origin when it is silent (`Read::handle_hedge_due`), and
+        // a relay committed to a stream that the dead root stopped feeding finishes it from the
+        // copy that lands in its node's store (`Read::resume_stream`): 0.47-0.55 s over 30 seeds
+        // at test scale, 0.12-0.18 s at full scale 0.4 s in (`dead-root-midread`). About 0.4-1.3
+        // s with the probe alone (relays ended only at their progress bound); about 2.4 s before
+        // it (a dial bound plus a head wait on the dead root).
         check.that(
-            worst.as_secs_f64() <= 1.5 * base_worst.as_secs_f64(),
-            format!("slowest read {worst:?} ≤ 1.5 × the fault-free {base_worst:?}"),
+            worst <= base_worst + secs(1),
+            format!("slowest read {worst:?} ≤ the fault-free {base_worst:?} + 1 s"),
         );
         let object = run.spec.cluster.objects[0].size;
         let origin_share = r.origin.body_bytes as f64 / object as f64;
@@ -436,12 +431,17 @@ fn stalled_peer() -> Scenario {
         let base_worst = latencies(&base, Phase::Safety, &[]).last().copied().unwrap_or_default();
         let timeouts = r.peer_answers.get(&(stalled, "TimedOut".to_owned())).copied().unwrap_or(0);
         let opens = circuits_to(r, &member_addr(stalled)).filter(|(_, e)| e.to == CircuitState::Open).count();
-        // Met since a node without an estimate hedges its first slow fetch (375 ms, one hedge
-        // banked at start) and a block another read stored ends the waits on the stalled node:
-        // before, each of its children paid the 1.5 s cold head wait (2.3-2.6 x).
+        // The stall may cost one cold hedge wait: the bound is the stall-free read plus two (one
+        // wait, and as much again for the runs' different draws), as in `stalled-successor`; not
+        // a multiple of the stall-free read, which read-ahead at the roots made about as short
+        // as one wait (this was ≤ 2 × the stall-free read until then). Met since a node without
+        // an estimate hedges its first slow fetch (375 ms, one hedge banked at start) and a
+        // block another read stored ends the waits on the stalled node: 0.26-0.35 s over 30
+        // seeds at each scale. Before, each of its children paid the 1.5 s cold head wait.
+        let wait = dart_core::engine::hedge::COLD_DELAY;
         check.that(
-            worst.as_secs_f64() <= 2.0 * base_worst.as_secs_f64(),
-            format!("slowest read {worst:?} ≤ 2 × the stall-free {base_worst:?}"),
+            worst <= base_worst + 2 * wait,
+            format!("slowest read {worst:?} ≤ the stall-free {base_worst:?} + 2 × {wait:?}"),
         );
         check.that(
             blamed_relays(r, stalled) == 0,
@@ -1741,7 +1741,7 @@ fn some_read_spec(seed: u64, scale: Scale, tick: Option<Duration>) -> SimSpec {
     let readers = pick(scale, 5, 10) as usize;
     // Reads that outlast the first renewal (half the 6 s lease): the trees move onto the
     // readers only then.
-    let size = pick(scale, 256, 1024) * MIB;
+    let size = pick(scale, 768, 3072) * MIB;
     let block = pick(scale, MIB, 4 * MIB);
     let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(5));
     use rand::Rng as _;

@@ -297,26 +297,7 @@ fn run(
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    let with_gaps = match gaps.len() {
-        0 => String::new(),
-        n => format!(", {n} passed with a known gap"),
-    };
-    println!(
-        "{ran} runs, {} failed{with_gaps}, in {wall:.1} s wall ({sim_secs:.0} simulated seconds, {:.0}x, {:.0} events/s)",
-        failed.len(),
-        sim_secs / wall.max(1e-9),
-        events as f64 / wall.max(1e-9)
-    );
-    for line in &failed {
-        println!("replay: {line}");
-    }
-    const GAPS_LISTED: usize = 10;
-    for line in gaps.iter().take(GAPS_LISTED) {
-        println!("known gap: {line}");
-    }
-    if gaps.len() > GAPS_LISTED {
-        println!("known gap: {} more (--verbose prints every run)", gaps.len() - GAPS_LISTED);
-    }
+    print!("{}", summary(ran, &failed, &gaps, wall, sim_secs, events));
     if let Some((path, file)) = &mut junit_file {
         file.write_all(report.to_xml().as_bytes())
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
@@ -580,4 +561,66 @@ fn bench(scale: Scale, runs: u64, check_every: Option<u64>) -> Result<bool, Stri
         }
     }
     Ok(ok)
+}
+
+/// `run`'s closing lines: the counts and speed, a replay line per failed run, and one per run
+/// that passed with a known gap (the first [`GAPS_LISTED`]).
+fn summary(
+    ran: usize,
+    failed: &[String],
+    gaps: &[String],
+    wall: f64,
+    sim_secs: f64,
+    events: u64,
+) -> String {
+    use std::fmt::Write as _;
+    let with_gaps = match gaps.len() {
+        0 => String::new(),
+        n => format!(", {n} passed with a known gap"),
+    };
+    let mut out = format!(
+        "{ran} runs, {} failed{with_gaps}, in {wall:.1} s wall ({sim_secs:.0} simulated seconds, {:.0}x, {:.0} events/s)\n",
+        failed.len(),
+        sim_secs / wall.max(1e-9),
+        events as f64 / wall.max(1e-9)
+    );
+    for line in failed {
+        let _ = writeln!(out, "replay: {line}");
+    }
+    for line in gaps.iter().take(GAPS_LISTED) {
+        let _ = writeln!(out, "known gap: {line}");
+    }
+    if gaps.len() > GAPS_LISTED {
+        let more = gaps.len() - GAPS_LISTED;
+        let _ = writeln!(out, "known gap: {more} more (--verbose prints every run)");
+    }
+    out
+}
+
+/// Runs that passed with a known gap that [`summary`] names.
+const GAPS_LISTED: usize = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_counts_and_names_runs_that_passed_with_a_known_gap() {
+        let gaps: Vec<String> = (1..=12).map(|s| format!("replay herd {s} --small")).collect();
+        let failed = vec!["replay dead-root 3".to_owned()];
+        let out = summary(40, &failed, &gaps, 2.0, 100.0, 1000);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0],
+            "40 runs, 1 failed, 12 passed with a known gap, in 2.0 s wall (100 simulated seconds, 50x, 500 events/s)"
+        );
+        assert_eq!(lines[1], "replay: replay dead-root 3");
+        assert_eq!(lines[2], "known gap: replay herd 1 --small");
+        assert_eq!(lines[11], "known gap: replay herd 10 --small");
+        assert_eq!(lines[12], "known gap: 2 more (--verbose prints every run)");
+        assert_eq!(lines.len(), 13);
+        let clean = summary(40, &[], &[], 2.0, 100.0, 1000);
+        assert_eq!(clean.lines().count(), 1);
+        assert!(clean.starts_with("40 runs, 0 failed, in 2.0 s wall"), "{clean}");
+    }
 }

@@ -62,17 +62,15 @@ fn progress_in_a_log_is_a_few_whole_lines_not_one_line_rewritten_per_run() {
 }
 
 #[test]
-fn runs_that_pass_with_a_known_gap_are_counted_and_named_in_the_summary() {
-    // Seed 57 of `herd` at test scale shows the known gap of a root's shared read
-    // (docs/simulation.md, "Findings about the core"); the committed seeds do not.
-    let (stdout, _) = run(&["--small", "--scenario", "herd", "--seeds", "1", "--first-seed", "57"]);
-    let summary = stdout.lines().find(|l| l.contains(" s wall (")).expect("a summary");
-    assert!(summary.contains(" 0 failed, 1 passed with a known gap, in "), "{summary}");
-    assert!(
-        stdout
-            .contains("known gap: cargo run --release -p dart-scenarios -- replay herd 57 --small"),
-        "{stdout}"
-    );
-    let (clean, _) = run(&["--small", "--scenario", "herd", "--seeds", "1", "--first-seed", "58"]);
-    assert!(!clean.contains("known gap"), "no gap, no mention: {clean}");
+fn the_herd_seeds_that_showed_a_roots_shared_read_pass_with_no_gap() {
+    // Seeds 57 and 337 of `herd` at test scale ran every reader at 2.02-2.22 x one solo read
+    // until tree roots read ahead at an origin slow to answer (docs/simulation.md, "Findings
+    // about the core"): they pass now, the bound checked hard, and the summary names no gap.
+    for seed in ["57", "337"] {
+        let (stdout, _) =
+            run(&["--small", "--scenario", "herd", "--seeds", "1", "--first-seed", seed]);
+        let summary = stdout.lines().find(|l| l.contains(" s wall (")).expect("a summary");
+        assert!(summary.contains(" 0 failed, in "), "{summary}");
+        assert!(!stdout.contains("known gap"), "{stdout}");
+    }
 }

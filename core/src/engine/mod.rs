@@ -86,11 +86,16 @@ pub struct EngineConfig {
     /// (`--read-ahead`; 0 reads one block at a time): hop and origin latency are pipelined, at
     /// the cost of more streams sharing each ancestor's uplink.
     pub read_ahead: usize,
-    /// The same for a lone sequential client read (past its first block, and no other read of
-    /// its object, a peer's relay or another client's, ran beside it on this node) whose miss
-    /// goes to the origin (`--origin-read-ahead`; the larger of the two applies): the origin's
-    /// latency and this node's own work on each block overlap the next, and no subtree's
-    /// streams share the origin link with it.
+    /// The same where a sequential read's miss goes to the origin (`--origin-read-ahead`; the
+    /// larger of the two applies): the origin's latency and this node's own work on each block
+    /// overlap the next. It applies to a client read past its first block that no other
+    /// client's read of its object ran beside on this node; beside a peer's relay of the
+    /// object, only while the origin is latency-bound (its windows' bytes take far less time
+    /// than its wait for their heads), so that windows ahead do not share a busy origin link
+    /// with the one a subtree's streams follow. A peer's relay that continues the block
+    /// relayed before it reads ahead inside its chunk on the same condition, so a tree root
+    /// that relays and reads nothing itself does not pace its tree at one origin round trip
+    /// per block.
     pub origin_read_ahead: usize,
 }
 

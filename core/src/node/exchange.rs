@@ -135,6 +135,8 @@ pub(super) struct Exchange {
     pub sent: Instant,
     pub connected: bool,
     pub head: bool,
+    /// When the head arrived.
+    pub head_at: Option<Instant>,
     dial: Duration,
     head_bound: Duration,
     /// The head bound counts from the connection, not from the request (a held-only ask's
@@ -369,6 +371,7 @@ impl Node {
             sent: now,
             connected: false,
             head: false,
+            head_at: None,
             dial,
             head_bound,
             head_from_connect,
@@ -498,6 +501,7 @@ impl Node {
                 assert!(!x.head, "{io}: a second response head");
                 x.connected = true;
                 x.head = true;
+                x.head_at = Some(now);
                 x.progressed(now);
             }
             IoEvent::Body(_) => {

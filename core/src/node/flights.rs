@@ -67,6 +67,24 @@ pub(super) struct Flight {
     pub fill: Fill,
 }
 
+/// How the last block window the origin sent took its time: from the request to its head
+/// (`wait`: round trip and the origin's own delay) and from the head to its end (`transfer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct OriginPace {
+    pub wait: std::time::Duration,
+    pub transfer: std::time::Duration,
+}
+
+impl OriginPace {
+    /// Whether `n` more windows in flight beside one would still leave the origin's link idle
+    /// most of the time: all `n + 1` transfers take less than one wait. Windows ahead then
+    /// overlap the wait instead of sharing a busy link with the window being streamed.
+    pub fn latency_bound(&self, n: usize) -> bool {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        self.transfer.saturating_mul(n.saturating_add(1)) < self.wait
+    }
+}
+
 /// A judged origin result.
 #[derive(Debug, Clone)]
 pub(super) enum Judged {
@@ -369,6 +387,12 @@ impl Node {
         }
         let elapsed = now.saturating_duration_since(x.sent);
         self.event(Event::Fetched { kind: FetchKind::Origin, elapsed });
+        if let (Ok(Judged::Block(..)), Some(head_at)) = (&result, x.head_at) {
+            self.origin_pace = Some(OriginPace {
+                wait: head_at.saturating_duration_since(x.sent),
+                transfer: now.saturating_duration_since(head_at),
+            });
+        }
         let Job::Origin { key, owner, .. } = x.job else { unreachable!("an origin job") };
         match owner {
             Owner::Alone(rid) => self.deliver_origin(rid, &key, result, false, false, now),

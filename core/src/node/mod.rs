@@ -212,6 +212,10 @@ pub struct Node {
     /// [`READ_AHEAD_LIVE_MAX`], the oldest forgotten first (`ahead_order`).
     ahead_landed: BTreeMap<crate::hash::BlockKey, io::BlockSource>,
     ahead_order: VecDeque<crate::hash::BlockKey>,
+    /// The last [`RELAYED_MEMO`] distinct blocks peers asked this node to fetch on their behalf
+    /// (held-only asks aside), newest last: a relay that continues one of them is part of a
+    /// sequential stream ([`Node::relay_ahead`]).
+    relayed: VecDeque<crate::hash::BlockKey>,
     /// Look-ups in flight: the request, the key, whether the key was a kept block of an
     /// earlier process when asked ([`Node::recovered_blocks`]), and whether the whole block was
     /// asked for (no window).
@@ -257,7 +261,13 @@ pub struct Node {
     /// checked, kept and sent on as one handle, and hashed once. A handle held here keeps its
     /// bytes alive, so an equal pointer and length are the same bytes.
     recent_digests: VecDeque<(bytes::Bytes, crate::integrity::BlockDigest)>,
+    /// How the last block window from the origin took its time ([`Node::origin_ahead`]).
+    origin_pace: Option<flights::OriginPace>,
 }
+
+/// Blocks remembered in [`Node::relayed`]: enough for a tree root's children to be a few blocks
+/// apart in one stream, or for a few streams at once.
+const RELAYED_MEMO: usize = 16;
 
 /// Blocks remembered in [`Node::recent_digests`] (each pins its buffer).
 const RECENT_DIGESTS: usize = 4;
@@ -309,6 +319,8 @@ impl Node {
             kept_digests: BTreeMap::new(),
             kept_order: VecDeque::new(),
             recent_digests: VecDeque::new(),
+            origin_pace: None,
+            relayed: VecDeque::new(),
         })
     }
 
@@ -702,6 +714,7 @@ impl Node {
         // Every record is in the order the bound forgets by (checked by count: a scan per
         // record would cost O(records²) per event).
         assert!(self.ahead_order.len() <= READ_AHEAD_LIVE_MAX, "read-ahead records above bound");
+        assert!(self.relayed.len() <= RELAYED_MEMO, "relayed blocks above bound");
         assert!(self.ahead_landed.len() <= self.ahead_order.len(), "a read-ahead record unordered");
         self.access.check_invariants(&self.requests);
         for (c, check) in &self.access.checks {

@@ -150,7 +150,11 @@ impl Node {
         let mut read = match url {
             // Held-only: serve what is held, named by its version; never fetch (the hop stays).
             Some(url) if held_only => self.engine.begin_relay_held(key, url, hop),
-            url => self.engine.begin_relay(key, url, next_hop),
+            Some(url) => {
+                self.note_relayed(key);
+                self.engine.begin_relay(key, Some(url), next_hop)
+            }
+            None => self.engine.begin_relay(key, None, next_hop),
         };
         read.set_requester(requester.clone());
         let requester = Requester { name: requester, budget, progress };

@@ -14,6 +14,7 @@ use crate::engine::flight::{FlightId, FlightKey};
 use crate::engine::origin::OriginError;
 use crate::engine::resolve::{ResolveError, UpstreamMode};
 use crate::engine::{Action, Method, Preconditions, Read, ReadRequest, ResponseHead};
+use crate::hash::BlockKey;
 use crate::registry::{DigestAlgorithm, Route};
 use crate::time::Instant;
 use bytes::Bytes;
@@ -132,8 +133,11 @@ pub(super) struct Request {
     pub mirror: Option<Mirror>,
     /// A client read that another read of its object ran beside on this node (a peer's relay,
     /// another client's read), at any time since it began: it is not a lone stream, so origin
-    /// read-ahead stays off ([`Node::origin_ahead`]).
+    /// read-ahead stays off unless the origin is latency-bound ([`Node::origin_ahead`]).
     pub shared: bool,
+    /// A client read that another client's read of its object ran beside on this node at any
+    /// time since it began: origin read-ahead stays off ([`Node::origin_ahead`]).
+    pub crowded: bool,
 }
 
 /// What a relay's requester said of itself on its peer request.
@@ -190,6 +194,7 @@ impl Request {
             requester: None,
             mirror: None,
             shared: false,
+            crowded: false,
         }
     }
 
@@ -357,17 +362,21 @@ impl Node {
     /// (read-ahead reads aside) starts so.
     pub(super) fn admit_request(&mut self, id: RequestId, mut request: Request, now: Instant) {
         let object = &request.read.object().id;
-        let mut beside = false;
+        let client = request.plane == Plane::Client;
+        let (mut beside, mut beside_client) = (false, false);
         for r in self.requests.values_mut() {
             if !r.background && r.read.object().id == *object {
                 beside = true;
                 if r.plane == Plane::Client {
+                    beside_client = true;
                     r.shared = true;
+                    r.crowded |= client;
                 }
             }
         }
-        if request.plane == Plane::Client {
+        if client {
             request.shared = beside;
+            request.crowded = beside_client;
         }
         self.requests.insert(id, Box::new(request));
         self.working.push(id);
@@ -534,6 +543,7 @@ impl Node {
                 self.ask_origin(rid, FlightKey::Block(id, start, end), url, fill, now);
                 let n = self.origin_ahead(rid).max(self.engine.config().read_ahead);
                 self.read_ahead(rid, n, now);
+                self.relay_ahead(rid, key, object_size, now);
             }
             Action::Store { key, data, class } => {
                 if req.filled.take() == Some(key) {
@@ -617,21 +627,31 @@ impl Node {
     }
 
     /// How many blocks ahead client read `rid`, whose miss goes to the origin, acquires by
-    /// [`EngineConfig::origin_read_ahead`]: that many once it has sent its head (it is past its
-    /// first block: a sequential read), none if another read of the same object ran beside it
-    /// on this node (`shared`). A peer's relay: a subtree's cut-through streams leave at the rate
-    /// this node's origin window arrives, and read-ahead windows sharing the origin link would
-    /// slow that window and starve them (the `herd-narrow-links` scenario: herd p99 from 1.14x
-    /// to 1.56x one solo read when the root read ahead). Another client's read: readers spread
-    /// over the object each keep their own windows ahead, so many more blocks are in flight at
-    /// once (64 readers of one 1 GiB object, two herds: peak RSS 340 and 381 MiB without, 419
-    /// and 734 MiB with; docs/benchmarks.md, "Read-ahead at the origin").
+    /// [`EngineConfig::origin_read_ahead`], once it has sent its head (it is past its first
+    /// block: a sequential read):
+    /// - alone on this node with its object: that many;
+    /// - beside a peer's relay of its object (`shared`; a tree root with children reading):
+    ///   that many only while the origin is latency-bound (the last block window's transfer,
+    ///   times the windows that would be in flight, fits in its wait for the head:
+    ///   [`OriginPace::latency_bound`]), else none. A subtree's cut-through streams leave at the
+    ///   rate this node's origin window arrives, and windows ahead sharing a busy origin link
+    ///   slow that window and starve them (the `herd-narrow-links` scenario: herd p99 from
+    ///   1.14x to 1.56x one solo read when the root read ahead). Where each window waits on the
+    ///   origin's latency far longer than its bytes take, a read that does not read ahead paces
+    ///   every reader behind it at one round trip per block: the `herd` scenario at test scale
+    ///   (128 KiB blocks, 20 ms origin) ran every reader at twice the root's read alone;
+    /// - beside another client's read of its object (`crowded`): none, whatever the origin.
+    ///   Readers spread over the object each keep their own windows ahead, so many more blocks
+    ///   are in flight at once (64 readers of one 1 GiB object, two herds: peak RSS 340 and
+    ///   381 MiB without, 419 and 734 MiB with; docs/benchmarks.md, "Read-ahead at the origin").
     ///
     /// [`EngineConfig::origin_read_ahead`]: crate::engine::EngineConfig::origin_read_ahead
+    /// [`OriginPace::latency_bound`]: super::flights::OriginPace::latency_bound
     fn origin_ahead(&self, rid: RequestId) -> usize {
         let n = self.engine.config().origin_read_ahead;
         let Some(req) = self.requests.get(&rid) else { return 0 };
-        if !req.head_sent || req.shared {
+        let latency_bound = self.origin_pace.is_some_and(|p| p.latency_bound(n));
+        if !req.head_sent || req.crowded || (req.shared && !latency_bound) {
             0
         } else {
             n
@@ -656,6 +676,64 @@ impl Node {
             return;
         }
         let blocks = req.read.blocks_ahead(n);
+        self.start_ahead(rid, blocks, now);
+    }
+
+    /// Peer relay `rid`, whose miss of block `key` (of an object of `size` bytes) goes to the
+    /// origin, acquires the next [`EngineConfig::origin_read_ahead`] blocks of the object by
+    /// read-ahead reads, as a client read's miss does ([`Node::read_ahead`]), when:
+    /// - the relay continues a stream: this node was asked to fetch the block before it lately
+    ///   ([`Node::relayed`]), so its requesters read the object in order, and a random reader
+    ///   costs the origin no windows nobody asked for;
+    /// - the origin is latency-bound ([`OriginPace::latency_bound`]): windows ahead overlap its
+    ///   wait for the head instead of slowing the window the subtree's streams follow (the
+    ///   reason a shared client read reads ahead only then, [`Node::origin_ahead`]).
+    ///
+    /// Only blocks of the same chunk: the next chunk's tree has another root, which its readers
+    /// ask. Without this a tree root that relays the object and reads none of it asks the origin
+    /// for one window per round trip, and every reader in its tree follows at that pace.
+    ///
+    /// [`EngineConfig::origin_read_ahead`]: crate::engine::EngineConfig::origin_read_ahead
+    /// [`OriginPace::latency_bound`]: super::flights::OriginPace::latency_bound
+    fn relay_ahead(&mut self, rid: RequestId, key: BlockKey, size: u64, now: Instant) {
+        let Some(req) = self.requests.get(&rid) else { return };
+        let n = self.engine.config().origin_read_ahead;
+        if n == 0 || req.plane != Plane::Peer || req.background {
+            return;
+        }
+        if !self.origin_pace.is_some_and(|p| p.latency_bound(n)) {
+            return;
+        }
+        let follows =
+            |k: &BlockKey| k.chunk == key.chunk && k.block.checked_add(1) == Some(key.block);
+        if !self.relayed.iter().any(follows) {
+            return;
+        }
+        let geometry = self.engine.config().geometry;
+        let (count, chunk) = (geometry.block_count(size), geometry.chunk_of_block(key.block));
+        let blocks = (key.block.saturating_add(1)..count)
+            .take(n)
+            .filter(|&b| geometry.chunk_of_block(b) == chunk)
+            .collect();
+        self.start_ahead(rid, blocks, now);
+    }
+
+    /// Peers asked this node to fetch block `key` on their behalf ([`Node::relayed`]).
+    pub(super) fn note_relayed(&mut self, key: BlockKey) {
+        if self.relayed.contains(&key) {
+            return;
+        }
+        if self.relayed.len() == super::RELAYED_MEMO {
+            self.relayed.pop_front();
+        }
+        self.relayed.push_back(key);
+    }
+
+    /// Starts a read-ahead read, with the URL and credential of request `rid`, for each of
+    /// `blocks` of its object that no read-ahead acquires yet, while fewer than
+    /// [`super::READ_AHEAD_LIVE_MAX`] requests are live.
+    fn start_ahead(&mut self, rid: RequestId, blocks: Vec<u64>, now: Instant) {
+        let Some(req) = self.requests.get(&rid) else { return };
         if blocks.is_empty() {
             return;
         }
