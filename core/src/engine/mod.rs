@@ -179,10 +179,11 @@ pub struct EngineStats {
     pub revalidations: u64,
     /// Peer answers refused because they described another version of the object.
     pub peer_version_mismatch: u64,
-    /// Hedges fired: a backup peer fetch raced a slow primary.
+    /// Hedges fired: a backup peer fetch raced a slow primary. Those at another ancestor spend
+    /// hedge credit (`hedge_ratio`); probes do not.
     pub hedge_fired: u64,
     /// Of the hedges fired, those with no other ancestor left to race: a held-only liveness
-    /// probe of the primary's peer ([`Read::handle_hedge_due`]).
+    /// probe of the primary's peer ([`Read::handle_hedge_due`]), which spends no hedge credit.
     pub hedge_probes: u64,
     /// Of those probes, the ones the peer answered (it was alive: no origin backup).
     pub hedge_probes_alive: u64,

@@ -990,7 +990,13 @@ impl Read {
             return true;
         }
         let silent = !ancestor_left && engine.is_silent(&primary, now);
-        if !silent && !engine.try_hedge() {
+        // Only a backup at another ancestor spends hedge credit. The probe of the last one is a
+        // held-only ask (a live peer answers it at once from its store, with no upstream) and
+        // its origin backup follows only a silent peer: a failure, not a hedge. With credit
+        // asked of it too, a node that fetches little (a pure relay earns 0.05 of a hedge per
+        // fetch) waited out its whole head bound on a dead last ancestor (`dead-root-some-read`
+        // seed 2: 0.72 s, the chain of readers below it with it).
+        if ancestor_left && !engine.try_hedge() {
             return false;
         }
         let mut job = self.take_peer_job();

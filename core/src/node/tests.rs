@@ -824,6 +824,26 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
     assert_eq!(h.node.poll_timeout(), None);
 }
 
+/// A node that fetches little has no hedge credit (it earns 0.05 of a hedge per fetch); the
+/// probe of its last ancestor needs none, or a pure relay would wait out its whole head bound on
+/// a dead root, and every reader below it with it (`dead-root-some-read` seed 2: 0.72 s).
+#[test]
+fn a_child_with_no_hedge_credit_left_still_probes_its_silent_root_and_backs_up_to_the_origin() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    assert!(h.node.engine_mut().try_hedge(), "the hedge banked at start");
+    assert!(!h.node.engine_mut().try_hedge(), "no credit left");
+    let (_peer, ask) = hedge_probe_of_the_root(&mut h);
+    h.io(ask.id, IoEvent::Connected);
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin, "silent: the backup is the origin");
+    h.answer_origin(&fill);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_origin), (1, 1, 1));
+}
+
 #[test]
 fn a_child_of_a_live_root_keeps_waiting_on_it_and_never_pays_the_origin_twice() {
     let mut h = Harness::new(reader_hedging_to_origin());
