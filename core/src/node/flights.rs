@@ -75,6 +75,34 @@ pub(super) struct OriginPace {
     pub transfer: std::time::Duration,
 }
 
+/// The key an origin's pace is kept under: the host (lower-cased) and port its URLs dial.
+pub(super) fn pace_key(url: &str) -> Option<(String, u16)> {
+    let (host, port) = crate::policy::url_host_port(url)?;
+    Some((host.to_ascii_lowercase(), port))
+}
+
+impl Node {
+    /// Remembers how `url`'s origin sent its last block window ([`Node::origin_pace`]), keeping
+    /// at most [`super::ORIGIN_PACES_MAX`] origins (a new one past it replaces the first in
+    /// order).
+    fn note_origin_pace(&mut self, url: &str, pace: OriginPace) {
+        let Some(key) = pace_key(url) else { return };
+        if !self.origin_pace.contains_key(&key) && self.origin_pace.len() >= super::ORIGIN_PACES_MAX
+        {
+            self.origin_pace.pop_first();
+        }
+        self.origin_pace.insert(key, pace);
+    }
+
+    /// Whether the origin of `url` is latency-bound for `n` windows ahead
+    /// ([`OriginPace::latency_bound`]) by the last block window it sent; false before it sent
+    /// one.
+    pub(super) fn origin_latency_bound(&self, url: &str, n: usize) -> bool {
+        let pace = pace_key(url).and_then(|key| self.origin_pace.get(&key).copied());
+        pace.is_some_and(|p| p.latency_bound(n))
+    }
+}
+
 impl OriginPace {
     /// Whether `n` more windows in flight beside one would still leave the origin's link idle
     /// most of the time: all `n + 1` transfers take less than one wait. Windows ahead then
@@ -388,10 +416,11 @@ impl Node {
         let elapsed = now.saturating_duration_since(x.sent);
         self.event(Event::Fetched { kind: FetchKind::Origin, elapsed });
         if let (Ok(Judged::Block(..)), Some(head_at)) = (&result, x.head_at) {
-            self.origin_pace = Some(OriginPace {
+            let pace = OriginPace {
                 wait: head_at.saturating_duration_since(x.sent),
                 transfer: now.saturating_duration_since(head_at),
-            });
+            };
+            self.note_origin_pace(&x.url, pace);
         }
         let Job::Origin { key, owner, .. } = x.job else { unreachable!("an origin job") };
         match owner {

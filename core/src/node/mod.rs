@@ -261,9 +261,13 @@ pub struct Node {
     /// checked, kept and sent on as one handle, and hashed once. A handle held here keeps its
     /// bytes alive, so an equal pointer and length are the same bytes.
     recent_digests: VecDeque<(bytes::Bytes, crate::integrity::BlockDigest)>,
-    /// How the last block window from the origin took its time ([`Node::origin_ahead`]).
-    origin_pace: Option<flights::OriginPace>,
+    /// How the last block window from each origin (by host and port) took its time
+    /// ([`Node::origin_ahead`], [`Node::relay_ahead`]); at most [`ORIGIN_PACES_MAX`] origins.
+    origin_pace: BTreeMap<(String, u16), flights::OriginPace>,
 }
+
+/// Origins whose pace [`Node::origin_pace`] keeps.
+const ORIGIN_PACES_MAX: usize = 64;
 
 /// Blocks remembered in [`Node::relayed`]: enough for a tree root's children to be a few blocks
 /// apart in one stream, or for a few streams at once.
@@ -319,7 +323,7 @@ impl Node {
             kept_digests: BTreeMap::new(),
             kept_order: VecDeque::new(),
             recent_digests: VecDeque::new(),
-            origin_pace: None,
+            origin_pace: BTreeMap::new(),
             relayed: VecDeque::new(),
         })
     }
@@ -715,6 +719,7 @@ impl Node {
         // record would cost O(records²) per event).
         assert!(self.ahead_order.len() <= READ_AHEAD_LIVE_MAX, "read-ahead records above bound");
         assert!(self.relayed.len() <= RELAYED_MEMO, "relayed blocks above bound");
+        assert!(self.origin_pace.len() <= ORIGIN_PACES_MAX, "origin paces above bound");
         assert!(self.ahead_landed.len() <= self.ahead_order.len(), "a read-ahead record unordered");
         self.access.check_invariants(&self.requests);
         for (c, check) in &self.access.checks {

@@ -631,9 +631,9 @@ impl Node {
     /// block: a sequential read):
     /// - alone on this node with its object: that many;
     /// - beside a peer's relay of its object (`shared`; a tree root with children reading):
-    ///   that many only while the origin is latency-bound (the last block window's transfer,
-    ///   times the windows that would be in flight, fits in its wait for the head:
-    ///   [`OriginPace::latency_bound`]), else none. A subtree's cut-through streams leave at the
+    ///   that many only while its origin is latency-bound (the last block window that host
+    ///   sent this node: its transfer, times the windows that would be in flight, fits in its
+    ///   wait for the head: [`OriginPace::latency_bound`]), else none. A subtree's cut-through streams leave at the
     ///   rate this node's origin window arrives, and windows ahead sharing a busy origin link
     ///   slow that window and starve them (the `herd-narrow-links` scenario: herd p99 from
     ///   1.14x to 1.56x one solo read when the root read ahead). Where each window waits on the
@@ -650,7 +650,7 @@ impl Node {
     fn origin_ahead(&self, rid: RequestId) -> usize {
         let n = self.engine.config().origin_read_ahead;
         let Some(req) = self.requests.get(&rid) else { return 0 };
-        let latency_bound = self.origin_pace.is_some_and(|p| p.latency_bound(n));
+        let latency_bound = self.origin_latency_bound(req.read.url(), n);
         if !req.head_sent || req.crowded || (req.shared && !latency_bound) {
             0
         } else {
@@ -685,7 +685,7 @@ impl Node {
     /// - the relay continues a stream: this node was asked to fetch the block before it lately
     ///   ([`Node::relayed`]), so its requesters read the object in order, and a random reader
     ///   costs the origin no windows nobody asked for;
-    /// - the origin is latency-bound ([`OriginPace::latency_bound`]): windows ahead overlap its
+    /// - its origin is latency-bound ([`OriginPace::latency_bound`]): windows ahead overlap its
     ///   wait for the head instead of slowing the window the subtree's streams follow (the
     ///   reason a shared client read reads ahead only then, [`Node::origin_ahead`]).
     ///
@@ -701,7 +701,7 @@ impl Node {
         if n == 0 || req.plane != Plane::Peer || req.background {
             return;
         }
-        if !self.origin_pace.is_some_and(|p| p.latency_bound(n)) {
+        if !self.origin_latency_bound(req.read.url(), n) {
             return;
         }
         let follows =

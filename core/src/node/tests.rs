@@ -3313,6 +3313,20 @@ fn a_root_that_only_relays_a_stream_reads_ahead_at_an_origin_slow_to_answer() {
 }
 
 #[test]
+fn an_origin_s_pace_is_kept_per_host_and_port() {
+    let mut h = Harness::new(root_ahead(2));
+    relays_in_order(&mut h, (Duration::from_millis(20), Duration::from_millis(1)));
+    h.serve_origin();
+    assert!(h.node.origin_latency_bound(URL, 2), "learnt from this origin's windows");
+    // Another host, or another port of the same host, has not shown its pace: nothing ahead
+    // there on this origin's word.
+    let (host, port) = crate::policy::url_host_port(URL).expect("the test URL dials");
+    assert!(!h.node.origin_latency_bound(&format!("http://other.example:{port}/o"), 2));
+    assert!(!h.node.origin_latency_bound(&format!("http://{host}:{}/o", port + 1), 2));
+    assert!(h.node.origin_latency_bound(&format!("http://{}:{port}/o", host.to_uppercase()), 2));
+}
+
+#[test]
 fn a_root_that_only_relays_reads_nothing_ahead_at_a_busy_origin() {
     let mut h = Harness::new(root_ahead(2));
     relays_in_order(&mut h, (Duration::from_millis(5), Duration::from_millis(5)));
