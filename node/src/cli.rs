@@ -220,7 +220,7 @@ pub struct NodeFlags {
     /// client's read of the object runs beside on this node; beside peers' relays of the
     /// object, and for a peer's relay that continues the block relayed before it, only while
     /// the origin is latency-bound (its windows' bytes take far less time than its wait for
-    /// their heads). The larger of the two flags applies.
+    /// their heads, and that wait is 10 ms or more). The larger of the two flags applies.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_ORIGIN_READ_AHEAD)]
     pub origin_read_ahead: usize,
     /// Whole-request bound of one peer request.

@@ -91,8 +91,8 @@ pub struct EngineConfig {
     /// overlap the next. It applies to a client read past its first block that no other
     /// client's read of its object ran beside on this node; beside a peer's relay of the
     /// object, only while the origin is latency-bound (its windows' bytes take far less time
-    /// than its wait for their heads), so that windows ahead do not share a busy origin link
-    /// with the one a subtree's streams follow. A peer's relay that continues the block
+    /// than its wait for their heads, and that wait is 10 ms or more), so that windows ahead do
+    /// not share a busy origin link with the one a subtree's streams follow. A peer's relay that continues the block
     /// relayed before it reads ahead inside its chunk on the same condition, so a tree root
     /// that relays and reads nothing itself does not pace its tree at one origin round trip
     /// per block.

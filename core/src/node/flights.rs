@@ -103,13 +103,23 @@ impl Node {
     }
 }
 
+/// The shortest wait for a head that makes an origin latency-bound ([`OriginPace::latency_bound`]):
+/// an origin across a WAN or an object store (tens of milliseconds to its first byte), not one
+/// on the node's own network, whose waits are scheduling noise. On loopback, with 1 MiB blocks
+/// on a loaded 2-core machine, waits of a few milliseconds passed the ratio alone, and the real
+/// node's `dart demo` then paid the origin 1.13-1.25x for two readers on 3 of 8 runs, against
+/// none of 10 without the rule (not explained: docs/simulation.md, "Findings about the core").
+pub(super) const LATENCY_BOUND_WAIT_MIN: std::time::Duration = std::time::Duration::from_millis(10);
+
 impl OriginPace {
     /// Whether `n` more windows in flight beside one would still leave the origin's link idle
-    /// most of the time: all `n + 1` transfers take less than one wait. Windows ahead then
-    /// overlap the wait instead of sharing a busy link with the window being streamed.
+    /// most of the time: all `n + 1` transfers take less than one wait, and the wait is at least
+    /// [`LATENCY_BOUND_WAIT_MIN`]. Windows ahead then overlap the wait instead of sharing a busy
+    /// link with the window being streamed.
     pub fn latency_bound(&self, n: usize) -> bool {
         let n = u32::try_from(n).unwrap_or(u32::MAX);
-        self.transfer.saturating_mul(n.saturating_add(1)) < self.wait
+        self.wait >= LATENCY_BOUND_WAIT_MIN
+            && self.transfer.saturating_mul(n.saturating_add(1)) < self.wait
     }
 }
 

@@ -358,8 +358,9 @@ impl Node {
     }
 
     /// Registers `request` as `id` and drives it. A relay or client read marks the live client
-    /// reads of its object `shared`, and a client read begun beside a live read of its object
-    /// (read-ahead reads aside) starts so.
+    /// reads of its object `shared`, and a client read marks them `crowded` too; a client read
+    /// begun beside a live read of its object starts `shared`, and beside a live client read
+    /// `crowded` (read-ahead reads aside in both).
     pub(super) fn admit_request(&mut self, id: RequestId, mut request: Request, now: Instant) {
         let object = &request.read.object().id;
         let client = request.plane == Plane::Client;
@@ -633,13 +634,14 @@ impl Node {
     /// - beside a peer's relay of its object (`shared`; a tree root with children reading):
     ///   that many only while its origin is latency-bound (the last block window that host
     ///   sent this node: its transfer, times the windows that would be in flight, fits in its
-    ///   wait for the head: [`OriginPace::latency_bound`]), else none. A subtree's cut-through streams leave at the
-    ///   rate this node's origin window arrives, and windows ahead sharing a busy origin link
-    ///   slow that window and starve them (the `herd-narrow-links` scenario: herd p99 from
-    ///   1.14x to 1.56x one solo read when the root read ahead). Where each window waits on the
-    ///   origin's latency far longer than its bytes take, a read that does not read ahead paces
-    ///   every reader behind it at one round trip per block: the `herd` scenario at test scale
-    ///   (128 KiB blocks, 20 ms origin) ran every reader at twice the root's read alone;
+    ///   wait for the head: [`OriginPace::latency_bound`]), else none. A subtree's cut-through
+    ///   streams leave at the rate this node's origin window arrives, and windows ahead sharing
+    ///   a busy origin link slow that window and starve them (the `herd-narrow-links` scenario:
+    ///   herd p99 from 1.14x to 1.56x one solo read when the root read ahead). Where each window
+    ///   waits on the origin's latency far longer than its bytes take, a read that does not read
+    ///   ahead paces every reader behind it at one round trip per block: the `herd` scenario at
+    ///   test scale (128 KiB blocks, 20 ms origin) ran every reader at twice the root's read
+    ///   alone;
     /// - beside another client's read of its object (`crowded`): none, whatever the origin.
     ///   Readers spread over the object each keep their own windows ahead, so many more blocks
     ///   are in flight at once (64 readers of one 1 GiB object, two herds: peak RSS 340 and

@@ -3327,6 +3327,19 @@ fn an_origin_s_pace_is_kept_per_host_and_port() {
 }
 
 #[test]
+fn an_origin_that_answers_within_milliseconds_is_not_latency_bound() {
+    // Its bytes take a tenth of its wait, but a wait of 5 ms is an origin next door (or the
+    // node's own scheduling): nothing ahead beside the relays.
+    let mut h = Harness::new(root_ahead(2));
+    relays_in_order(&mut h, (Duration::from_millis(5), Duration::from_micros(500)));
+    assert_eq!(origin_asked(&h), vec![1]);
+    h.serve_origin();
+    assert!(h.ended(8));
+    assert_eq!(h.node.counters().read_ahead, 0);
+    assert!(!h.node.origin_latency_bound(URL, 2));
+}
+
+#[test]
 fn a_root_that_only_relays_reads_nothing_ahead_at_a_busy_origin() {
     let mut h = Harness::new(root_ahead(2));
     relays_in_order(&mut h, (Duration::from_millis(5), Duration::from_millis(5)));
@@ -3779,6 +3792,7 @@ proptest::proptest! {
     #[test]
     fn shared_fetch_interleavings(
         ahead in 0usize..3,
+        slow_origin in proptest::bool::ANY,
         ops in proptest::collection::vec(fuzz_op(), 1..60),
     ) {
         let mut f = Fuzz {
@@ -3788,6 +3802,11 @@ proptest::proptest! {
             asked: Vec::new(),
             next_id: 1,
         };
+        if slow_origin {
+            // Latency-bound once a window came: relays in order and reads beside them read
+            // ahead at the origin (`Node::relay_ahead`, `Node::origin_ahead`).
+            f.h.origin.pace = (Duration::from_millis(20), Duration::from_millis(1));
+        }
         size_known(&mut f.h);
         for op in ops {
             f.apply(op);
