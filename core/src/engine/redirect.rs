@@ -68,7 +68,7 @@ fn split_scheme(url: &str) -> Option<(&'static str, &str)> {
 
 /// Scheme, host and port of `url` (host lower-cased, the default port made explicit), read as
 /// the dialer reads them ([`crate::policy::url_host_port`]).
-fn origin_of(url: &str) -> Option<(&'static str, String, u16)> {
+pub(crate) fn origin_of(url: &str) -> Option<(&'static str, String, u16)> {
     let (scheme, _) = split_scheme(url)?;
     let (host, port) = crate::policy::url_host_port(url)?;
     Some((scheme, host.to_ascii_lowercase(), port))

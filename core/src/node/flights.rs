@@ -75,18 +75,16 @@ pub(super) struct OriginPace {
     pub transfer: std::time::Duration,
 }
 
-/// The key an origin's pace is kept under: the host (lower-cased) and port its URLs dial.
-pub(super) fn pace_key(url: &str) -> Option<(String, u16)> {
-    let (host, port) = crate::policy::url_host_port(url)?;
-    Some((host.to_ascii_lowercase(), port))
-}
+/// The key an origin's pace is kept under: its scheme, host and port as the dialer reads them
+/// ([`crate::engine::redirect::origin_of`]).
+pub(super) type PaceKey = (&'static str, String, u16);
 
 impl Node {
     /// Remembers how `url`'s origin sent its last block window ([`Node::origin_pace`]), keeping
     /// at most [`super::ORIGIN_PACES_MAX`] origins (a new one past it replaces the first in
     /// order).
     fn note_origin_pace(&mut self, url: &str, pace: OriginPace) {
-        let Some(key) = pace_key(url) else { return };
+        let Some(key) = crate::engine::redirect::origin_of(url) else { return };
         if !self.origin_pace.contains_key(&key) && self.origin_pace.len() >= super::ORIGIN_PACES_MAX
         {
             self.origin_pace.pop_first();
@@ -98,7 +96,8 @@ impl Node {
     /// ([`OriginPace::latency_bound`]) by the last block window it sent; false before it sent
     /// one.
     pub(super) fn origin_latency_bound(&self, url: &str, n: usize) -> bool {
-        let pace = pace_key(url).and_then(|key| self.origin_pace.get(&key).copied());
+        let key = crate::engine::redirect::origin_of(url);
+        let pace = key.and_then(|key| self.origin_pace.get(&key).copied());
         pace.is_some_and(|p| p.latency_bound(n))
     }
 }

@@ -261,9 +261,9 @@ pub struct Node {
     /// checked, kept and sent on as one handle, and hashed once. A handle held here keeps its
     /// bytes alive, so an equal pointer and length are the same bytes.
     recent_digests: VecDeque<(bytes::Bytes, crate::integrity::BlockDigest)>,
-    /// How the last block window from each origin (by host and port) took its time
+    /// How the last block window from each origin (by scheme, host and port) took its time
     /// ([`Node::origin_ahead`], [`Node::relay_ahead`]); at most [`ORIGIN_PACES_MAX`] origins.
-    origin_pace: BTreeMap<(String, u16), flights::OriginPace>,
+    origin_pace: BTreeMap<flights::PaceKey, flights::OriginPace>,
 }
 
 /// Origins whose pace [`Node::origin_pace`] keeps.

@@ -3290,6 +3290,15 @@ fn relays_in_order(h: &mut Harness, pace: (Duration, Duration)) {
     relay_from(h, 8, 1, "child");
 }
 
+/// After [`relays_in_order`]: relay 8 asked the origin for its own block 1 and nothing ahead,
+/// and ends with it.
+fn relay_reads_only_its_block(h: &mut Harness, why: &str) {
+    assert_eq!(origin_asked(h), vec![1], "{why}");
+    h.serve_origin();
+    assert!(h.ended(8));
+    assert_eq!(h.node.counters().read_ahead, 0);
+}
+
 /// Without this, a root that only relays the object asks the origin for one window per round
 /// trip, and every reader in its tree follows at that pace.
 #[test]
@@ -3332,10 +3341,7 @@ fn an_origin_that_answers_within_milliseconds_is_not_latency_bound() {
     // node's own scheduling): nothing ahead beside the relays.
     let mut h = Harness::new(root_ahead(2));
     relays_in_order(&mut h, (Duration::from_millis(5), Duration::from_micros(500)));
-    assert_eq!(origin_asked(&h), vec![1]);
-    h.serve_origin();
-    assert!(h.ended(8));
-    assert_eq!(h.node.counters().read_ahead, 0);
+    relay_reads_only_its_block(&mut h, "a wait of 5 ms");
     assert!(!h.node.origin_latency_bound(URL, 2));
 }
 
@@ -3343,10 +3349,7 @@ fn an_origin_that_answers_within_milliseconds_is_not_latency_bound() {
 fn a_root_that_only_relays_reads_nothing_ahead_at_a_busy_origin() {
     let mut h = Harness::new(root_ahead(2));
     relays_in_order(&mut h, (Duration::from_millis(5), Duration::from_millis(5)));
-    assert_eq!(origin_asked(&h), vec![1], "windows ahead would slow the one its subtree follows");
-    h.serve_origin();
-    assert!(h.ended(8));
-    assert_eq!(h.node.counters().read_ahead, 0);
+    relay_reads_only_its_block(&mut h, "windows ahead would slow the one its subtree follows");
 }
 
 #[test]
@@ -3380,10 +3383,7 @@ fn a_relay_reads_ahead_only_inside_its_chunk() {
     // Chunks of two blocks: block 1 ends the first chunk, whose tree is the one this node roots.
     let mut h = Harness::new(root_ahead_chunked(2, 2));
     relays_in_order(&mut h, (Duration::from_millis(20), Duration::from_millis(1)));
-    assert_eq!(origin_asked(&h), vec![1], "blocks 2 and 3 are the next chunk's");
-    h.serve_origin();
-    assert!(h.ended(8));
-    assert_eq!(h.node.counters().read_ahead, 0);
+    relay_reads_only_its_block(&mut h, "blocks 2 and 3 are the next chunk's");
 }
 
 #[test]
