@@ -362,6 +362,9 @@ impl prometheus_client::collector::Collector for Collected {
         let joined = "Peer block fetches a read joined: another read of this node was fetching \
                       the same block from the same peer.";
         plain_counter(&mut enc, "dart_peer_fetch_joined", joined, scrape.node.peer_fetches_joined)?;
+        let held = "Block look-ups answered from the last blocks the node stored, kept in memory \
+                    whether or not the store admitted them.";
+        plain_counter(&mut enc, "dart_held_block_hits", held, scrape.node.held_hits)?;
         if let Some(files) = scrape.tracker_files {
             let n = scrape.node;
             let joins = [("granted", n.tracker_join_ok), ("failed", n.tracker_join_failed)];

@@ -46,6 +46,13 @@ pub enum Behaviour {
         /// Body rate; 0 is treated as 1.
         bytes_per_second: u64,
     },
+    /// Honours Range but answers every request `wait_ms` milliseconds after it arrived, on
+    /// tokio's clock (an origin across a WAN or an object store: latency-bound, not
+    /// bandwidth-bound).
+    Waits {
+        /// Time from request to response head.
+        wait_ms: u64,
+    },
 }
 
 /// Piece size of a [`Behaviour::Slow`] body: the first piece goes at once, the rest are paced.
@@ -127,7 +134,8 @@ fn respond(
         | Behaviour::IgnoresRange
         | Behaviour::HidesTotal
         | Behaviour::Truncates
-        | Behaviour::Slow { .. } => {}
+        | Behaviour::Slow { .. }
+        | Behaviour::Waits { .. } => {}
     }
     let size = obj.size;
     let window = match (obj.behaviour, range) {
@@ -164,7 +172,8 @@ fn respond(
         | Behaviour::NotFound
         | Behaviour::HidesTotal
         | Behaviour::Truncates
-        | Behaviour::PresignedGetOnly => body::full(data),
+        | Behaviour::PresignedGetOnly
+        | Behaviour::Waits { .. } => body::full(data),
     };
     let mut r = Response::new(body);
     *r.status_mut() = status;
@@ -212,7 +221,12 @@ pub async fn serve_origin<L: Listener>(
     let handler = move |req: Request<Incoming>| {
         let object = object.clone();
         let stats = stats.clone();
-        async move { respond(&object, &stats, &req) }
+        async move {
+            if let Behaviour::Waits { wait_ms } = object.behaviour {
+                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+            }
+            respond(&object, &stats, &req)
+        }
     };
     serve(listener, handler, shutdown, options).await
 }

@@ -43,6 +43,11 @@ pub struct DemoFlags {
     /// one of them is killed.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub nodes: u16,
+    /// How long the embedded origin waits before answering each request: `0s` answers at once
+    /// (loopback); `30ms` or more plays an origin across a WAN or an object store, whose first
+    /// byte takes far longer than a block's bytes.
+    #[arg(long, default_value = "0s", value_parser = duration)]
+    pub origin_wait: std::time::Duration,
 }
 
 /// Flags of a node.

@@ -74,7 +74,7 @@ pub async fn run(flags: DemoFlags) -> anyhow::Result<()> {
 
 async fn run_in(flags: &DemoFlags, dir: &std::path::Path) -> anyhow::Result<()> {
     let size = flags.object_size;
-    let origin = Origin::start(size).await?;
+    let origin = Origin::start(size, flags.origin_wait).await?;
     let (origin_addr, stats) = (origin.addr, origin.stats.clone());
 
     let node_flags = NodeFlags {
@@ -186,12 +186,18 @@ struct Origin {
 }
 
 impl Origin {
-    /// Serves object [`OBJECT_SEED`] of `size` bytes on an ephemeral loopback port.
-    async fn start(size: u64) -> anyhow::Result<Self> {
+    /// Serves object [`OBJECT_SEED`] of `size` bytes on an ephemeral loopback port, answering
+    /// each request `wait` after it arrived.
+    async fn start(size: u64, wait: Duration) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(OriginStats::default());
-        let object = OriginObject { seed: OBJECT_SEED, size, behaviour: Behaviour::Honours };
+        let behaviour = if wait.is_zero() {
+            Behaviour::Honours
+        } else {
+            Behaviour::Waits { wait_ms: wait.as_millis().try_into().unwrap_or(u64::MAX) }
+        };
+        let object = OriginObject { seed: OBJECT_SEED, size, behaviour };
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let stopped = async move {
             let _ = stop_rx.await;

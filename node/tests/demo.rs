@@ -51,6 +51,20 @@ fn the_three_node_demo_pays_the_origin_once_per_object_and_survives_a_killed_nod
     assert!(out.contains("left every view"), "{out}");
 }
 
+/// At an origin 20 ms from its first byte, the roots read ahead beside the relays they serve
+/// (`Node::origin_ahead`, `Node::relay_ahead`): the real processes run that path only here. Before
+/// the node held its last stored blocks (`Node::held`), the second herd paid 1.25-1.63x on about
+/// 1 run in 14, its root's borrowed budget refusing the blocks it read ahead.
+#[test]
+fn the_three_node_demo_at_an_origin_slow_to_answer_pays_the_origin_once_per_object() {
+    let out = demo(&["--origin-wait", "20ms"]);
+    let shares = shares(&out);
+    assert_eq!(shares.len(), 2, "two herds: {out}");
+    for (share, _) in shares {
+        assert!((1.0..1.2).contains(&share), "origin share {share}: {out}");
+    }
+}
+
 #[test]
 fn the_one_node_demo_reads_through_one_node() {
     let out = demo(&["--nodes", "1"]);

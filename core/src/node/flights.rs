@@ -105,9 +105,11 @@ impl Node {
 /// The shortest wait for a head that makes an origin latency-bound ([`OriginPace::latency_bound`]):
 /// an origin across a WAN or an object store (tens of milliseconds to its first byte), not one
 /// on the node's own network, whose waits are scheduling noise. On loopback, with 1 MiB blocks
-/// on a loaded 2-core machine, waits of a few milliseconds passed the ratio alone, and the real
-/// node's `dart demo` then paid the origin 1.13-1.25x for two readers on 3 of 8 runs, against
-/// none of 10 without the rule (not explained: docs/simulation.md, "Findings about the core").
+/// on a loaded 2-core machine, waits of a few milliseconds passed the ratio alone. The real
+/// node's `dart demo` then paid the origin 1.13-1.25x for two readers on 3 of 8 runs; the cause
+/// was found later (a full borrowed budget refused the blocks read ahead: [`Node::held`]), and
+/// with it fixed the demo paid once on 16 of 16 runs without this floor. The floor stays for
+/// the first reason.
 pub(super) const LATENCY_BOUND_WAIT_MIN: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl OriginPace {

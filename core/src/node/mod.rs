@@ -138,6 +138,9 @@ pub struct NodeCounters {
     /// Whole blocks a read found in its store that no longer hashed to the digest they were
     /// stored with: dropped and read afresh ([`crate::integrity`]).
     pub rotten_blocks_dropped: u64,
+    /// Look-ups answered from the blocks the node stored last ([`Node::held`]), before the
+    /// store was asked.
+    pub held_hits: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -264,7 +267,19 @@ pub struct Node {
     /// How the last block window from each origin (by scheme, host and port) took its time
     /// ([`Node::origin_ahead`], [`Node::relay_ahead`]); at most [`ORIGIN_PACES_MAX`] origins.
     origin_pace: BTreeMap<flights::PaceKey, flights::OriginPace>,
+    /// The last [`HELD_BLOCKS`] borrowed blocks this node stored, newest last: a look-up finds
+    /// them here before it asks the store ([`Node::held_block`]). Once the borrowed budget is
+    /// full, its admission refuses a block less popular than its victim, as every new block is;
+    /// yet a borrowed block this node fetched as a tree's root (a reader tree's, or in a dead
+    /// owner's place) is the one its own read ahead, or a peer behind it, asks for next: without
+    /// this each such follower fetched it again. Owned blocks are always admitted (a degraded
+    /// disk skips every write: the node then reads the origin, as documented).
+    held: VecDeque<(crate::hash::BlockKey, bytes::Bytes)>,
 }
+
+/// Blocks kept in [`Node::held`]: at 4 MiB blocks, 32 MiB pinned at most (the store's RAM tier,
+/// when on, keeps a handle on the same buffers).
+const HELD_BLOCKS: usize = 8;
 
 /// Origins whose pace [`Node::origin_pace`] keeps.
 const ORIGIN_PACES_MAX: usize = 64;
@@ -324,6 +339,7 @@ impl Node {
             kept_order: VecDeque::new(),
             recent_digests: VecDeque::new(),
             origin_pace: BTreeMap::new(),
+            held: VecDeque::new(),
             relayed: VecDeque::new(),
         })
     }
@@ -551,16 +567,24 @@ impl Node {
     fn emit(&mut self, output: Output) {
         match &output {
             // Written by this process: of the version this process knows.
-            Output::StorePut { key, data, .. } => {
+            Output::StorePut { key, data, class } => {
                 self.recovered.remove(key);
                 self.keep_digest(*key, data);
                 self.landed.push((*key, data.clone()));
+                if *class == crate::engine::BlockClass::Borrowed {
+                    self.held.retain(|(k, _)| k != key);
+                    if self.held.len() == HELD_BLOCKS {
+                        self.held.pop_front();
+                    }
+                    self.held.push_back((*key, data.clone()));
+                }
             }
             Output::StoreDrop { keys } => {
                 for key in keys {
                     self.recovered.remove(key);
                     self.kept_digests.remove(key);
                 }
+                self.held.retain(|(k, _)| !keys.contains(k));
             }
             _ => {}
         }
@@ -720,6 +744,7 @@ impl Node {
         assert!(self.ahead_order.len() <= READ_AHEAD_LIVE_MAX, "read-ahead records above bound");
         assert!(self.relayed.len() <= RELAYED_MEMO, "relayed blocks above bound");
         assert!(self.origin_pace.len() <= ORIGIN_PACES_MAX, "origin paces above bound");
+        assert!(self.held.len() <= HELD_BLOCKS, "held blocks above bound");
         assert!(self.ahead_landed.len() <= self.ahead_order.len(), "a read-ahead record unordered");
         self.access.check_invariants(&self.requests);
         for (c, check) in &self.access.checks {

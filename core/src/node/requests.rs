@@ -492,6 +492,12 @@ impl Node {
                 }
             }
             Action::Lookup { key, window } => {
+                if let Some(block) = self.held_block(&key, window) {
+                    // Answered here: the read goes on in the loop that drives it.
+                    self.counters.held_hits += 1;
+                    self.looked_up(rid, key, Some(block), now);
+                    return;
+                }
                 let op = self.next_store_op();
                 let unversioned = self.recovered.contains(&key);
                 self.store_ops.insert(op, (rid, key, unversioned, window.is_none()));
@@ -1102,6 +1108,35 @@ impl Node {
         let req = self.requests.get_mut(&rid).expect("a store op's request is live");
         assert_eq!(req.wait, Wait::Store(op), "store answer out of turn");
         req.wait = Wait::Ready;
+        self.looked_up(rid, key, block, now);
+        self.drive(rid, now);
+        self.working.pop();
+    }
+
+    /// The copy of block `key` (of `window` of it, if given) that [`Node::held`] keeps, if it
+    /// does and the block is of the length the look-up expects.
+    fn held_block(
+        &self,
+        key: &crate::hash::BlockKey,
+        window: Option<crate::engine::Window>,
+    ) -> Option<Bytes> {
+        let (_, data) = self.held.iter().rev().find(|(k, _)| k == key)?;
+        match window {
+            Some(w) => w.slice(data),
+            None => Some(data.clone()),
+        }
+    }
+
+    /// Request `rid`'s look-up of `key` found `block` (or nothing): the read takes it; a hit on
+    /// a block a read-ahead brought in counts where it came from.
+    fn looked_up(
+        &mut self,
+        rid: RequestId,
+        key: crate::hash::BlockKey,
+        block: Option<Bytes>,
+        now: Instant,
+    ) {
+        let req = self.requests.get_mut(&rid).expect("a looked-up request is live");
         let before = self.engine.stats().block_source_cache;
         req.read.handle_lookup(&mut self.engine, block, now);
         if self.engine.stats().block_source_cache > before {
@@ -1115,8 +1150,6 @@ impl Node {
             };
             self.event(Event::Block { request: rid, plane, key, source });
         }
-        self.drive(rid, now);
-        self.working.pop();
     }
 
     /// A read found the whole `block` of `key` in the store: it is served only if it still

@@ -212,7 +212,7 @@ async fn converge(
 pub(super) async fn run(flags: &DemoFlags, dir: &Path) -> anyhow::Result<()> {
     let n = usize::from(flags.nodes);
     let size = flags.object_size;
-    let served = Origin::start(size).await?;
+    let served = Origin::start(size, flags.origin_wait).await?;
     let (origin, stats) = (served.addr, served.stats.clone());
     let client: DemoClient = Client::builder(TokioExecutor::new())
         .build(SeamConnector::new(TokioDialer, Duration::from_secs(5)));
