@@ -38,6 +38,7 @@ pub fn all() -> Vec<Scenario> {
         herd_narrow_links(),
         dead_root(),
         dead_root_midread(),
+        second_herd_dead_owner(),
         black_hole(),
         stalled_peer(),
         stalled_successor(),
@@ -353,6 +354,66 @@ fn dead_root_midread() -> Scenario {
         "the tree root's machine vanishes mid-read (0.4 s in at full scale, while reads are under way)",
         400,
     )
+}
+
+/// The real `dart demo`'s second herd: every node reads one object, the owner of a second
+/// object's blocks dies, and the others read that one. The node that stands in for the dead
+/// owner is no owner, so the blocks it fetches are borrowed, and its cache is full of the first
+/// object's blocks, which were read more often: TinyLFU refuses every new one. Its own read and
+/// the readers behind it must still get each block it fetched (read ahead included) without the
+/// origin sending it again.
+fn second_herd_dead_owner() -> Scenario {
+    Scenario::new(
+        "second-herd-dead-owner",
+        "every node reads an object; the owner of a second one dies and the rest read it through full caches that refuse its blocks: the origin sends each window once",
+        |seed, scale| {
+            let nodes = pick(scale, 8, 24) as usize;
+            let block = pick(scale, 128 << 10, 4 * MIB);
+            let objects =
+                vec![ObjectDef::plain(32 * block, seed), ObjectDef::plain(32 * block, seed ^ 0xB)];
+            let mut spec = everyone_reads(seed, nodes, objects, block, ms(20));
+            let owner = tree_order(&spec.cluster, 1, 0)[0];
+            let second = secs(pick(scale, 2, 4));
+            for read in &mut spec.workload.safety {
+                if read.object == 1 {
+                    read.at += second;
+                }
+            }
+            // As many blocks as one object: the first herd fills every cache (6 borrowed).
+            spec.cluster.cache_blocks = 32;
+            // The origin's count is the herds': nothing reads later.
+            spec.workload.liveness.clear();
+            let dies = second - ms(500);
+            spec.plan = FaultPlan {
+                faults: vec![fault(dies, secs(60), FaultKind::Crash { node: owner, keep_cache: false })],
+            };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        let owner = tree_order(&run.spec.cluster, 1, 0)[0];
+        safety_reads_finish(run, check, &[owner]);
+        let block = run.spec.cluster.geometry.block_bytes();
+        let sent = |b: u64| r.origin.per_window.get(&(1, b * block)).copied().unwrap_or(0);
+        // Block 0 is where each child of the dead owner meets it alone: it dials the owner, is
+        // refused, asks the owner's successor (which holds nothing yet) and reads the origin
+        // (docs/simulation.md, "Findings about the core": a dead member is paid once per tree).
+        let twice: Vec<u64> = (1..32).filter(|&b| sent(b) > 1).collect();
+        check.that(
+            twice.is_empty(),
+            format!("the origin sent each window of the second object past its first once (more: blocks {twice:?})"),
+        );
+        let rejected: u64 = r.nodes.iter().map(|n| n.admit_rejected).sum();
+        check.that(rejected > 0, "full caches refused borrowed blocks");
+        let held: u64 = r.nodes.iter().map(|n| n.counters.held_hits).sum();
+        check.note(format!(
+            "{rejected} borrowed admissions refused; {held} look-ups answered from held blocks; \
+             origin {} range requests, block 0 sent {} times",
+            r.origin.range_requests,
+            sent(0)
+        ));
+    })
 }
 
 fn black_hole() -> Scenario {

@@ -1,11 +1,12 @@
-//! A node's block cache in the simulator, mirroring the store's contract (spec/store.md §1):
+//! A node's block cache in the simulator, mirroring the store's contract (spec/store.md §1, §3):
 //! write-once per key, exact length, owned and borrowed budgets, a crash keeps it (warm start with
-//! verification) or loses it (cold start). Once full, a borrowed block is admitted only if the
-//! core's TinyLFU verdict ([`dart_core::admission::admits`], the one the disk store applies) finds
-//! it at least as popular as the block it would evict. One capacity stands for both budgets, and
-//! the estimator starts counting when the cache first fills (so that caches that never fill cost
-//! nothing). Blocks are `Bytes` handles, usually slices of the one
-//! shared content buffer, so a large cluster costs pointers, not copies.
+//! verification) or loses it (cold start). The capacity splits as the disk store's default does
+//! ([`OWNED_FRACTION`] owned); a full owned budget evicts its oldest block, and once the borrowed
+//! budget is full a borrowed block is admitted only if the core's TinyLFU verdict
+//! ([`dart_core::admission::admits`], the one the disk store applies) finds it at least as popular
+//! as the oldest borrowed block it would evict. The estimator starts counting when the borrowed
+//! budget first fills (so that caches that never fill cost nothing). Blocks are `Bytes` handles,
+//! usually slices of the one shared content buffer, so a large cluster costs pointers, not copies.
 
 use bytes::Bytes;
 use dart_core::admission::{admits, Sketch};
@@ -17,6 +18,23 @@ use std::collections::BTreeMap;
 pub const CACHE_BLOCKS_MAX: usize = 1 << 20;
 /// Most keys the admission estimator is sized for (its memory is per node).
 pub const SKETCH_KEYS_MAX: usize = 1 << 16;
+/// The owned share of a cache's blocks: the disk store's default `--owned-fraction`.
+pub const OWNED_FRACTION: f64 = 0.8;
+
+/// The owned and borrowed budgets of `capacity` blocks, as the disk store splits its slots:
+/// `floor(capacity * f)` owned but at least one, the rest borrowed but at least one (taken from
+/// owned while it has more than one).
+fn budgets(capacity: usize) -> (usize, usize) {
+    let mut owned = ((capacity as f64 * OWNED_FRACTION).floor() as usize).max(1);
+    let mut borrowed = capacity.saturating_sub(owned);
+    if borrowed < 1 {
+        borrowed = 1;
+        if owned > 1 {
+            owned -= 1;
+        }
+    }
+    (owned, borrowed)
+}
 
 #[derive(Clone, Debug)]
 struct Slot {
@@ -33,6 +51,11 @@ pub struct SimCache {
     order: BTreeMap<u64, BlockKey>,
     next_seq: u64,
     capacity: usize,
+    /// Blocks each budget holds at most, and holds now.
+    owned_cap: usize,
+    borrowed_cap: usize,
+    owned_len: usize,
+    borrowed_len: usize,
     torn: std::collections::BTreeSet<BlockKey>,
     /// Blocks whose bytes rotted in place ([`SimCache::rot`]), until dropped.
     rotten: std::collections::BTreeSet<BlockKey>,
@@ -42,18 +65,25 @@ pub struct SimCache {
     pub evictions: u64,
     /// Borrowed blocks refused by TinyLFU admission.
     pub admit_rejected: u64,
-    /// The admission estimator, from the first time the cache is full.
+    /// The admission estimator, from the first time the borrowed budget is full.
     sketch: Option<Sketch>,
 }
 
 impl SimCache {
-    /// An empty cache holding at most `capacity` blocks (clamped to [`CACHE_BLOCKS_MAX`]).
+    /// An empty cache of `capacity` blocks (clamped to [`CACHE_BLOCKS_MAX`]), split into the
+    /// owned and borrowed budgets (at least one block each).
     pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, CACHE_BLOCKS_MAX);
+        let (owned_cap, borrowed_cap) = budgets(capacity);
         SimCache {
             blocks: BTreeMap::new(),
             order: BTreeMap::new(),
             next_seq: 0,
-            capacity: capacity.clamp(1, CACHE_BLOCKS_MAX),
+            capacity,
+            owned_cap,
+            borrowed_cap,
+            owned_len: 0,
+            borrowed_len: 0,
             torn: std::collections::BTreeSet::new(),
             rotten: std::collections::BTreeSet::new(),
             duplicate_puts: 0,
@@ -83,6 +113,7 @@ impl SimCache {
     /// Drops `key` (its object changed); returns whether it was held.
     pub fn remove(&mut self, key: &BlockKey) -> bool {
         let Some(slot) = self.blocks.remove(key) else { return false };
+        self.uncount(slot.class);
         self.order.remove(&slot.seq);
         self.torn.remove(key);
         self.rotten.remove(key);
@@ -112,8 +143,9 @@ impl SimCache {
         self.blocks.contains_key(key)
     }
 
-    /// Offers a block; the first bytes for a key win; a borrowed block may be refused once the
-    /// cache is full. Returns whether it was inserted.
+    /// Offers a block; the first bytes for a key win; a full owned budget evicts its oldest
+    /// block, and a borrowed block may be refused once the borrowed budget is full. Returns
+    /// whether it was inserted.
     pub fn put(&mut self, key: BlockKey, data: Bytes, class: BlockClass) -> bool {
         assert!(!data.is_empty(), "the store rejects empty blocks");
         if class == BlockClass::Borrowed {
@@ -126,38 +158,52 @@ impl SimCache {
             self.duplicate_puts += 1;
             return false;
         }
-        if self.blocks.len() >= self.capacity {
-            let sketch = self
-                .sketch
-                .get_or_insert_with(|| Sketch::new(self.capacity.min(SKETCH_KEYS_MAX) as u64));
+        let full = match class {
+            BlockClass::Owned => self.owned_len >= self.owned_cap,
+            BlockClass::Borrowed => self.borrowed_len >= self.borrowed_cap,
+        };
+        if full {
             if class == BlockClass::Borrowed {
-                let victim =
-                    self.order.values().find(|k| self.blocks[*k].class == BlockClass::Borrowed);
+                let keys = self.borrowed_cap.clamp(256, SKETCH_KEYS_MAX) as u64;
+                let sketch = self.sketch.get_or_insert_with(|| Sketch::new(keys));
+                let victim = self.order.values().find(|k| self.blocks[*k].class == class);
                 if victim.is_some_and(|v| !admits(sketch, &key, v)) {
                     self.admit_rejected += 1;
                     return false;
                 }
             }
-            self.evict_one();
+            self.evict_oldest(class);
         }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.blocks.insert(key, Slot { data, class, seq });
         self.order.insert(seq, key);
+        match class {
+            BlockClass::Owned => self.owned_len += 1,
+            BlockClass::Borrowed => self.borrowed_len += 1,
+        }
         true
     }
 
-    fn evict_one(&mut self) {
+    fn uncount(&mut self, class: BlockClass) {
+        match class {
+            BlockClass::Owned => self.owned_len -= 1,
+            BlockClass::Borrowed => self.borrowed_len -= 1,
+        }
+    }
+
+    /// Evicts the oldest block of budget `class`.
+    fn evict_oldest(&mut self, class: BlockClass) {
         let victim = self
             .order
             .iter()
-            .find(|(_, k)| self.blocks[*k].class == BlockClass::Borrowed)
-            .or_else(|| self.order.first_key_value())
+            .find(|(_, k)| self.blocks[*k].class == class)
             .map(|(&seq, &key)| (seq, key));
         if let Some((seq, key)) = victim {
             self.order.remove(&seq);
             self.blocks.remove(&key);
             self.rotten.remove(&key);
+            self.uncount(class);
             self.evictions += 1;
         }
     }
@@ -181,7 +227,9 @@ impl SimCache {
         let mut torn = std::mem::take(&mut self.torn);
         torn.append(&mut self.rotten);
         for key in &torn {
-            self.blocks.remove(key);
+            if let Some(slot) = self.blocks.remove(key) {
+                self.uncount(slot.class);
+            }
         }
         self.order.retain(|_, k| !torn.contains(k));
         torn.len()
@@ -192,6 +240,7 @@ impl SimCache {
         self.blocks.clear();
         self.order.clear();
         self.torn.clear();
+        (self.owned_len, self.borrowed_len) = (0, 0);
     }
 
     /// Blocks held.
@@ -222,7 +271,13 @@ impl SimCache {
     /// Asserts the cache's structural invariants (content is checked by the simulator, which
     /// knows the objects).
     pub fn check_invariants(&self) {
-        assert!(self.blocks.len() <= self.capacity, "cache above its capacity");
+        assert!(self.owned_len <= self.owned_cap, "owned budget above its capacity");
+        assert!(self.borrowed_len <= self.borrowed_cap, "borrowed budget above its capacity");
+        assert!(
+            self.owned_cap + self.borrowed_cap <= self.capacity.max(2),
+            "budgets above capacity"
+        );
+        assert_eq!(self.blocks.len(), self.owned_len + self.borrowed_len, "budget counts drifted");
         assert_eq!(self.blocks.len(), self.order.len(), "order index drifted");
         assert!(self.torn.iter().all(|k| self.blocks.contains_key(k)), "torn keys are held");
     }
@@ -247,11 +302,13 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_refuses_a_borrowed_block_less_popular_than_its_victim() {
-        let mut c = SimCache::new(2);
+    fn a_full_borrowed_budget_refuses_a_block_less_popular_than_its_victim() {
+        // Ten blocks: eight owned, two borrowed.
+        let mut c = SimCache::new(10);
         c.put(key(1), Bytes::from_static(b"a"), BlockClass::Borrowed);
         c.put(key(2), Bytes::from_static(b"b"), BlockClass::Borrowed);
         assert!(c.put(key(3), Bytes::from_static(b"c"), BlockClass::Borrowed), "cold: ties admit");
+        assert!(!c.contains(&key(1)), "the oldest borrowed block went");
         for _ in 0..4 {
             c.lookup(&key(2));
         }
@@ -262,14 +319,29 @@ mod tests {
     }
 
     #[test]
-    fn eviction_takes_the_oldest_borrowed_block_first() {
-        let mut c = SimCache::new(2);
-        c.put(key(1), Bytes::from_static(b"a"), BlockClass::Owned);
-        c.put(key(2), Bytes::from_static(b"b"), BlockClass::Borrowed);
-        c.put(key(3), Bytes::from_static(b"c"), BlockClass::Owned);
-        assert!(c.contains(&key(1)) && !c.contains(&key(2)) && c.contains(&key(3)));
-        c.put(key(4), Bytes::from_static(b"d"), BlockClass::Owned);
-        assert!(!c.contains(&key(1)));
+    fn each_budget_evicts_its_own_oldest_block() {
+        let mut c = SimCache::new(10);
+        for b in 0..8 {
+            assert!(c.put(key(b), Bytes::from_static(b"o"), BlockClass::Owned));
+        }
+        c.put(key(100), Bytes::from_static(b"b"), BlockClass::Borrowed);
+        c.put(key(101), Bytes::from_static(b"b"), BlockClass::Borrowed);
+        assert_eq!(c.len(), 10);
+        // A ninth owned block evicts the oldest owned one, never a borrowed one.
+        assert!(c.put(key(8), Bytes::from_static(b"o"), BlockClass::Owned));
+        assert!(!c.contains(&key(0)) && c.contains(&key(100)) && c.contains(&key(101)));
+        // A third borrowed block evicts the oldest borrowed one, never an owned one.
+        assert!(c.put(key(102), Bytes::from_static(b"b"), BlockClass::Borrowed));
+        assert!(!c.contains(&key(100)) && c.contains(&key(1)));
+        assert_eq!(c.evictions, 2);
         c.check_invariants();
+    }
+
+    #[test]
+    fn budgets_split_as_the_disk_store_splits_its_slots() {
+        assert_eq!(budgets(10), (8, 2));
+        assert_eq!(budgets(24), (19, 5));
+        assert_eq!(budgets(2), (1, 1));
+        assert_eq!(budgets(1), (1, 1));
     }
 }
