@@ -54,6 +54,10 @@ pub(super) struct Reader {
     pub streaming: bool,
     /// Bytes already forwarded to its requester (never the last byte before the end).
     pub forwarded: u64,
+    /// Its own progress bound, when tighter than the fetch's: a relay that joined a fetch begun
+    /// for a read with a looser bound ([`Node::peer_progress_bound`]). Past it the reader leaves
+    /// the fetch as if its own had stopped ([`Node::drop_stalled_readers`]); the fetch goes on.
+    pub progress: Option<Duration>,
 }
 
 /// A peer block fetch. Reads of this node that need the same block from the same peer share
@@ -148,6 +152,8 @@ pub(super) struct Exchange {
     /// Longest gap between body parts once the head arrived (peer fetches: a body that stops
     /// moving is cut off here, not at the whole-request bound).
     progress_bound: Option<Duration>,
+    /// The tightest of its readers' own progress bounds ([`Reader::progress`]), if any.
+    pub reader_bound: Option<Duration>,
     /// When the head or the last body part arrived.
     pub last_progress: Instant,
     deadline: Option<Instant>,
@@ -217,8 +223,28 @@ impl Exchange {
         self.deadline
     }
 
+    /// The whole-exchange bound (`Duration::MAX` for none).
+    pub fn request_bound(&self) -> Duration {
+        self.request_bound.unwrap_or(Duration::MAX)
+    }
+
+    /// The exchange's own bound on a body that stops moving, if it has one.
+    pub fn progress_bound(&self) -> Option<Duration> {
+        self.progress_bound
+    }
+
     /// The earliest bound still in force.
     fn compute_deadline(&self) -> Option<Instant> {
+        let own = self.own_deadline();
+        let reader = match (self.head, self.reader_bound) {
+            (true, Some(b)) => Some(self.last_progress.saturating_add(b)),
+            _ => None,
+        };
+        [own, reader].into_iter().flatten().min()
+    }
+
+    /// The earliest of the exchange's own bounds, its readers' own aside.
+    pub fn own_deadline(&self) -> Option<Instant> {
         let request = self.request_bound.map(|b| self.sent.saturating_add(b));
         let head = match (self.head, self.head_from_connect, self.connected) {
             (true, _, _) | (false, true, false) => None,
@@ -377,6 +403,7 @@ impl Node {
             head_from_connect,
             request_bound,
             progress_bound,
+            reader_bound: None,
             last_progress: now,
             deadline: None,
             job,
@@ -526,6 +553,11 @@ impl Node {
     /// A bound of exchange `io` fired at `now`.
     pub(super) fn on_deadline(&mut self, io: IoId, now: Instant) {
         self.counters.timeouts += 1;
+        let x = &self.exchanges[&io];
+        if matches!(x.job, Job::Peer(_)) && x.own_deadline().is_none_or(|t| t > now) {
+            // Only readers' own bounds passed: they leave, the fetch goes on.
+            return self.drop_stalled_readers(io, now);
+        }
         let x = &self.exchanges[&io];
         let expiry = x.expired(now);
         match &x.job {

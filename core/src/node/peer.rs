@@ -176,14 +176,33 @@ impl Node {
         cut_through: bool,
         now: Instant,
     ) {
-        let reader = Reader { rid, contender, stream: cut_through, streaming: false, forwarded: 0 };
+        let mut reader = Reader {
+            rid,
+            contender,
+            stream: cut_through,
+            streaming: false,
+            forwarded: 0,
+            progress: None,
+        };
         let io = match self.joinable(rid, &addr, &member, &fetch) {
             Some(io) => {
                 self.engine.abandon(permit, now);
                 self.counters.peer_fetches_joined += 1;
+                let x = &self.exchanges[&io];
+                // A relay whose requester waits less than the fetch's first reader keeps its
+                // own bound: its abort must reach its requester before the requester's bound
+                // fires, which the fetch's bound would not (an honest relay timed out).
+                let own = self.peer_progress_bound(Some(rid), x.request_bound());
+                if x.progress_bound().is_some_and(|b| own < b) {
+                    reader.progress = Some(own);
+                }
                 let x = self.exchanges.get_mut(&io).expect("a joinable fetch is live");
+                if let Some(own) = reader.progress {
+                    x.reader_bound = Some(x.reader_bound.map_or(own, |b| b.min(own)));
+                }
                 let Job::Peer(job) = &mut x.job else { unreachable!("a joinable peer fetch") };
                 job.readers.push(reader);
+                self.rearm(io);
                 io
             }
             None => {
@@ -539,6 +558,35 @@ impl Node {
 
     pub(super) fn peer_expired(&mut self, io: IoId, expiry: Expiry, now: Instant) {
         self.finish_peer(io, Err(expiry.observation()), true, now);
+    }
+
+    /// The body of peer fetch `io` stood still past the own bound of some of its readers
+    /// ([`Reader::progress`]) but not past the fetch's: they leave it, each answered as if its
+    /// own fetch had timed out, and charge nobody (the peer was told the fetch's bound, which
+    /// has not passed); the fetch goes on for its other readers, or, with none left, runs on
+    /// to its own bound to record how the peer answers.
+    pub(super) fn drop_stalled_readers(&mut self, io: IoId, now: Instant) {
+        let x = self.exchanges.get_mut(&io).expect("a live exchange");
+        let last = x.last_progress;
+        let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
+        let (key, expected) = (job.key, job.expected);
+        let (stalled, kept): (Vec<Reader>, Vec<Reader>) = std::mem::take(&mut job.readers)
+            .into_iter()
+            .partition(|r| r.progress.is_some_and(|b| now >= last.saturating_add(b)));
+        x.reader_bound = kept.iter().filter_map(|r| r.progress).min();
+        job.readers = kept;
+        if job.readers.is_empty() && job.ticket.is_none() && !job.run_on {
+            // Every reader left: it runs on to its own bound, to record how the peer answers.
+            job.run_on = true;
+            self.counters.peer_fetches_run_on += 1;
+        }
+        self.rearm(io);
+        for reader in stalled {
+            let answer = PeerAnswer::Failed(Observation::TimedOut);
+            self.isolated(now, |node| {
+                node.answer_reader(io, &reader, key, expected, None, answer, now)
+            });
+        }
     }
 
     /// Peer exchange `io` is over with its whole body (of any length) or a failure: report it
