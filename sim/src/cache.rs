@@ -1,10 +1,11 @@
 //! A node's block cache in the simulator, mirroring the store's contract (spec/store.md §1, §3):
 //! write-once per key, exact length, owned and borrowed budgets, a crash keeps it (warm start with
 //! verification) or loses it (cold start). The capacity splits as the disk store's default does
-//! ([`OWNED_FRACTION`] owned); a full owned budget evicts its oldest block, and once the borrowed
-//! budget is full a borrowed block is admitted only if the core's TinyLFU verdict
+//! ([`OWNED_FRACTION`] owned), and each budget evicts its least recently used block (a look-up
+//! that finds a block, or a put of one held, refreshes it); once the borrowed budget is full a
+//! borrowed block is admitted only if the core's TinyLFU verdict
 //! ([`dart_core::admission::admits`], the one the disk store applies) finds it at least as popular
-//! as the oldest borrowed block it would evict. The estimator starts counting when the borrowed
+//! as the block it would evict. The estimator starts counting when the borrowed
 //! budget first fills (so that caches that never fill cost nothing). Blocks are `Bytes` handles,
 //! usually slices of the one shared content buffer, so a large cluster costs pointers, not copies.
 
@@ -14,7 +15,7 @@ use dart_core::engine::BlockClass;
 use dart_core::hash::BlockKey;
 use std::collections::BTreeMap;
 
-/// Most blocks one simulated cache holds; past it the oldest borrowed block is evicted first.
+/// Most blocks one simulated cache holds.
 pub const CACHE_BLOCKS_MAX: usize = 1 << 20;
 /// Most keys the admission estimator is sized for (its memory is per node).
 pub const SKETCH_KEYS_MAX: usize = 1 << 16;
@@ -40,8 +41,10 @@ fn budgets(capacity: usize) -> (usize, usize) {
 struct Slot {
     data: Bytes,
     class: BlockClass,
-    /// Its place in the insertion order.
+    /// Its place in the recency order (insertion, refreshed by a look-up or a put).
     seq: u64,
+    /// When it was written, in puts: the crash tears the newest write.
+    written: u64,
 }
 
 /// One node's cache.
@@ -102,7 +105,22 @@ impl SimCache {
                 sketch.increment(key);
             }
         }
-        slot.map(|s| s.data.clone())
+        let data = slot.map(|s| s.data.clone());
+        if data.is_some() {
+            self.touch(key);
+        }
+        data
+    }
+
+    /// Makes `key` the most recently used block of its budget (the store's arenas evict the
+    /// least recently used).
+    fn touch(&mut self, key: &BlockKey) {
+        let seq = self.next_seq;
+        let Some(slot) = self.blocks.get_mut(key) else { return };
+        self.next_seq += 1;
+        self.order.remove(&slot.seq);
+        slot.seq = seq;
+        self.order.insert(seq, *key);
     }
 
     /// The block, if held (a handle: blocks are immutable).
@@ -143,8 +161,8 @@ impl SimCache {
         self.blocks.contains_key(key)
     }
 
-    /// Offers a block; the first bytes for a key win; a full owned budget evicts its oldest
-    /// block, and a borrowed block may be refused once the borrowed budget is full. Returns
+    /// Offers a block; the first bytes for a key win; a full owned budget evicts its least
+    /// recently used block, and a borrowed block may be refused once the borrowed budget is full. Returns
     /// whether it was inserted.
     pub fn put(&mut self, key: BlockKey, data: Bytes, class: BlockClass) -> bool {
         assert!(!data.is_empty(), "the store rejects empty blocks");
@@ -155,7 +173,9 @@ impl SimCache {
             }
         }
         if self.blocks.contains_key(&key) {
+            // Re-putting a key refreshes its recency (the store's rule).
             self.duplicate_puts += 1;
+            self.touch(&key);
             return false;
         }
         let full = match class {
@@ -176,7 +196,7 @@ impl SimCache {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.blocks.insert(key, Slot { data, class, seq });
+        self.blocks.insert(key, Slot { data, class, seq, written: seq });
         self.order.insert(seq, key);
         match class {
             BlockClass::Owned => self.owned_len += 1,
@@ -192,7 +212,7 @@ impl SimCache {
         }
     }
 
-    /// Evicts the oldest block of budget `class`.
+    /// Evicts the least recently used block of budget `class`.
     fn evict_oldest(&mut self, class: BlockClass) {
         let victim = self
             .order
@@ -210,8 +230,8 @@ impl SimCache {
 
     /// The crash tore the newest write: its slot now holds a prefix. Returns the block's key.
     pub fn tear_newest(&mut self) -> Option<BlockKey> {
-        let (_, &key) = self.order.last_key_value()?;
-        let slot = self.blocks.get_mut(&key).expect("ordered keys are held");
+        let (&key, _) = self.blocks.iter().max_by_key(|(_, s)| s.written)?;
+        let slot = self.blocks.get_mut(&key).expect("a held key");
         if slot.data.len() < 2 {
             return None;
         }
@@ -308,10 +328,12 @@ mod tests {
         c.put(key(1), Bytes::from_static(b"a"), BlockClass::Borrowed);
         c.put(key(2), Bytes::from_static(b"b"), BlockClass::Borrowed);
         assert!(c.put(key(3), Bytes::from_static(b"c"), BlockClass::Borrowed), "cold: ties admit");
-        assert!(!c.contains(&key(1)), "the oldest borrowed block went");
+        assert!(!c.contains(&key(1)), "the least recently used borrowed block went");
         for _ in 0..4 {
             c.lookup(&key(2));
         }
+        // Block 3 read since: block 2 is the least recently used, and the more popular.
+        c.lookup(&key(3));
         assert!(!c.put(key(4), Bytes::from_static(b"d"), BlockClass::Borrowed));
         assert_eq!(c.admit_rejected, 1);
         assert!(c.put(key(5), Bytes::from_static(b"e"), BlockClass::Owned), "owned always admits");
@@ -334,6 +356,21 @@ mod tests {
         assert!(c.put(key(102), Bytes::from_static(b"b"), BlockClass::Borrowed));
         assert!(!c.contains(&key(100)) && c.contains(&key(1)));
         assert_eq!(c.evictions, 2);
+        c.check_invariants();
+    }
+
+    #[test]
+    fn a_block_looked_up_is_evicted_after_the_blocks_that_were_not() {
+        let mut c = SimCache::new(10);
+        for b in 0..8 {
+            c.put(key(b), Bytes::from_static(b"oo"), BlockClass::Owned);
+        }
+        assert!(c.lookup(&key(0)).is_some());
+        c.put(key(8), Bytes::from_static(b"oo"), BlockClass::Owned);
+        assert!(c.contains(&key(0)) && !c.contains(&key(1)), "block 1 was the least recently used");
+        // A crash tears the newest write, not the block read last.
+        assert!(c.lookup(&key(3)).is_some());
+        assert_eq!(c.tear_newest(), Some(key(8)));
         c.check_invariants();
     }
 
