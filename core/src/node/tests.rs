@@ -2806,10 +2806,7 @@ fn a_relay_cuts_off_a_stalled_upstream_body_a_margin_before_its_requester_would_
     // The relay's own bound is 2 s without an estimate; its requester's, less 1/16, is shorter
     // and is what it says upstream.
     assert_eq!(up.headers.get_str("x-dart-progress-ms"), Some("1500"));
-    h.io(up.id, IoEvent::Connected);
-    let head = Headers::new().with("content-length", BLOCK.to_string());
-    h.io(up.id, IoEvent::Head { status: 200, headers: head });
-    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK / 2)));
+    half_a_block_then_silence(&mut h, &up);
     assert_eq!(h.head_of(7).map(|head| head.status), Some(200), "cut through: committed");
     h.advance(Duration::from_millis(1499));
     assert!(!h.cancelled(up.id));
@@ -2819,20 +2816,23 @@ fn a_relay_cuts_off_a_stalled_upstream_body_a_margin_before_its_requester_would_
     assert!(h.aborted(7), "its requester sees a broken body 100 ms before its own bound");
 }
 
-/// CI's `dead-root-some-read` seed 141476503: a relay joined a fetch begun for another read,
-/// kept that fetch's longer progress bound, and its abort reached its requester after the
-/// requester's own bound had charged it, an honest relay, with a timeout.
-#[test]
-fn a_relay_that_joins_a_fetch_with_a_looser_bound_cuts_off_a_stalled_body_at_its_own_bound_and_charges_nobody(
-) {
+/// Peer fetch `up` of block 1 connects, sends its head and half the block, then nothing.
+fn half_a_block_then_silence(h: &mut Harness, up: &IoRequest) {
+    h.io(up.id, IoEvent::Connected);
+    let head = Headers::new().with("content-length", BLOCK.to_string());
+    h.io(up.id, IoEvent::Head { status: 200, headers: head });
+    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK / 2)));
+}
+
+/// A client read of block 1 fetches it from the parent with the node's own bound (2 s without
+/// an estimate), relay 7 for the same block, whose requester cuts its body off at 1.6 s, joins
+/// that fetch, and the fetch sends half the block, then nothing. Returns the fetch.
+fn relay_joins_a_looser_fetch() -> (Harness, IoRequest) {
     let mut h = Harness::new(reader_of("p:9000"));
     size_known(&mut h);
-    // A client read of block 1 fetches it from the parent with the node's own bound (2 s
-    // without an estimate).
     h.read(1, Some(&format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1)));
     let up = h.take_sends().remove(0);
     assert_eq!(up.headers.get_str("x-dart-progress-ms"), Some("2000"));
-    // A relay for the same block, whose requester cuts its body off at 1.6 s, joins that fetch.
     let e = engine();
     let key = e.block_key(&e.identify(URL), 1);
     let headers = Headers::new()
@@ -2842,10 +2842,17 @@ fn a_relay_that_joins_a_fetch_with_a_looser_bound_cuts_off_a_stalled_body_at_its
     h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
     assert!(peer_sends(&h).is_empty(), "joined, not asked again");
     assert_eq!(h.node.counters().peer_fetches_joined, 1);
-    h.io(up.id, IoEvent::Connected);
-    let head = Headers::new().with("content-length", BLOCK.to_string());
-    h.io(up.id, IoEvent::Head { status: 200, headers: head });
-    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK / 2)));
+    half_a_block_then_silence(&mut h, &up);
+    (h, up)
+}
+
+/// CI's `dead-root-some-read` seed 141476503: a relay joined a fetch begun for another read,
+/// kept that fetch's longer progress bound, and its abort reached its requester after the
+/// requester's own bound had charged it, an honest relay, with a timeout.
+#[test]
+fn a_relay_that_joins_a_fetch_with_a_looser_bound_cuts_off_a_stalled_body_at_its_own_bound_and_charges_nobody(
+) {
+    let (mut h, up) = relay_joins_a_looser_fetch();
     assert_eq!(h.head_of(7).map(|head| head.status), Some(200), "cut through: committed");
     // The body stops. At the relay's own bound (its requester's less 1/16) it breaks its
     // stream, before its requester's bound; the fetch goes on for the client read, and the
@@ -2867,21 +2874,7 @@ fn a_relay_that_joins_a_fetch_with_a_looser_bound_cuts_off_a_stalled_body_at_its
 /// peer answers (found by `dead-root-some-read` seed 9: an exchange left with no reader).
 #[test]
 fn a_fetch_whose_last_reader_leaves_at_its_own_bound_runs_on_to_the_fetchs_bound() {
-    let mut h = Harness::new(reader_of("p:9000"));
-    size_known(&mut h);
-    h.read(1, Some(&format!("bytes={}-{}", BLOCK, 2 * BLOCK - 1)));
-    let up = h.take_sends().remove(0);
-    let e = engine();
-    let key = e.block_key(&e.identify(URL), 1);
-    let headers = Headers::new()
-        .with("x-dart-origin", URL)
-        .with("x-dart-hop", "0")
-        .with("x-dart-progress-ms", "1600");
-    h.get(7, Plane::Peer, &crate::codec::wire::block_path(key), headers);
-    h.io(up.id, IoEvent::Connected);
-    let head = Headers::new().with("content-length", BLOCK.to_string());
-    h.io(up.id, IoEvent::Head { status: 200, headers: head });
-    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK / 2)));
+    let (mut h, up) = relay_joins_a_looser_fetch();
     h.feed(Input::Cancel { id: RequestId(1) });
     assert!(!h.cancelled(up.id), "the relay still reads it");
     h.advance(Duration::from_millis(1500));
