@@ -365,7 +365,7 @@ fn dead_root_midread() -> Scenario {
 fn second_herd_dead_owner() -> Scenario {
     Scenario::new(
         "second-herd-dead-owner",
-        "every node reads an object; the owner of a second one dies and the rest read it through full caches that refuse its blocks: the origin sends each window once",
+        "every node reads an object; the owner of a second one dies and the rest read it through full caches that refuse its blocks: the origin sends each window past the first once",
         |seed, scale| {
             let nodes = pick(scale, 8, 24) as usize;
             let block = pick(scale, 128 << 10, 4 * MIB);

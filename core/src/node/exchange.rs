@@ -552,13 +552,13 @@ impl Node {
 
     /// A bound of exchange `io` fired at `now`.
     pub(super) fn on_deadline(&mut self, io: IoId, now: Instant) {
-        self.counters.timeouts += 1;
         let x = &self.exchanges[&io];
         if matches!(x.job, Job::Peer(_)) && x.own_deadline().is_none_or(|t| t > now) {
-            // Only readers' own bounds passed: they leave, the fetch goes on.
+            // Only readers' own bounds passed: they leave, the fetch goes on (no exchange
+            // hit its bound).
             return self.drop_stalled_readers(io, now);
         }
-        let x = &self.exchanges[&io];
+        self.counters.timeouts += 1;
         let expiry = x.expired(now);
         match &x.job {
             Job::Origin { .. } => self.origin_expired(io, expiry, now),

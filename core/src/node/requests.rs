@@ -1113,8 +1113,8 @@ impl Node {
         self.working.pop();
     }
 
-    /// The copy of block `key` (of `window` of it, if given) that [`Node::held`] keeps, if it
-    /// does and the block is of the length the look-up expects.
+    /// The copy of block `key` that [`Node::held`] keeps, if it does: the whole of it, or
+    /// `window` of it when the block has the window's block length (as the store answers).
     fn held_block(
         &self,
         key: &crate::hash::BlockKey,
