@@ -392,6 +392,12 @@ impl prometheus_client::collector::Collector for Collected {
             "Escalations past a failed peer.",
             s.peer_failover,
         )?;
+        plain_counter(
+            &mut enc,
+            "dart_peer_reroutes",
+            "Blocks asked of a tree laid again after every ancestor asked had failed.",
+            s.peer_reroutes,
+        )?;
         if let Some(open) = open {
             plain_gauge(&mut enc, "dart_peer_circuits_open", "Peers whose circuit is open.", open)?;
         }

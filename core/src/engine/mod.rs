@@ -166,6 +166,9 @@ pub struct EngineStats {
     pub peer_digests_verified: u64,
     /// Escalations past a peer that failed (not counting 404s).
     pub peer_failover: u64,
+    /// Blocks whose ancestors had all failed and for which a tree laid again (without the
+    /// members whose circuits opened meanwhile) named an ancestor not asked yet.
+    pub peer_reroutes: u64,
     /// Upstream peers skipped because the breaker refused admission.
     pub peer_skipped_open: u64,
     /// Relay requests answered with a block.

@@ -396,6 +396,46 @@ fn a_dead_parent_opens_on_one_dial_and_later_reads_skip_it_with_zero_dials() {
 }
 
 #[test]
+fn a_child_that_meets_its_home_dead_asks_the_member_that_replaces_it_not_the_origin() {
+    // Fanout 2 over 5 members: the home's children are positions 1 and 3, and position 3 has no
+    // other ancestor. Laid again without the home, the tree puts position 2 above position 3 and
+    // position 1 (the replacement) at the top, which reads the origin once for both (before,
+    // position 3 read the origin itself and the replacement again: each child of a dead home
+    // learned alone).
+    let mut c = Cluster::new(5, 2, 4, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (home, replacement) = c.dead_home(false);
+    let (child, between) = (ranked[3], ranked[2]);
+    assert_eq!(c.read(child, None), End::Finish(c.expected(0, 3)));
+    assert_eq!(c.state_of(child, home), CircuitState::Open);
+    assert_eq!(c.nodes[child].engine.stats().peer_reroutes, 1);
+    assert_eq!(c.nodes[child].engine.stats().block_source_peer, 1);
+    assert_eq!(c.nodes[between].relay_requests, 1, "the child asked its new parent");
+    assert_eq!(c.nodes[replacement].relay_requests, 1, "which asked the replacement");
+    assert_eq!(c.nodes[home].relay_requests, 2, "the child and the replacement: one dial each");
+    assert_eq!(c.origin.fetches.len(), 1, "one origin read, by the replacement");
+    assert_eq!(c.read(replacement, None), End::Finish(c.expected(0, 3)));
+    assert_eq!(c.origin.fetches.len(), 1, "the replacement holds it");
+    // The tree laid again names nobody new for the replacement itself (it is the top now).
+    assert_eq!(c.nodes[replacement].engine.stats().peer_reroutes, 0);
+}
+
+#[test]
+fn a_block_is_asked_of_a_re_laid_tree_once_and_never_of_a_peer_already_asked() {
+    // Both ancestors stall (their circuits stay closed after one timeout each): the tree laid
+    // again is the same tree, so nobody new is asked and the read goes to the origin.
+    let mut c = Cluster::new(7, 2, 4, Mode::Honours);
+    let ranked = c.ranked(0);
+    let (leaf, parent, grand) = (ranked[6], ranked[4], ranked[0]);
+    c.nodes[parent].fault = Fault::Stalled;
+    c.nodes[grand].fault = Fault::Stalled;
+    assert_eq!(c.read(leaf, None), End::Finish(c.expected(0, 3)));
+    assert_eq!((c.nodes[parent].relay_requests, c.nodes[grand].relay_requests), (1, 1));
+    assert_eq!(c.nodes[leaf].engine.stats().peer_reroutes, 0);
+    assert_eq!(c.origin.fetches.len(), 1);
+}
+
+#[test]
 fn a_parent_that_timed_out_on_one_block_is_asked_last_for_the_rest_of_the_read() {
     let mut c = Cluster::new(7, 2, 16, Mode::Honours);
     let ranked = c.ranked(0);

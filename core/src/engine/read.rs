@@ -386,6 +386,12 @@ struct Job {
     hedged: bool,
     /// A relay that answered "my upstream is slow" was asked once more for this block.
     asked_again: bool,
+    /// The tree ancestors asked for this block ([`Read::launch`]), so that a tree laid again
+    /// ([`Read::reroute`]) never asks one twice.
+    asked: Vec<String>,
+    /// The tree was laid again for this block once its ancestors had failed, or may not be (a
+    /// peer lied: no other peer is asked for this block).
+    rerouted: bool,
     /// A neighbour was asked for this block before the origin (its address), or the engine
     /// had none to ask (`Some(None)`).
     neighbour: Option<Option<String>>,
@@ -891,6 +897,8 @@ impl Read {
                 race: [None, None],
                 hedged: false,
                 asked_again: false,
+                asked: Vec::new(),
+                rerouted: false,
                 neighbour: None,
                 successor: false,
                 origin_backup: false,
@@ -924,6 +932,7 @@ impl Read {
                 continue;
             };
             job.tried_peer = true;
+            job.asked.push(peer.addr.clone());
             // Every primary carries the hedge timer: with another ancestor left, the backup
             // goes there; with none, `handle_hedge_due` probes this one before the origin.
             let hedge_after = match contender {
@@ -1171,7 +1180,9 @@ impl Read {
             self.state = State::AwaitPeer(job);
             return;
         }
-        if self.launch(engine, &mut job, Contender::Primary, now) {
+        if self.launch(engine, &mut job, Contender::Primary, now)
+            || self.reroute(engine, &mut job, now)
+        {
             self.state = State::AwaitPeer(job);
             return;
         }
@@ -1204,6 +1215,30 @@ impl Read {
             class: engine.class_of(&job.key),
         });
         self.state = State::AwaitFetch(job);
+    }
+
+    /// Every ancestor asked for this block failed: lays the tree again, once per block, and asks
+    /// the first ancestor it has that was not asked yet; false when there is none.
+    ///
+    /// An ancestor whose dial failed has an open circuit now, and the tree laid without it puts
+    /// the member that replaces it above this node ([`crate::engine::route::Placement::upstreams`]).
+    /// Without this step each child of a dead home read the origin on its own, the first time it
+    /// met the home dead, where the replacement was fetching the same block for the others
+    /// (`second-herd-dead-owner`: block 0 sent twice or more on every seed). The replacement
+    /// is better ranked than this node in the new tree, as every ancestor is, so no cycle.
+    fn reroute(&mut self, engine: &mut Engine, job: &mut Job, now: Instant) -> bool {
+        if job.rerouted || job.asked.is_empty() {
+            return false;
+        }
+        job.rerouted = true;
+        let mut upstreams = self.ordered_upstreams(engine, job.key, now);
+        upstreams.retain(|p| !job.asked.contains(&p.addr));
+        if upstreams.is_empty() {
+            return false;
+        }
+        engine.stats.peer_reroutes += 1;
+        job.upstreams = upstreams;
+        self.launch(engine, job, Contender::Primary, now)
     }
 
     /// Asks one reliable neighbour for the block it holds (held-only: it never fetches, so it
@@ -1458,6 +1493,7 @@ impl Read {
                 settle(engine, permit, Outcome::HardFailure(HardReason::Validation), now);
                 engine.stats.peer_wrong_length += 1;
                 job.upstreams.clear();
+                job.rerouted = true;
                 self.next_source(engine, job, now);
             }
             PeerAnswer::Failed(observation)
@@ -1809,6 +1845,8 @@ impl Read {
                     race: [None, None],
                     hedged: false,
                     asked_again: false,
+                    asked: Vec::new(),
+                    rerouted: false,
                     neighbour: None,
                     successor: false,
                     origin_backup: false,
