@@ -390,7 +390,7 @@ struct Job {
     /// ([`Read::reroute`]) never asks one twice.
     asked: Vec<String>,
     /// The tree was laid again for this block once its ancestors had failed, or may not be (a
-    /// peer lied: no other peer is asked for this block).
+    /// peer answered a block of the wrong length: no other peer is asked for this block).
     rerouted: bool,
     /// A neighbour was asked for this block before the origin (its address), or the engine
     /// had none to ask (`Some(None)`).
@@ -1236,9 +1236,12 @@ impl Read {
         if upstreams.is_empty() {
             return false;
         }
-        engine.stats.peer_reroutes += 1;
         job.upstreams = upstreams;
-        self.launch(engine, job, Contender::Primary, now)
+        let asked = self.launch(engine, job, Contender::Primary, now);
+        if asked {
+            engine.stats.peer_reroutes += 1;
+        }
+        asked
     }
 
     /// Asks one reliable neighbour for the block it holds (held-only: it never fetches, so it
