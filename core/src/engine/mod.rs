@@ -445,6 +445,13 @@ impl Engine {
         Some(self.latency.hedge_delay().unwrap_or(hedge::COLD_DELAY))
     }
 
+    /// [`Engine::hedge_delay`] for a fetch from a last ancestor, whose hedge is a liveness probe:
+    /// [`hedge::COLD_PROBE_DELAY`] instead of [`hedge::COLD_DELAY`] before there is an estimate.
+    pub(crate) fn probe_delay(&self) -> Option<std::time::Duration> {
+        let cold = self.latency.hedge_delay().is_none();
+        self.hedge_delay().map(|d| if cold { d.min(hedge::COLD_PROBE_DELAY) } else { d })
+    }
+
     pub(crate) fn on_peer_fetch(&mut self) {
         self.hedges.on_fetch();
     }

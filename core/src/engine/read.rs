@@ -936,6 +936,9 @@ impl Read {
             // Every primary carries the hedge timer: with another ancestor left, the backup
             // goes there; with none, `handle_hedge_due` probes this one before the origin.
             let hedge_after = match contender {
+                Contender::Primary if job.upstreams.iter().all(|p| p.addr == peer.addr) => {
+                    engine.probe_delay()
+                }
                 Contender::Primary => engine.hedge_delay(),
                 Contender::Backup => None,
             };

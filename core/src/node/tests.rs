@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::breaker::{BackoffPolicy, Breaker, BreakerConfig, CircuitState};
-use crate::engine::hedge::{COLD_DELAY, DEFAULT_HEDGE_RATIO};
+use crate::engine::hedge::{COLD_DELAY, COLD_PROBE_DELAY, DEFAULT_HEDGE_RATIO};
 use crate::engine::route::Placement;
 use crate::engine::{BlockClass, EngineConfig, P2p};
 use crate::geometry::Geometry;
@@ -794,10 +794,11 @@ fn hedge_probe_of_the_root(h: &mut Harness) -> (IoRequest, IoRequest) {
     let peer = start_block_read(h, &["p:9000".to_owned()]);
     assert_eq!(peer.endpoint, Endpoint::Peer);
     h.io(peer.id, IoEvent::Connected);
-    // No estimate yet: the hedge is due after the cold delay. No ancestor is left but the root
-    // being asked, so the hedge asks the root held-only, not the origin.
-    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + COLD_DELAY));
-    h.advance(COLD_DELAY);
+    // No estimate yet, and no ancestor left but the root being asked: the hedge is a liveness
+    // probe, due after the cold probe delay (shorter than a cold hedge's), and it asks the root
+    // held-only, not the origin.
+    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + COLD_PROBE_DELAY));
+    h.advance(COLD_PROBE_DELAY);
     let ask = h.take_sends().remove(0);
     assert_eq!(ask.endpoint, Endpoint::Peer, "no origin before the root is found silent");
     assert_eq!(ask.url, peer.url, "the same root, the same block");
