@@ -226,8 +226,10 @@ impl Drop for Nginx {
     }
 }
 
+/// A free port outside the ephemeral range ([`support::free_port`]): one the kernel hands out for
+/// `:0` may be taken by an outbound connection before nginx or the node binds it.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    support::free_port()
 }
 
 // ---------------------------------------------------------------------------------------------

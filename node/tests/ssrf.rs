@@ -168,10 +168,6 @@ async fn twin_listeners() -> (tokio::net::TcpListener, tokio::net::TcpListener) 
     panic!("no port free on both 127.0.0.1 and 127.0.0.2 after 64 tries");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind((NEAR, 0)).expect("bind").local_addr().expect("addr").port()
-}
-
 struct World {
     node: dart_node::Running<LoopbackDialer>,
     seam: TestSeam,
@@ -189,7 +185,9 @@ impl World {
         let port = near.local_addr().expect("addr").port();
         let (near, far) = (serve_object(near), serve_object(far));
         let dir = support::temp_dir("ssrf", name);
-        let peer_port = free_port();
+        // Outside the ephemeral range: a port the kernel handed out for `:0` here was taken by
+        // another test's outbound connection before the node bound it (CI, 2026-12-06).
+        let peer_port = support::free_port();
         let flags = NodeFlags {
             allow_upstream: allow.iter().map(|s| s.to_string()).collect(),
             public_upstream: public.iter().map(|s| s.to_string()).collect(),
