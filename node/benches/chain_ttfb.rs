@@ -73,8 +73,10 @@ impl Drop for Proc {
     }
 }
 
+/// A free port outside the ephemeral range ([`dart_node::demo::free_port`]): one the kernel hands
+/// out for `:0` may be taken by an outbound connection before the node binds it.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    dart_node::demo::free_port().expect("a free loopback port")
 }
 
 fn spawn(i: usize, peer_port: u16, peers: &str, store_and_forward: bool) -> Proc {

@@ -68,8 +68,9 @@ struct Node {
     _dir: support::TempDir,
 }
 
+/// A free port outside the ephemeral range ([`support::free_port`]).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    support::free_port()
 }
 
 async fn start_node(self_id: &str, idle: Duration) -> Node {
