@@ -144,8 +144,9 @@ pub(super) struct Exchange {
     dial: Duration,
     head_bound: Duration,
     /// The head bound counts from the connection, not from the request (a held-only ask's
-    /// short bound: until connected, the dial bound alone is in force, so a peer that cannot
-    /// be reached is a failed dial, judged as one, and not a head that came late).
+    /// short bound: until connected, the dial bound is the exchange's, so a peer that cannot
+    /// be reached is a failed dial, judged as one, and not a head that came late; its readers
+    /// leave earlier, at [`Exchange::ask_wait`]).
     head_from_connect: bool,
     /// `None`: no whole-exchange bound (a passthrough body may be a whole object).
     request_bound: Option<Duration>,
@@ -154,6 +155,11 @@ pub(super) struct Exchange {
     progress_bound: Option<Duration>,
     /// The tightest of its readers' own progress bounds ([`Reader::progress`]), if any.
     pub reader_bound: Option<Duration>,
+    /// How long the readers of a held-only ask wait for its connection (its short head bound,
+    /// [`Node::held_only_head_bound`]): past it they leave it for the origin, charging nobody,
+    /// and the dial runs on to the dial bound to record how the peer answers. `None` once they
+    /// left, and for any other exchange.
+    pub ask_wait: Option<Duration>,
     /// When the head or the last body part arrived.
     pub last_progress: Instant,
     deadline: Option<Instant>,
@@ -240,7 +246,8 @@ impl Exchange {
             (true, Some(b)) => Some(self.last_progress.saturating_add(b)),
             _ => None,
         };
-        [own, reader].into_iter().flatten().min()
+        let ask = self.ask_wait.filter(|_| !self.connected).map(|w| self.sent.saturating_add(w));
+        [own, reader, ask].into_iter().flatten().min()
     }
 
     /// The earliest of the exchange's own bounds, its readers' own aside.
@@ -356,6 +363,7 @@ impl Node {
         };
         let mut headers = headers;
         let head_from_connect = matches!(&job, Job::Peer(p) if p.held_only);
+        let ask_wait = head_from_connect.then(|| self.held_only_head_bound());
         let head_bound = match &job {
             Job::Peer(p) => {
                 let mut bound = self.peer_head_bound(p.readers.first().map(|r| r.rid));
@@ -404,6 +412,7 @@ impl Node {
             request_bound,
             progress_bound,
             reader_bound: None,
+            ask_wait,
             last_progress: now,
             deadline: None,
             job,

@@ -561,18 +561,25 @@ impl Node {
     }
 
     /// The body of peer fetch `io` stood still past the own bound of some of its readers
-    /// ([`Reader::progress`]) but not past the fetch's: they leave it, each answered as if its
+    /// ([`Reader::progress`]) but not past the fetch's, or a held-only ask is still dialling
+    /// past its short bound ([`Exchange::ask_wait`]): they leave it, each answered as if its
     /// own fetch had timed out, and charge nobody (the peer was told the fetch's bound, which
     /// has not passed); the fetch goes on for its other readers, or, with none left, runs on
-    /// to its own bound to record how the peer answers.
+    /// to its own bound to record how the peer answers (a dial that never connects opens the
+    /// peer's circuit at the dial bound).
     pub(super) fn drop_stalled_readers(&mut self, io: IoId, now: Instant) {
         let x = self.exchanges.get_mut(&io).expect("a live exchange");
         let last = x.last_progress;
+        // A held-only ask still dialling past its short bound: every reader leaves it.
+        let unreached = !x.connected && x.ask_wait.is_some_and(|w| now >= x.sent.saturating_add(w));
+        if unreached {
+            x.ask_wait = None;
+        }
         let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
         let (key, expected) = (job.key, job.expected);
         let (stalled, kept): (Vec<Reader>, Vec<Reader>) = std::mem::take(&mut job.readers)
             .into_iter()
-            .partition(|r| r.progress.is_some_and(|b| now >= last.saturating_add(b)));
+            .partition(|r| unreached || r.progress.is_some_and(|b| now >= last.saturating_add(b)));
         x.reader_bound = kept.iter().filter_map(|r| r.progress).min();
         job.readers = kept;
         if job.readers.is_empty() && job.ticket.is_none() && !job.run_on {
