@@ -15,6 +15,31 @@ const COUNTER_MAX: u64 = 15;
 /// Counters per `u64` word.
 const COUNTERS_PER_WORD: u64 = 16;
 
+/// Owned share of a store's slots by default (`--owned-fraction`, spec/store.md §3).
+pub const DEFAULT_OWNED_FRACTION: f64 = 0.8;
+
+/// The owned and borrowed budgets of `slots` slots (at least 2) under owned share `fraction`
+/// (strictly inside (0, 1)), spec/store.md §3: `owned = floor(slots * fraction)` but at least 1,
+/// `borrowed = slots - owned` but at least 1, taking the slot from owned. The disk store and the
+/// simulator's cache both split so.
+pub fn split_slots(slots: u64, fraction: f64) -> (u64, u64) {
+    assert!(slots >= 2 && fraction > 0.0 && fraction < 1.0);
+    // slots <= cache_bytes is far below 2^53 for any budget a store accepts, so the product is
+    // exact enough; clamp anyway so float rounding can never hand out more than `slots`.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let floored = (slots as f64 * fraction).floor() as u64;
+    let mut owned = floored.clamp(1, slots);
+    let mut borrowed = slots - owned;
+    if borrowed < 1 {
+        borrowed = 1;
+        if owned > 1 {
+            owned -= 1;
+        }
+    }
+    assert!(owned >= 1 && borrowed >= 1 && owned + borrowed == slots);
+    (owned, borrowed)
+}
+
 /// The estimator's hash of `key`: `fmix64(chunk ^ (block * GOLDEN))`.
 pub fn key_hash(key: &BlockKey) -> u64 {
     fmix64(key.chunk.0 ^ key.block.wrapping_mul(GOLDEN))

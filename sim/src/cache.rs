@@ -20,21 +20,17 @@ pub const CACHE_BLOCKS_MAX: usize = 1 << 20;
 /// Most keys the admission estimator is sized for (its memory is per node).
 pub const SKETCH_KEYS_MAX: usize = 1 << 16;
 /// The owned share of a cache's blocks: the disk store's default `--owned-fraction`.
-pub const OWNED_FRACTION: f64 = 0.8;
+pub use dart_core::admission::DEFAULT_OWNED_FRACTION as OWNED_FRACTION;
 
-/// The owned and borrowed budgets of `capacity` blocks, as the disk store splits its slots:
-/// `floor(capacity * f)` owned but at least one, the rest borrowed but at least one (taken from
-/// owned while it has more than one).
+/// The owned and borrowed budgets of `capacity` blocks, split as the disk store splits its slots
+/// ([`dart_core::admission::split_slots`]); a hand-made capacity of 1 gets one block each (the
+/// store refuses fewer than two slots).
 fn budgets(capacity: usize) -> (usize, usize) {
-    let mut owned = ((capacity as f64 * OWNED_FRACTION).floor() as usize).max(1);
-    let mut borrowed = capacity.saturating_sub(owned);
-    if borrowed < 1 {
-        borrowed = 1;
-        if owned > 1 {
-            owned -= 1;
-        }
+    if capacity < 2 {
+        return (1, 1);
     }
-    (owned, borrowed)
+    let (owned, borrowed) = dart_core::admission::split_slots(capacity as u64, OWNED_FRACTION);
+    (owned as usize, borrowed as usize)
 }
 
 #[derive(Clone, Debug)]

@@ -428,6 +428,12 @@ impl Job {
     fn in_flight(&self) -> bool {
         self.race.iter().any(Option::is_some)
     }
+
+    /// Whether an ancestor other than `asked` is left to ask: with none, a hedge of the fetch
+    /// from `asked` is a liveness probe of it ([`Read::handle_hedge_due`]).
+    fn ancestor_left(&self, asked: &str) -> bool {
+        self.upstreams.iter().any(|p| p.addr != asked)
+    }
 }
 
 #[derive(Debug)]
@@ -936,9 +942,7 @@ impl Read {
             // Every primary carries the hedge timer: with another ancestor left, the backup
             // goes there; with none, `handle_hedge_due` probes this one before the origin.
             let hedge_after = match contender {
-                Contender::Primary if job.upstreams.iter().all(|p| p.addr == peer.addr) => {
-                    engine.probe_delay()
-                }
+                Contender::Primary if !job.ancestor_left(&peer.addr) => engine.probe_delay(),
                 Contender::Primary => engine.hedge_delay(),
                 Contender::Backup => None,
             };
@@ -997,7 +1001,7 @@ impl Read {
             return false;
         }
         let Some(primary) = job.race[0].clone() else { return false };
-        let ancestor_left = job.upstreams.iter().any(|p| p.addr != primary);
+        let ancestor_left = job.ancestor_left(&primary);
         if !ancestor_left && primary_moving {
             return true;
         }

@@ -9,8 +9,9 @@ pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
 /// Largest slot count of one budget (owned, borrowed or RAM). Bounds the in-memory index: at 4 MiB
 /// blocks it is 64 TiB, at 64 KiB blocks 1 TiB.
 pub const MAX_SLOTS: u64 = 1 << 24;
+use dart_core::admission::split_slots;
 /// Owned share of the disk slots when [`StoreConfig::owned_fraction`] is `None`.
-pub const DEFAULT_OWNED_FRACTION: f64 = 0.8;
+pub use dart_core::admission::DEFAULT_OWNED_FRACTION;
 
 /// What [`BlockStore::open`](super::BlockStore::open) does with arena files left by a previous run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -117,26 +118,6 @@ fn owned_fraction(given: Option<f64>) -> Result<f64, StoreError> {
         Some(f) if f.is_finite() && f > 0.0 && f < 1.0 => Ok(f),
         Some(f) => Err(StoreError::BadOwnedFraction(f)),
     }
-}
-
-/// `owned = floor(slots * f)` but at least 1, `borrowed = slots - owned` but at least 1, taking the
-/// slot from owned.
-fn split_slots(slots: u64, fraction: f64) -> (u64, u64) {
-    assert!(slots >= 2 && fraction > 0.0 && fraction < 1.0);
-    // slots <= cache_bytes is far below 2^53 for any budget that passes MAX_SLOTS, so the product is
-    // exact enough; clamp anyway so float rounding can never hand out more than `slots`.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
-    let floored = (slots as f64 * fraction).floor() as u64;
-    let mut owned = floored.clamp(1, slots);
-    let mut borrowed = slots - owned;
-    if borrowed < 1 {
-        borrowed = 1;
-        if owned > 1 {
-            owned -= 1;
-        }
-    }
-    assert!(owned >= 1 && borrowed >= 1 && owned + borrowed == slots);
-    (owned, borrowed)
 }
 
 #[cfg(test)]
