@@ -294,14 +294,18 @@ impl prometheus_client::collector::Collector for Collected {
             "event",
             &hedges,
         )?;
-        let probes =
-            [("sent", s.hedge_probes), ("alive", s.hedge_probes_alive), ("silent", s.hedge_origin)];
+        let probes = [
+            ("sent", s.hedge_probes),
+            ("alive", s.hedge_probes_alive),
+            ("silent", s.hedge_origin + s.hedge_probe_failovers),
+        ];
         counter(
             &mut enc,
             "dart_hedge_probe",
-            "Hedges with no other ancestor left: the held-only liveness probe of the peer asked \
-             (sent), answered (alive: the read keeps waiting on it), or not (silent: the backup \
-             is an origin fill and the tree routes around the peer for a while).",
+            "Held-only liveness probes of a slow peer (a hedge with no other ancestor left, or the \
+             first look at a fetch before the node has a latency estimate): asked (sent), \
+             answered (alive: the read keeps waiting on it), or not (silent: the backup is the \
+             next ancestor or an origin fill, and the tree routes around the peer for a while).",
             "result",
             &probes,
         )?;

@@ -500,6 +500,9 @@ fn stalled_peer() -> Scenario {
         // an estimate hedges its first slow fetch (375 ms, one hedge banked at start) and a
         // block another read stored ends the waits on the stalled node: 0.26-0.35 s over 30
         // seeds at each scale. Before, each of its children paid the 1.5 s cold head wait.
+        // Since 2026-12-06 a held-only ask waits a probe wait, not a hedge delay, and a node
+        // without an estimate probes a slow parent after 150 ms and leaves a silent one for the
+        // grandparent: 0.10-0.15 s at full scale (docs/tail.md).
         let wait = dart_core::engine::hedge::COLD_DELAY;
         check.that(
             worst <= base_worst + 2 * wait,
@@ -557,7 +560,9 @@ fn stalled_successor() -> Scenario {
         // five timeouts opened the circuit (three real nodes: 7.7 s against 0.16 s). The stall
         // may cost one wait: the bound is the stall-free read plus two cold hedge delays (one
         // wait, and as much again for the runs' different draws), not a multiple of the
-        // stall-free read, which origin read-ahead made shorter than one wait.
+        // stall-free read, which origin read-ahead made shorter than one wait. Since 2026-12-06
+        // a held-only ask waits a probe wait (100 ms cold), and the stall costs 0.08-0.10 s at
+        // full scale (0.37 s before: the home's read-ahead waited on the successor).
         let wait = dart_core::engine::hedge::COLD_DELAY;
         check.that(
             worst <= base_worst + 2 * wait,

@@ -23,9 +23,9 @@ mod tests;
 pub use meta::ObjectMeta;
 pub(crate) use read::peer_outcome;
 pub use read::{
-    block_verdict, probe_wait, Action, Contender, FetchedBlock, Method, PeerAnswer, Preconditions,
-    Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window, PROBE_WAIT_FLOOR,
-    RESTARTS_MAX,
+    block_verdict, probe_wait, Action, Contender, FetchedBlock, HedgeAgain, Method, PeerAnswer,
+    Preconditions, Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window,
+    PROBE_WAIT_FLOOR, RESTARTS_MAX,
 };
 
 use crate::breaker::{Admission, Breaker, Outcome, Permit};
@@ -185,13 +185,19 @@ pub struct EngineStats {
     /// Hedges fired: a backup peer fetch raced a slow primary. Those at another ancestor spend
     /// hedge credit (`hedge_ratio`); probes do not.
     pub hedge_fired: u64,
-    /// Of the hedges fired, those with no other ancestor left to race: a held-only liveness
-    /// probe of the primary's peer ([`Read::handle_hedge_due`]), which spends no hedge credit.
+    /// Of the hedges fired, the held-only liveness probes of the primary's peer
+    /// ([`Read::handle_hedge_due`]), which spend no hedge credit: a primary with no other
+    /// ancestor left is probed instead of hedged, and one with another ancestor left is probed
+    /// first while the node has no estimate.
     pub hedge_probes: u64,
     /// Of those probes, the ones the peer answered (it was alive: no origin backup).
     pub hedge_probes_alive: u64,
-    /// Of those probes, the ones that went unanswered, so the backup was an origin fill.
+    /// Of those probes, the ones that went unanswered with no other ancestor left, so the
+    /// backup was an origin fill.
     pub hedge_origin: u64,
+    /// Of those probes, the ones that went unanswered with another ancestor left: the backup
+    /// went there at once, spending no hedge credit (a failover from a silent peer).
+    pub hedge_probe_failovers: u64,
     /// Hedged blocks the primary still won.
     pub hedge_primary_won: u64,
     /// Hedged blocks the backup won.
@@ -445,11 +451,18 @@ impl Engine {
         Some(self.latency.hedge_delay().unwrap_or(hedge::COLD_DELAY))
     }
 
-    /// [`Engine::hedge_delay`] for a fetch from a last ancestor, whose hedge is a liveness probe:
-    /// [`hedge::COLD_PROBE_DELAY`] instead of [`hedge::COLD_DELAY`] before there is an estimate.
+    /// When a primary peer fetch is first looked at ([`Read::handle_hedge_due`]): the hedge
+    /// delay, or [`hedge::COLD_PROBE_DELAY`] before there is an estimate, when that look is a
+    /// liveness probe of the peer (the hedge proper, at another ancestor, waits the rest of
+    /// [`hedge::COLD_DELAY`] after a live answer).
     pub(crate) fn probe_delay(&self) -> Option<std::time::Duration> {
-        let cold = self.latency.hedge_delay().is_none();
+        let cold = self.hedge_is_cold();
         self.hedge_delay().map(|d| if cold { d.min(hedge::COLD_PROBE_DELAY) } else { d })
+    }
+
+    /// Hedging is on and the estimator has no estimate yet ([`hedge::COLD_DELAY`] stands in).
+    pub(crate) fn hedge_is_cold(&self) -> bool {
+        self.hedge_delay().is_some() && self.latency.hedge_delay().is_none()
     }
 
     pub(crate) fn on_peer_fetch(&mut self) {

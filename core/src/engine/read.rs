@@ -3,7 +3,7 @@
 use super::meta::ObjectMeta;
 use super::origin::{OriginError, ProbeOutcome, RangeBody};
 use super::route::PeerRef;
-use super::{BlockClass, Engine, ObjectInfo};
+use super::{hedge, BlockClass, Engine, ObjectInfo};
 use crate::breaker::{HardReason, Observation, Outcome, Permit};
 use crate::codec::conditional::{evaluate, Conditions, Validators, Verdict as Precondition};
 use crate::codec::range::{
@@ -399,9 +399,29 @@ struct Job {
     successor: bool,
     /// The hedge's backup is an origin fill ([`Action::FillFromOrigin`]).
     origin_backup: bool,
-    /// The hedge of a read with no ancestor left but the one asked: a held-only ask of that
-    /// same peer ([`Contender::Backup`]), whose answer tells a live peer from a silent one.
+    /// The hedge of a read with no ancestor left but the one asked, or the cold look at a
+    /// primary with another ancestor left: a held-only ask of that same peer
+    /// ([`Contender::Backup`]), whose answer tells a live peer from a silent one.
     probe: Probe,
+    /// The backup in flight is that probe (not a fetch from another ancestor).
+    probing: bool,
+    /// When the hedge proper of the current primary is due, once a cold look at it
+    /// ([`Read::handle_hedge_due`]) has come (`None` until then, and for a node with an
+    /// estimate, whose first look is the hedge).
+    hedge_at: Option<Instant>,
+}
+
+/// When the shell calls [`Read::handle_hedge_due`] again for the same fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HedgeAgain {
+    /// Not for this fetch (a new fetch carries its own `hedge_after`).
+    Never,
+    /// Once the primary's body has stood still for a hedge delay (it was moving, with no
+    /// ancestor left): a root that dies mid-body is then probed, instead of the read waiting
+    /// out the body's progress bound.
+    WhenStill,
+    /// At this time: the hedge a cold look postponed.
+    At(Instant),
 }
 
 /// Where the liveness probe of a hedge with no ancestor left stands
@@ -909,6 +929,8 @@ impl Read {
                 successor: false,
                 origin_backup: false,
                 probe: Probe::None,
+                probing: false,
+                hedge_at: None,
             },
             now,
         );
@@ -940,14 +962,15 @@ impl Read {
             job.tried_peer = true;
             job.asked.push(peer.addr.clone());
             // Every primary carries the hedge timer: with another ancestor left, the backup
-            // goes there; with none, `handle_hedge_due` probes this one before the origin.
+            // goes there (a node without an estimate looks first, after the cold probe delay);
+            // with none, `handle_hedge_due` probes this one before the origin.
             let hedge_after = match contender {
-                Contender::Primary if !job.ancestor_left(&peer.addr) => engine.probe_delay(),
-                Contender::Primary => engine.hedge_delay(),
+                Contender::Primary => engine.probe_delay(),
                 Contender::Backup => None,
             };
             if contender == Contender::Primary {
                 engine.on_peer_fetch();
+                job.hedge_at = None;
             }
             job.race[contender.index()] = Some(peer.addr.clone());
             self.ask_peer(engine, job, contender, hedge_after, peer, permit, false);
@@ -974,36 +997,68 @@ impl Read {
     /// origin fill of this node ([`Action::FillFromOrigin`]), whose block the read takes when
     /// it lands.
     ///
-    /// True when the shell should call this again once the primary's body has stood still for a
-    /// hedge delay (it was moving, with no ancestor left): a root that dies mid-body is then
-    /// probed, instead of the read waiting out the body's progress bound.
+    /// With another ancestor left, while the node has no estimate yet (the hedge delay is the
+    /// cold [`hedge::COLD_DELAY`]), the first call comes after [`hedge::COLD_PROBE_DELAY`] and is
+    /// a look, not the hedge: a primary whose head has not come is probed as above; unanswered,
+    /// the peer is silent and the backup goes to the next ancestor at once, spending no hedge
+    /// credit (a failover from a failed peer, not a hedge); answered, or with its body moving,
+    /// the hedge proper waits for the rest of the cold delay ([`HedgeAgain::At`]). A stalled
+    /// peer met in a node's first seconds so costs a probe delay and a probe wait, not the whole
+    /// cold delay, and a slow but live one (an upstream slow to answer) is hedged no earlier
+    /// than before.
+    ///
+    /// The answer says when the shell should call this again.
     #[must_use]
     pub fn handle_hedge_due(
         &mut self,
         engine: &mut Engine,
         primary_moving: bool,
         now: Instant,
-    ) -> bool {
-        let State::AwaitPeer(job) = &mut self.state else { return false };
+    ) -> HedgeAgain {
+        let State::AwaitPeer(job) = &mut self.state else { return HedgeAgain::Never };
         if job.streaming {
-            return false;
+            return HedgeAgain::Never;
         }
-        if job.probe == Probe::Out {
+        if job.probe == Probe::Out && job.probing {
             // The probe's own delay ran out unanswered.
-            let Some(asked) = job.race[Contender::Backup.index()].clone() else { return false };
+            let Some(asked) = job.race[Contender::Backup.index()].clone() else {
+                return HedgeAgain::Never;
+            };
             let mut job = self.take_peer_job();
-            self.origin_backup(engine, &mut job, &asked, now);
+            self.probe_silent(engine, &mut job, &asked, now);
             self.state = State::AwaitPeer(job);
-            return false;
+            return HedgeAgain::Never;
         }
         let ready = job.race[0].is_some() && job.race[1].is_none();
         if !ready || job.hedged {
-            return false;
+            return HedgeAgain::Never;
         }
-        let Some(primary) = job.race[0].clone() else { return false };
+        let Some(primary) = job.race[0].clone() else { return HedgeAgain::Never };
         let ancestor_left = job.ancestor_left(&primary);
         if !ancestor_left && primary_moving {
-            return true;
+            return HedgeAgain::WhenStill;
+        }
+        if ancestor_left {
+            if let Some(at) = job.hedge_at.filter(|at| *at > now) {
+                // A cold look found the primary alive or moving: the hedge waits until then.
+                return HedgeAgain::At(at);
+            }
+            if job.hedge_at.is_none() && engine.hedge_is_cold() {
+                let rest = hedge::COLD_DELAY.saturating_sub(hedge::COLD_PROBE_DELAY);
+                let at = now.saturating_add(rest);
+                job.hedge_at = Some(at);
+                if primary_moving {
+                    return HedgeAgain::At(at);
+                }
+                let mut job = self.take_peer_job();
+                if engine.is_silent(&primary, now) {
+                    self.fail_over_silent(engine, &mut job, &primary, now);
+                } else {
+                    self.send_probe(engine, &mut job, primary, now);
+                }
+                self.state = State::AwaitPeer(job);
+                return HedgeAgain::Never;
+            }
         }
         let silent = !ancestor_left && engine.is_silent(&primary, now);
         // Only a backup at another ancestor spends hedge credit. The probe of the last one is a
@@ -1013,7 +1068,7 @@ impl Read {
         // fetch) waited out its whole head bound on a dead last ancestor (`dead-root-some-read`
         // seed 2: 0.72 s, the chain of readers below it with it).
         if ancestor_left && !engine.try_hedge() {
-            return false;
+            return HedgeAgain::Never;
         }
         let mut job = self.take_peer_job();
         if ancestor_left {
@@ -1031,7 +1086,7 @@ impl Read {
             self.send_probe(engine, &mut job, primary, now);
         }
         self.state = State::AwaitPeer(job);
-        false
+        HedgeAgain::Never
     }
 
     fn take_peer_job(&mut self) -> Job {
@@ -1043,15 +1098,17 @@ impl Read {
 
     /// Sends the liveness probe of [`Read::handle_hedge_due`]: a held-only ask of `addr` (the
     /// primary's peer) as the backup, with [`probe_wait`] to answer in. When the breaker
-    /// refuses it, the backup goes to the origin at once (the peer's circuit just turned).
+    /// refuses it, the peer counts as silent at once (its circuit just turned). The probe of a
+    /// primary with another ancestor left (a cold look) is not the hedge: the hedge may follow.
     fn send_probe(&mut self, engine: &mut Engine, job: &mut Job, addr: String, now: Instant) {
-        job.hedged = true;
+        job.hedged = !job.ancestor_left(&addr);
         engine.stats.hedge_fired += 1;
         engine.stats.hedge_probes += 1;
         let Some(permit) = engine.admit(&addr, now) else {
-            return self.origin_backup(engine, job, &addr, now);
+            return self.probe_silent(engine, job, &addr, now);
         };
         job.probe = Probe::Out;
+        job.probing = true;
         job.race[Contender::Backup.index()] = Some(addr.clone());
         let id = engine.upstream_ref(job.key, &self.object.id, &addr, now).map(|p| p.id);
         let peer = PeerRef { id: id.unwrap_or_default(), addr };
@@ -1083,6 +1140,38 @@ impl Read {
             permit,
             cut_through: self.is_relay() && engine.config.cut_through,
         });
+    }
+
+    /// The probe of `addr`, the primary's peer, went unanswered (or failed): with another
+    /// ancestor left, the backup goes there ([`Read::fail_over_silent`]); with none, to the
+    /// origin ([`Read::origin_backup`]).
+    fn probe_silent(&mut self, engine: &mut Engine, job: &mut Job, addr: &str, now: Instant) {
+        if job.ancestor_left(addr) {
+            self.fail_over_silent(engine, job, addr, now);
+        } else {
+            self.origin_backup(engine, job, addr, now);
+        }
+    }
+
+    /// The primary's peer `addr` is silent and another ancestor is left: the backup goes to it
+    /// at once, with no hedge credit (a failover from a failed peer), and the probe, if out, runs
+    /// on unanswered to record how the peer ends. The node remembers `addr` silent and slow, so
+    /// the next blocks ask it last and trees are laid around it. With no ancestor admitted after
+    /// all, the backup is an origin fill.
+    fn fail_over_silent(&mut self, engine: &mut Engine, job: &mut Job, addr: &str, now: Instant) {
+        job.probe = Probe::Silent;
+        job.hedged = true;
+        engine.note_silent(addr, now);
+        self.mark_slow(engine, addr.to_owned(), now);
+        if job.probing {
+            self.cancel_contender(job, Contender::Backup, true);
+        }
+        if self.launch(engine, job, Contender::Backup, now) {
+            engine.stats.hedge_probe_failovers += 1;
+            engine.stats.peer_failover += 1;
+        } else {
+            self.origin_backup(engine, job, addr, now);
+        }
     }
 
     /// The probe's peer `addr` is silent: an origin fill of this node that answers nobody races
@@ -1175,6 +1264,9 @@ impl Read {
     /// Stops `contender` if it is in flight ([`Action::CancelPeer`]; `run_on`: its fetch runs
     /// on, unanswered, to record how the peer answers).
     fn cancel_contender(&mut self, job: &mut Job, contender: Contender, run_on: bool) {
+        if contender == Contender::Backup {
+            job.probing = false;
+        }
         if job.race[contender.index()].take().is_some() {
             self.out.push_back(Action::CancelPeer { contender, run_on });
         }
@@ -1418,6 +1510,9 @@ impl Read {
         // The first stream to start wins: there is never a second stream.
         let winner = job.race[contender.index()].take();
         if contender == Contender::Backup {
+            job.probing = false;
+        }
+        if contender == Contender::Backup {
             // As when a backup's whole block wins: the primary it beat is remembered slow, so
             // the next blocks ask it after the other ancestors. One the shell had not even
             // reached runs on, unanswered, so that a dead peer is still charged (remembered
@@ -1459,6 +1554,7 @@ impl Read {
             panic!("peer answer out of turn");
         };
         let asked = job.race[contender.index()].take().expect("an answer of a fetch in flight");
+        let was_probe = contender == Contender::Backup && std::mem::take(&mut job.probing);
         let shared = permit.is_none();
         if job.streaming {
             debug_assert!(!job.in_flight(), "a stream has no rival");
@@ -1506,9 +1602,7 @@ impl Read {
                 job.rerouted = true;
                 self.next_source(engine, job, now);
             }
-            PeerAnswer::Failed(observation)
-                if contender == Contender::Backup && job.probe != Probe::None =>
-            {
+            PeerAnswer::Failed(observation) if was_probe => {
                 self.probe_answered(engine, job, permit, observation, asked, now)
             }
             PeerAnswer::Failed(observation) => {
@@ -1861,6 +1955,8 @@ impl Read {
                     successor: false,
                     origin_backup: false,
                     probe: Probe::None,
+                    probing: false,
+                    hedge_at: None,
                 });
             }
             None => self.finish(),

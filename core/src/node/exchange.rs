@@ -452,18 +452,20 @@ impl Node {
         .max(Duration::from_millis(1))
     }
 
-    /// How long a held-only ask (a neighbour's or the home's successor's, before the origin)
-    /// waits for its head: it needs no upstream, so about one hedge delay (the estimated tail
-    /// of a normal block fetch; [`crate::engine::hedge::COLD_DELAY`] without an estimate or
+    /// How long a held-only ask (a neighbour's or the home's successor's before the origin, or
+    /// a hedge's liveness probe) waits for its head: it needs no upstream, so a live peer
+    /// answers it in about a round trip, and it waits as long as a liveness probe
+    /// ([`crate::engine::probe_wait`]: a quarter of the hedge delay, the estimated tail of a
+    /// normal block fetch, or of [`crate::engine::hedge::COLD_DELAY`] without an estimate or
     /// with hedging off), at least [`HELD_ONLY_HEAD_FLOOR`], counted from the connection (the
-    /// dial bound governs reaching the peer). Before, it waited the full head
-    /// bound: on three real nodes, a stalled (SIGSTOPped) successor cost the home's first read
-    /// five cold head waits (7.7 s against 0.16 s), one per block until its circuit opened.
+    /// dial bound governs reaching the peer). With the full head bound, a stalled (SIGSTOPped)
+    /// successor cost the home's first read on three real nodes five cold head waits (7.7 s
+    /// against 0.16 s), one per block until its circuit opened; with a whole cold hedge delay
+    /// (375 ms), a root whose successor stalls read nothing ahead while its windows' held-only
+    /// asks waited it out (`stalled-peer`, `stalled-successor`: about 0.3 s per read).
     pub(super) fn held_only_head_bound(&self) -> Duration {
-        self.engine
-            .hedge_delay()
-            .unwrap_or(crate::engine::hedge::COLD_DELAY)
-            .max(HELD_ONLY_HEAD_FLOOR)
+        let delay = self.engine.hedge_delay().unwrap_or(crate::engine::hedge::COLD_DELAY);
+        crate::engine::probe_wait(delay).max(HELD_ONLY_HEAD_FLOOR)
     }
 
     /// How long a peer fetch for `reader` lets the peer's body stand still: the p99 of recent

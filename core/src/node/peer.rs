@@ -20,7 +20,7 @@ use crate::codec::wire::{
 };
 use crate::engine::hedge::DELAY_FLOOR;
 use crate::engine::route::{relay_check, RelayPlan};
-use crate::engine::{Contender, Method, PeerAnswer};
+use crate::engine::{Contender, HedgeAgain, Method, PeerAnswer};
 use crate::hash::BlockKey;
 use crate::integrity::{check_block, FooterError, DIGEST_ALGORITHM, FOOTER_LEN, HEADER_DIGEST};
 use crate::membership::{validate_member_id, Member};
@@ -306,11 +306,15 @@ impl Node {
         let primary_moving = moved.is_some_and(|at| now.saturating_duration_since(at) < recent);
         self.working.push(rid);
         let req = self.requests.get_mut(&rid).expect("a live request");
-        let again = req.read.handle_hedge_due(&mut self.engine, primary_moving, now);
-        if again {
+        let again = match req.read.handle_hedge_due(&mut self.engine, primary_moving, now) {
+            HedgeAgain::Never => None,
             // Looked at again once the body has stood still for a hedge delay.
-            let at =
-                moved.unwrap_or(now).saturating_add(recent).max(now.saturating_add(DELAY_FLOOR));
+            HedgeAgain::WhenStill => Some(
+                moved.unwrap_or(now).saturating_add(recent).max(now.saturating_add(DELAY_FLOOR)),
+            ),
+            HedgeAgain::At(at) => Some(at.max(now.saturating_add(DELAY_FLOOR))),
+        };
+        if let Some(at) = again {
             let req = self.requests.get_mut(&rid).expect("a live request");
             if req.hedge_at.is_none() {
                 req.hedge_at = Some(at);

@@ -1497,15 +1497,22 @@ fn reader_with_neighbours() -> Node {
     node
 }
 
+/// The head bound of a held-only ask of a node without an estimate.
+fn held_only_head_bound_cold() -> Duration {
+    crate::engine::probe_wait(COLD_DELAY).max(super::exchange::HELD_ONLY_HEAD_FLOOR)
+}
+
 #[test]
 fn a_held_only_ask_that_connects_has_a_short_head_bound_and_charges_nothing() {
     let mut h = Harness::new(reader_with_neighbours());
     let held = held_only_ask_before_the_origin(&mut h);
     h.advance(Duration::from_millis(50));
     h.io(held.id, IoEvent::Connected);
-    // Connected, it has one cold hedge delay (375 ms) to answer: it needs no upstream.
-    let cold = crate::engine::hedge::COLD_DELAY;
-    h.advance(cold - Duration::from_millis(1));
+    // Connected, it has as long as a liveness probe (a quarter of the cold hedge delay, at
+    // least 100 ms) to answer: it needs no upstream.
+    let bound = held_only_head_bound_cold();
+    assert_eq!(bound, Duration::from_millis(100));
+    h.advance(bound - Duration::from_millis(1));
     assert!(!h.cancelled(held.id));
     assert!(h.sends().iter().all(|r| r.endpoint != Endpoint::Origin), "still waiting on it");
     h.advance(Duration::from_millis(1));
@@ -1526,8 +1533,7 @@ fn a_held_only_ask_that_cannot_connect_is_left_for_the_origin_at_its_short_bound
     let mut h = Harness::new(reader_with_neighbours());
     let held = held_only_ask_before_the_origin(&mut h);
     let asked_at = h.now;
-    let cold = crate::engine::hedge::COLD_DELAY;
-    h.advance(cold - Duration::from_millis(1));
+    h.advance(held_only_head_bound_cold() - Duration::from_millis(1));
     assert!(h.sends().iter().all(|r| r.endpoint != Endpoint::Origin), "still waiting on it");
     h.advance(Duration::from_millis(1));
     let fill = h.take_sends().into_iter().find(|r| r.endpoint == Endpoint::Origin);
@@ -4060,32 +4066,92 @@ fn a_relay_whose_requester_left_asks_its_upstream_no_more_and_leaves_its_backup(
     assert_eq!(b.soft + b.hard, 0);
 }
 
+/// A node without an estimate looks at a slow primary with another ancestor left after the
+/// cold probe delay: a held-only ask of the same peer, which spends no hedge credit.
+fn cold_look_at_the_parent(h: &mut Harness, ancestors: &[String]) -> (IoRequest, IoRequest) {
+    let primary = start_block_read(h, ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    assert_eq!(h.node.poll_timeout(), Some(h.now + COLD_PROBE_DELAY));
+    h.advance(COLD_PROBE_DELAY);
+    let look = peer_sends(h).pop().expect("a look at the parent");
+    assert_eq!(look.url, primary.url, "the same parent, the same block");
+    assert_eq!(look.headers.get_str("x-dart-held-only"), Some("1"));
+    h.outputs.retain(|o| !matches!(o, Output::Send(_)));
+    (primary, look)
+}
+
 #[test]
 fn a_node_without_an_estimate_hedges_its_first_slow_fetch_after_the_cold_delay() {
     let (node, ancestors) = hedging_reader_warm(DEFAULT_HEDGE_RATIO, false);
     let mut h = Harness::new(node);
-    let primary = start_block_read(&mut h, &ancestors);
-    h.io(primary.id, IoEvent::Connected);
-    // No estimate: the hedge is due after the cold delay, paid from the hedge a node starts with.
-    assert_eq!(h.node.poll_timeout(), Some(h.now + COLD_DELAY));
-    h.advance(COLD_DELAY);
+    let (primary, look) = cold_look_at_the_parent(&mut h, &ancestors);
+    // The parent answers at once that it does not hold the block yet: alive, so the hedge
+    // proper comes at the cold delay after the primary was sent, paid from the hedge a node
+    // starts with.
+    let due = h.now + (COLD_DELAY - COLD_PROBE_DELAY);
+    h.io(look.id, IoEvent::Connected);
+    h.io(look.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
+    assert!(peer_sends(&h).is_empty(), "no backup after the probe wait: the parent is alive");
+    h.advance(due.saturating_duration_since(h.now) - Duration::from_millis(1));
+    assert!(peer_sends(&h).is_empty(), "no backup before the cold delay");
+    h.advance(Duration::from_millis(1));
     let backup = peer_sends(&h).pop().expect("a backup");
     assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
     answer_peer(&mut h, &backup, 0);
     assert!(h.cancelled(primary.id));
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
-    assert_eq!(h.node.stats().hedge_fired, 1);
-    // The banked hedge is spent: the next slow fetch (of another block) is not hedged until
-    // fetches have earned another (20 at the default ratio).
+    let s = h.node.stats();
+    assert_eq!((s.hedge_fired, s.hedge_probes, s.hedge_probes_alive), (2, 1, 1));
+    assert_eq!((s.hedge_probe_failovers, s.hedge_origin), (0, 0));
+    // The banked hedge is spent: the next slow fetch (of another block) is looked at, but not
+    // hedged until fetches have earned another (20 at the default ratio).
     h.outputs.clear();
     h.read(2, Some(&format!("bytes={BLOCK}-{}", BLOCK + 9)));
     let second = peer_sends(&h).remove(0);
     h.io(second.id, IoEvent::Connected);
+    h.advance(COLD_PROBE_DELAY);
+    let look = peer_sends(&h).pop().expect("a look at the parent");
+    h.io(look.id, IoEvent::Connected);
+    h.io(look.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
     h.advance(COLD_DELAY);
-    assert_eq!(peer_sends(&h).len(), 1, "no second hedge");
+    assert_eq!(peer_sends(&h).len(), 2, "no second hedge");
     answer_peer(&mut h, &second, 1);
     assert!(h.ended(2));
-    assert_eq!(h.node.stats().hedge_fired, 1);
+    assert_eq!(h.node.stats().hedge_fired - h.node.stats().hedge_probes, 1);
+}
+
+/// A stalled parent met before the node has an estimate: its look goes unanswered for a probe
+/// wait, and the backup goes to the grandparent at once, without hedge credit (a failover from
+/// a silent peer), the parent's two asks running on to record how it ends. Before, the read
+/// waited the whole cold hedge delay (375 ms) for the hedge, and a node with no credit left
+/// waited its head bound (`stalled-peer`, `tail-at-scale`'s first seconds).
+#[test]
+fn a_silent_parent_met_without_an_estimate_is_left_for_the_grandparent_at_the_probe_wait() {
+    let (node, ancestors) = hedging_reader_warm(DEFAULT_HEDGE_RATIO, false);
+    let mut h = Harness::new(node);
+    assert!(h.node.engine_mut().try_hedge(), "the hedge banked at start");
+    let (primary, look) = cold_look_at_the_parent(&mut h, &ancestors);
+    let hedge_due = h.now + (COLD_DELAY - COLD_PROBE_DELAY);
+    h.io(look.id, IoEvent::Connected);
+    h.advance(crate::engine::probe_wait(COLD_DELAY) - Duration::from_millis(1));
+    assert!(peer_sends(&h).is_empty(), "still waiting on the look");
+    h.advance(Duration::from_millis(1));
+    assert!(h.now < hedge_due, "before the cold hedge would have come");
+    let backup = peer_sends(&h).pop().expect("a backup with no credit left");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    assert_eq!(backup.headers.get_str("x-dart-held-only"), None, "a whole fetch");
+    assert!(h.sends().iter().all(|r| r.endpoint != Endpoint::Origin), "no origin");
+    answer_peer(&mut h, &backup, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    assert!(!h.cancelled(primary.id) && !h.cancelled(look.id), "both run on");
+    let s = h.node.stats();
+    assert_eq!((s.hedge_probes, s.hedge_probes_alive, s.hedge_probe_failovers), (1, 0, 1));
+    assert_eq!((s.hedge_origin, s.hedge_backup_won), (0, 1));
+    assert!(h.node.engine().is_silent(&ancestors[0], h.now));
+    assert!(h.node.engine().is_slow(&ancestors[0], h.now), "the next blocks ask it last");
 }
 
 #[test]
