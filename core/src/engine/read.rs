@@ -1206,7 +1206,7 @@ impl Read {
         settle(engine, permit, peer_outcome(observation, true), now);
         if silent {
             if job.probe == Probe::Out {
-                self.origin_backup(engine, &mut job, &asked, now);
+                self.probe_silent(engine, &mut job, &asked, now);
             }
             self.mark_slow(engine, asked, now);
         } else {

@@ -4154,6 +4154,26 @@ fn a_silent_parent_met_without_an_estimate_is_left_for_the_grandparent_at_the_pr
     assert!(h.node.engine().is_slow(&ancestors[0], h.now), "the next blocks ask it last");
 }
 
+/// The same when the look fails outright (its connection breaks): the grandparent, not the
+/// origin. A first version sent such a read to the origin (an origin fill), as a last
+/// ancestor's probe does; the turmoil run of the shared subset caught it (no hedge won, no
+/// timeout: every child of the stalled node paid the origin).
+#[test]
+fn a_silent_parent_whose_look_fails_is_left_for_the_grandparent_not_the_origin() {
+    let (node, ancestors) = hedging_reader_warm(DEFAULT_HEDGE_RATIO, false);
+    let mut h = Harness::new(node);
+    let (primary, look) = cold_look_at_the_parent(&mut h, &ancestors);
+    h.io(look.id, IoEvent::Failed(IoError::Broken("connection reset".into())));
+    let backup = peer_sends(&h).pop().expect("a backup");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    assert!(h.sends().iter().all(|r| r.endpoint != Endpoint::Origin), "no origin");
+    answer_peer(&mut h, &backup, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(!h.cancelled(primary.id), "the parent's fetch runs on");
+    let s = h.node.stats();
+    assert_eq!((s.hedge_probe_failovers, s.hedge_origin, s.hedge_backup_won), (1, 0, 1));
+}
+
 #[test]
 fn a_block_another_read_stored_ends_the_wait_of_a_read_stuck_on_a_slow_peer() {
     // One hedge in the bank, none earned: the first read hedges, the second cannot.
