@@ -207,6 +207,14 @@ impl prometheus_client::collector::Collector for Collected {
             "result",
             &checks,
         )?;
+        counter(
+            &mut enc,
+            "dart_probes_joined",
+            "Size probes of the origin not sent: the read waited for a credential check of the \
+             same object in flight, whose admitting answer taught the node the object's size.",
+            "source",
+            &[("check", a.probes_joined)],
+        )?;
         let stalls = [("write_stall", scrape.node.write_stalls)];
         counter(
             &mut enc,

@@ -27,10 +27,12 @@
 //! with the cluster MAC.
 
 use super::exchange::{Expiry, Job};
+use super::flights::Judged;
 use super::io::{Endpoint, Headers, IoEvent, IoId, Output, RequestId};
-use super::requests::{Mirror, Request};
+use super::requests::{Mirror, Request, Wait};
 use super::Node;
 use crate::codec::redact::redact_url;
+use crate::engine::flight::FlightKey;
 use crate::engine::origin::classify_probe;
 use crate::engine::{Method, ObjectMeta, ReadRequest};
 use crate::peer_auth::{AuthRefusal, ClusterSecret, Covered, DEFAULT_SKEW, HEADER_AUTH};
@@ -142,6 +144,10 @@ pub struct AccessCounters {
     pub check_failed: u64,
     /// Reads admitted on a credential accepted earlier while the origin was unavailable.
     pub check_stale: u64,
+    /// Size probes a read did not send: it waited for a check of the same object in flight,
+    /// whose admitting answer taught the node the object's size and validators
+    /// ([`Node::join_check`]).
+    pub probes_joined: u64,
 }
 
 impl AccessCounters {
@@ -173,6 +179,11 @@ pub(super) struct Gated {
 pub(super) struct Check {
     pub io: IoId,
     pub waiters: Vec<RequestId>,
+    /// The URL it checks; an admitting answer is a probe of its object too.
+    pub url: String,
+    /// Reads that need that object's size and wait for this check instead of probing
+    /// ([`Node::join_check`]), with the URL each would have probed.
+    pub probes: Vec<(RequestId, String)>,
 }
 
 /// The access state of a node.
@@ -230,7 +241,14 @@ impl State {
                 assert_eq!(g.credential, *c, "{rid}: waits on another credential's check");
                 assert!(!requests.contains_key(rid), "{rid}: gated and admitted");
             }
-            assert!(!check.waiters.is_empty(), "a check nobody waits for");
+            assert!(
+                !check.waiters.is_empty() || !check.probes.is_empty(),
+                "a check nobody waits for"
+            );
+            for (rid, _) in &check.probes {
+                let req = requests.get(rid).expect("a joined probe of no request");
+                assert_eq!(req.wait, Wait::Check(*c), "{rid}: joined another check");
+            }
             waiting += check.waiters.len();
         }
         assert_eq!(waiting, self.gated.len(), "a gated request waits on no check");
@@ -306,9 +324,10 @@ impl Node {
         if let Some(a) = authorization {
             headers.push("authorization", a);
         }
-        let io =
-            self.start_exchange(Endpoint::Origin, url, headers, Job::Check { credential }, now);
-        self.access.checks.insert(credential, Check { io, waiters: vec![id] });
+        let job = Job::Check { credential };
+        let io = self.start_exchange(Endpoint::Origin, url.clone(), headers, job, now);
+        let check = Check { io, waiters: vec![id], url, probes: Vec::new() };
+        self.access.checks.insert(credential, check);
     }
 
     fn begin_client_read(
@@ -331,11 +350,12 @@ impl Node {
         match event {
             IoEvent::Connected => unreachable!("handled by the exchange"),
             IoEvent::Head { status, headers } => {
-                self.check_done(io, true, |node, credential, waiters| {
+                self.check_done(io, true, now, |node, credential, url, waiters| {
                     if (200..300).contains(&status) || status == 416 {
-                        node.check_admitted(credential, waiters, status, &headers, now);
+                        node.check_admitted(credential, url, waiters, status, &headers, now)
                     } else {
                         node.check_refused(credential, waiters, status, &headers, now);
+                        None
                     }
                 });
             }
@@ -343,7 +363,7 @@ impl Node {
             IoEvent::Body(_) | IoEvent::End => unreachable!("a check ends at its head"),
             IoEvent::Failed(super::io::IoError::Refused(refusal)) => {
                 self.count_refusal(refusal);
-                self.check_done(io, false, |node, _, waiters| {
+                self.check_done(io, false, now, |node, _, _, waiters| {
                     let message =
                         format!("dart: upstream refused ({refusal}): {}", refusal.explain());
                     let extra = Headers::new().with("x-dart-refused", refusal.label());
@@ -351,13 +371,15 @@ impl Node {
                         node.access.gated.remove(&rid).expect("a check waiter is gated");
                         node.reply(rid, super::io::Plane::Client, 403, &message, extra.clone());
                     }
+                    None
                 });
             }
             IoEvent::Failed(e) => {
                 let url = redact_url(&self.exchanges[&io].url);
                 let reason = format!("request {url}: {e}");
-                self.check_done(io, false, |node, credential, waiters| {
-                    node.check_failed(credential, waiters, &reason, now)
+                self.check_done(io, false, now, |node, credential, _, waiters| {
+                    node.check_failed(credential, waiters, &reason, now);
+                    None
                 });
             }
         }
@@ -368,17 +390,21 @@ impl Node {
         let url = redact_url(&self.exchanges[&io].url);
         let reason = format!("request {url}: {expiry}");
         let _ = now;
-        self.check_done(io, true, |node, credential, waiters| {
-            node.check_failed(credential, waiters, &reason, now)
+        self.check_done(io, true, now, |node, credential, _, waiters| {
+            node.check_failed(credential, waiters, &reason, now);
+            None
         });
     }
 
-    /// Ends check `io` and hands its waiters to `f`.
+    /// Ends check `io` and hands its URL and waiters to `f`, which answers what the check taught
+    /// the node about its object (an admitting answer is a probe); then the reads that waited
+    /// for it instead of probing ([`Node::join_check`]) take that answer, or probe themselves.
     fn check_done(
         &mut self,
         io: IoId,
         cancel: bool,
-        f: impl FnOnce(&mut Node, Credential, Vec<RequestId>),
+        now: Instant,
+        f: impl FnOnce(&mut Node, Credential, &str, Vec<RequestId>) -> Option<Judged>,
     ) {
         let x = self.remove_exchange(io).expect("a live check");
         if cancel {
@@ -388,31 +414,83 @@ impl Node {
         let check = self.access.checks.remove(&credential).expect("a check's state");
         debug_assert_eq!(check.io, io);
         self.working.extend(check.waiters.iter().copied());
-        f(self, credential, check.waiters);
+        let learned = f(self, credential, &check.url, check.waiters);
+        for (rid, url) in check.probes {
+            self.isolated(now, |node| match &learned {
+                Some(judged) => {
+                    node.access.counters.probes_joined += 1;
+                    let key = FlightKey::Probe(node.engine.identify(&url).id);
+                    node.deliver_origin(rid, &key, Ok(judged.clone()), true, true, now);
+                }
+                None => node.probe_origin(rid, url, now),
+            });
+        }
+    }
+
+    /// Read `rid` needs the size of the object at `url` (its probe). When a credential check of
+    /// that object is in flight, the read waits for it instead of probing: a check that admits
+    /// is a probe of the same object, and in a cold herd a relay request most often reaches a
+    /// node while the node's own client read is being checked (`stalled-peer`: 37 probes of 154
+    /// origin requests). A check that does not admit leaves the read to probe then. True when
+    /// it joined one.
+    pub(super) fn join_check(&mut self, rid: RequestId, url: &str) -> bool {
+        let object = self.engine.identify(url).id;
+        let urls: Vec<(Credential, String)> =
+            self.access.checks.iter().map(|(c, check)| (*c, check.url.clone())).collect();
+        let Some(credential) =
+            urls.into_iter().find(|(_, u)| self.engine.identify(u).id == object).map(|(c, _)| c)
+        else {
+            return false;
+        };
+        let check = self.access.checks.get_mut(&credential).expect("a check just found");
+        check.probes.push((rid, url.to_owned()));
+        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Check(credential);
+        true
+    }
+
+    /// Request `rid` stops waiting on the check of `credential` (it went away); a check nobody
+    /// waits for any more is cancelled.
+    pub(super) fn leave_check(&mut self, credential: Credential, rid: RequestId) {
+        let Some(check) = self.access.checks.get_mut(&credential) else { return };
+        check.probes.retain(|(r, _)| *r != rid);
+        self.drop_idle_check(credential);
+    }
+
+    /// Cancels the check of `credential` if nobody waits for it (no gated read, no joined
+    /// probe).
+    pub(super) fn drop_idle_check(&mut self, credential: Credential) {
+        let Some(check) = self.access.checks.get(&credential) else { return };
+        if check.waiters.is_empty() && check.probes.is_empty() {
+            let io = check.io;
+            self.access.checks.remove(&credential);
+            if self.remove_exchange(io).is_some() {
+                self.emit(Output::Cancel(io));
+            }
+        }
     }
 
     fn check_admitted(
         &mut self,
         credential: Credential,
+        url: &str,
         waiters: Vec<RequestId>,
         status: u16,
         headers: &Headers,
         now: Instant,
-    ) {
+    ) -> Option<Judged> {
         let until = now.saturating_add(self.config.access.check_ttl);
         if !self.config.access.check_ttl.is_zero() {
             self.access.admit(credential, until);
         }
         // The check is a probe too: teach the engine the object's size and validators.
-        if let Some(first) = waiters.first().and_then(|rid| self.access.gated.get(rid)) {
-            let object = self.engine.identify(&first.read.url);
-            let cr = headers.get("content-range");
-            let cl = headers.get_u64("content-length");
-            if let Ok(outcome) = classify_probe(status, cr, cl) {
-                let meta = ObjectMeta::from_fields(|n| headers.get(n));
-                self.learn_probe(&object, outcome, meta, now);
-            }
-        }
+        let object = self.engine.identify(url);
+        let cr = headers.get("content-range");
+        let cl = headers.get_u64("content-length");
+        let learned = classify_probe(status, cr, cl).ok().map(|outcome| {
+            let meta = ObjectMeta::from_fields(|n| headers.get(n));
+            self.learn_probe(&object, outcome, meta.clone(), now);
+            Judged::Probe(outcome, meta)
+        });
         for rid in waiters {
             let g = self.access.gated.remove(&rid).expect("a check waiter is gated");
             self.isolated(now, |node| {
@@ -420,6 +498,7 @@ impl Node {
                 node.begin_client_read(rid, g.read, g.method, g.forward, g.mirror, now);
             });
         }
+        learned
     }
 
     fn check_refused(
@@ -499,12 +578,7 @@ impl Node {
         let Some(g) = self.access.gated.remove(&rid) else { return false };
         let check = self.access.checks.get_mut(&g.credential).expect("a gated request's check");
         check.waiters.retain(|w| *w != rid);
-        if check.waiters.is_empty() {
-            let io = check.io;
-            self.access.checks.remove(&g.credential);
-            self.remove_exchange(io);
-            self.emit(Output::Cancel(io));
-        }
+        self.drop_idle_check(g.credential);
         true
     }
 

@@ -501,7 +501,7 @@ impl Node {
 
     /// Hands an origin result to request `rid` and drives it on; `coalesced_flight` when the
     /// result came through a flight (which already taught the engine a probe's answer).
-    fn deliver_origin(
+    pub(super) fn deliver_origin(
         &mut self,
         rid: RequestId,
         key: &FlightKey,

@@ -669,7 +669,8 @@ impl Node {
         }
         if let exchange::Job::Check { credential } = &x.job {
             if let Some(check) = self.access.checks.remove(credential) {
-                return check.waiters;
+                let probes = check.probes.into_iter().map(|(rid, _)| rid);
+                return check.waiters.into_iter().chain(probes).collect();
             }
         }
         let mut served: Vec<RequestId> = match &x.job {
@@ -693,13 +694,7 @@ impl Node {
         if let Some(g) = self.access.gated.remove(&rid) {
             if let Some(check) = self.access.checks.get_mut(&g.credential) {
                 check.waiters.retain(|w| *w != rid);
-                if check.waiters.is_empty() {
-                    let io = check.io;
-                    self.access.checks.remove(&g.credential);
-                    if self.remove_exchange(io).is_some() {
-                        self.emit(Output::Cancel(io));
-                    }
-                }
+                self.drop_idle_check(g.credential);
             }
             return self.reply(rid, Plane::Client, 500, "dart: internal error", Headers::new());
         }
@@ -709,6 +704,7 @@ impl Node {
                 self.store_ops.remove(&op);
             }
             Wait::Flight(fid) => self.leave_flight(fid, rid),
+            Wait::Check(credential) => self.leave_check(credential, rid),
             Wait::Alone(_) | Wait::Peers(_) | Wait::Pipe(_) => {
                 let ios: Vec<IoId> = match req.wait {
                     Wait::Alone(io) | Wait::Pipe(io) => vec![io],
@@ -821,6 +817,10 @@ impl Node {
                 Wait::Flight(fid) => {
                     let flight = self.flight_state.get(&fid).expect("waiting on no flight");
                     assert!(flight.waiters.iter().any(|w| w.request == *rid));
+                }
+                Wait::Check(c) => {
+                    let check = self.access.checks.get(&c).expect("waiting on no check");
+                    assert!(check.probes.iter().any(|(r, _)| r == rid), "{rid}: not its probe");
                 }
                 Wait::Alone(io) | Wait::Pipe(io) => {
                     assert_eq!(self.exchanges.get(&io).and_then(|x| x.request()), Some(*rid));

@@ -87,6 +87,9 @@ pub(super) enum Wait {
     Flight(FlightId),
     /// Its own uncoalesced origin exchange.
     Alone(IoId),
+    /// A credential check of the object it needs the size of, in place of its own probe
+    /// ([`Node::join_check`]).
+    Check(super::access::Credential),
     /// Its peer block exchanges in flight, by [`crate::engine::Contender::index`] (a primary,
     /// and a hedge raced beside it); at least one is set.
     Peers([Option<IoId>; 2]),
@@ -465,9 +468,9 @@ impl Node {
         }
         match action {
             Action::Probe { url } => {
-                let object = req.read.object().clone();
-                let key = FlightKey::Probe(object.id.clone());
-                self.ask_origin(rid, key, url, Fill::Probe(object), now);
+                if !self.join_check(rid, &url) {
+                    self.probe_origin(rid, url, now);
+                }
             }
             Action::Passthrough { url } => self.start_passthrough(rid, url, now),
             Action::Respond(head) => {
@@ -938,6 +941,7 @@ impl Node {
                 self.store_ops.remove(&op);
             }
             Wait::Flight(fid) => self.leave_flight(fid, rid),
+            Wait::Check(credential) => self.leave_check(credential, rid),
             // The requester left, which says nothing about the peer: abandoned, not charged.
             Wait::Alone(io) | Wait::Pipe(io) => self.leave_exchange(io, rid, now),
             Wait::Peers(_) => {
@@ -1291,6 +1295,15 @@ impl Node {
         let url = redact_url(&x.url);
         self.emit(Output::Cancel(io));
         self.passthrough_failed(io, rid, &format!("request {url}: {expiry}"));
+    }
+
+    /// Read `rid` probes the origin at `url` for its object's size (a flight shared with the
+    /// node's other probes of the object).
+    pub(super) fn probe_origin(&mut self, rid: RequestId, url: String, now: Instant) {
+        let req = self.requests.get(&rid).expect("a probing request");
+        let object = req.read.object().clone();
+        let key = FlightKey::Probe(object.id.clone());
+        self.ask_origin(rid, key, url, Fill::Probe(object), now);
     }
 
     fn passthrough_failed(&mut self, io: IoId, rid: RequestId, cause: &str) {

@@ -2336,6 +2336,67 @@ fn a_requester_that_leaves_during_its_check_cancels_the_check_if_alone() {
     assert_eq!(h.node.poll_timeout(), None);
 }
 
+/// In a cold herd a peer's relay request most often reaches a node while the node's own client
+/// read of the object is being checked: the relay waits for that check, which is a probe of the
+/// same object, instead of probing the origin beside it (`stalled-peer`: 37 of 154 origin
+/// requests were such probes).
+#[test]
+fn a_relay_that_needs_the_size_waits_for_a_check_of_the_object_in_flight_instead_of_probing() {
+    let mut h = Harness::new(checked_node());
+    h.read(1, None);
+    let check = h.take_sends().remove(0);
+    assert_eq!(check.purpose, Purpose::Check);
+    relay_request(&mut h, 2, 0);
+    assert!(h.sends().is_empty(), "no probe beside the check");
+    h.answer_origin(&check);
+    // The check taught the node the size: the client read and the relay each go on to the block
+    // (one origin window, shared), and nothing probed.
+    let sends = h.take_sends();
+    assert!(sends.iter().all(|r| r.purpose == Purpose::Window), "{sends:?}");
+    for r in &sends {
+        h.answer_origin(r);
+    }
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, SIZE).to_vec());
+    assert_eq!(status_of(&h, 2), Some(200));
+    assert_eq!(h.node.access_counters().probes_joined, 1);
+    assert_eq!(h.node.access_counters().checks, 1);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+/// A check that does not admit teaches nothing: the relay that waited for it probes then, and a
+/// relay whose requester leaves stops waiting without cancelling the check its client read
+/// still needs (nor keeping alive one nobody needs).
+#[test]
+fn a_relay_whose_joined_check_is_refused_probes_itself_and_one_that_leaves_cancels_nothing_needed()
+{
+    let mut h = Harness::new(checked_node());
+    h.origin.secret = Some("s");
+    h.read(1, None);
+    let check = h.take_sends().remove(0);
+    relay_request(&mut h, 2, 0);
+    relay_request(&mut h, 3, 1);
+    assert!(h.sends().is_empty());
+    h.feed(Input::Cancel { id: RequestId(3) });
+    assert!(!h.cancelled(check.id), "the client read still waits for it");
+    h.answer_origin(&check);
+    assert_eq!(status_of(&h, 1), Some(403), "the client's credential is refused");
+    let probe = h.take_sends().remove(0);
+    assert_eq!(probe.purpose, Purpose::Probe, "the relay probes itself now");
+    assert_eq!(h.node.access_counters().probes_joined, 0);
+    // A relay alone with a check: the client read leaves, the relay keeps the check alive.
+    let mut h = Harness::new(checked_node());
+    h.read(1, None);
+    let check = h.take_sends().remove(0);
+    relay_request(&mut h, 2, 0);
+    h.feed(Input::Cancel { id: RequestId(1) });
+    assert!(!h.cancelled(check.id), "the relay still waits for it");
+    h.feed(Input::Cancel { id: RequestId(2) });
+    assert!(h.cancelled(check.id), "nobody waits any more");
+    assert_eq!(h.node.live_requests(), 0);
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
 #[test]
 fn content_addressed_and_public_objects_skip_the_check() {
     let mut h = Harness::new(checked_node());
