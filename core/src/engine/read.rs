@@ -2044,8 +2044,6 @@ impl Read {
     }
 }
 
-/// Records a peer fetch's outcome on its permit; a shared fetch's other readers hold none (the
-/// fetch's own permit records the outcome once).
 /// Shortest wait for a liveness probe's answer ([`probe_wait`]).
 pub const PROBE_WAIT_FLOOR: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -2068,6 +2066,8 @@ pub(crate) fn peer_outcome(observation: Observation, held_only: bool) -> Outcome
     }
 }
 
+/// Records a peer fetch's outcome on its permit; a shared fetch's other readers hold none (the
+/// fetch's own permit records the outcome once).
 fn settle(engine: &mut Engine, permit: Option<Permit<String>>, outcome: Outcome, now: Instant) {
     if let Some(permit) = permit {
         engine.complete(permit, outcome, now);

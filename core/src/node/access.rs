@@ -416,6 +416,9 @@ impl Node {
         self.working.extend(check.waiters.iter().copied());
         let learned = f(self, credential, &check.url, check.waiters);
         for (rid, url) in check.probes {
+            if self.requests.get(&rid).is_none_or(|r| r.wait != Wait::Check(credential)) {
+                continue; // gone meanwhile (a leaving read leaves the check: never expected)
+            }
             self.isolated(now, |node| match &learned {
                 Some(judged) => {
                     node.access.counters.probes_joined += 1;
