@@ -181,6 +181,8 @@ pub(super) struct Check {
     pub waiters: Vec<RequestId>,
     /// The URL it checks; an admitting answer is a probe of its object too.
     pub url: String,
+    /// That object's identity ([`crate::engine::Engine::identify`]).
+    pub object: String,
     /// Reads that need that object's size and wait for this check instead of probing
     /// ([`Node::join_check`]), with the URL each would have probed.
     pub probes: Vec<(RequestId, String)>,
@@ -326,7 +328,8 @@ impl Node {
         }
         let job = Job::Check { credential };
         let io = self.start_exchange(Endpoint::Origin, url.clone(), headers, job, now);
-        let check = Check { io, waiters: vec![id], url, probes: Vec::new() };
+        let object = self.engine.identify(&url).id;
+        let check = Check { io, waiters: vec![id], url, object, probes: Vec::new() };
         self.access.checks.insert(credential, check);
     }
 
@@ -422,7 +425,7 @@ impl Node {
             self.isolated(now, |node| match &learned {
                 Some(judged) => {
                     node.access.counters.probes_joined += 1;
-                    let key = FlightKey::Probe(node.engine.identify(&url).id);
+                    let key = FlightKey::Probe(check.object.clone());
                     node.deliver_origin(rid, &key, Ok(judged.clone()), true, true, now);
                 }
                 None => node.probe_origin(rid, url, now),
@@ -437,17 +440,15 @@ impl Node {
     /// origin requests). A check that does not admit leaves the read to probe then. True when
     /// it joined one.
     pub(super) fn join_check(&mut self, rid: RequestId, url: &str) -> bool {
-        let object = self.engine.identify(url).id;
-        let urls: Vec<(Credential, String)> =
-            self.access.checks.iter().map(|(c, check)| (*c, check.url.clone())).collect();
-        let Some(credential) =
-            urls.into_iter().find(|(_, u)| self.engine.identify(u).id == object).map(|(c, _)| c)
+        let req = self.requests.get_mut(&rid).expect("a driven request");
+        let object = &req.read.object().id;
+        let Some((credential, check)) =
+            self.access.checks.iter_mut().find(|(_, c)| c.object == *object)
         else {
             return false;
         };
-        let check = self.access.checks.get_mut(&credential).expect("a check just found");
         check.probes.push((rid, url.to_owned()));
-        self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Check(credential);
+        req.wait = Wait::Check(*credential);
         true
     }
 
