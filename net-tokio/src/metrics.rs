@@ -275,6 +275,22 @@ impl prometheus_client::collector::Collector for Collected {
         )?;
         let relay = [("served", s.relay_served), ("declined", s.relay_declined)];
         counter(&mut enc, "dart_relay", "Peer block requests by result.", "result", &relay)?;
+        let told = [
+            ("asked", s.relay_told),
+            ("unstored", s.relay_told_unstored),
+            ("refused", s.relay_told_refused),
+        ];
+        counter(
+            &mut enc,
+            "dart_relay_told",
+            "Relays of an object this node did not know that asked upstream at once under the \
+             size their requester named, probing beside it (asked); their blocks not stored \
+             because the probe had not confirmed that size and version (unstored); their \
+             declines and uncharged wrong lengths where it contradicted or had not confirmed \
+             it (refused).",
+            "result",
+            &told,
+        )?;
         let versions = [
             ("changed", s.object_changes),
             ("revalidated", s.revalidations),

@@ -1043,16 +1043,27 @@ fn chain() -> Scenario {
         let store_forward = ttfb(&dart_sim::run(sf, r.seed));
         let mut cold = run.spec.clone();
         cold.workload.safety.retain(|x| x.method == dart_core::engine::Method::Get);
-        let cold_first = ttfb(&dart_sim::run(cold, r.seed));
+        let cold_run = dart_sim::run(cold, r.seed);
+        let cold_first = ttfb(&cold_run);
+        let told: u64 = cold_run.nodes.iter().map(|n| n.engine.relay_told).sum();
+        let unstored: u64 = cold_run.nodes.iter().map(|n| n.engine.relay_told_unstored).sum();
         let hops = c.nodes as u32 - 1;
         check.that(
             first <= block_time * 2 + ms(100),
             format!("cut-through: the tail's first byte {first:?} within about one block time ({block_time:?}) plus the origin round trip"),
         );
         check.that(first < store_forward, "cut-through beats store-and-forward");
+        // Cold, the tail probes and the root probes before its window; the relays between ask
+        // upstream at once under the size the tail told them and probe beside it.
+        check.that(
+            cold_first <= first + ms(150),
+            format!("a cold chain's first byte {cold_first:?} within the warm one {first:?} plus the tail's and the root's probes (150 ms), not a probe per relay"),
+        );
+        check.that(told >= u64::from(hops) - 1, format!("every relay between tail and root asked upstream under the told size at once: {told} of {} relays", hops - 1));
+        check.that(unstored == 0, format!("every such relay's background probe answered before its block was whole, so it stored the block: {unstored} blocks not stored"));
         check.note(format!(
             "{hops} hops, {block_time:?} per block per hop: first byte {first:?} cut-through, {store_forward:?} store-and-forward; \
-             a cold chain (no relay knows the size) {cold_first:?}: each relay probes the origin before relaying, one after the other"
+             a cold chain (no relay knows the size) {cold_first:?}: relays ask upstream under the size their requester told them while they probe ({told} relay requests so)"
         ));
     })
 }

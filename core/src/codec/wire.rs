@@ -35,6 +35,14 @@ pub const HEADER_PROGRESS: &str = "x-dart-progress-ms";
 /// `X-DART-Origin` still names the object so the relay answers with the version it holds
 /// (a neighbour's ask before the origin, docs/overlay.md).
 pub const HEADER_HELD_ONLY: &str = "x-dart-held-only";
+/// The object's size as the requester knows it (decimal bytes), on a relay request: a relay
+/// that does not know the object may ask its own upstream under it while it probes
+/// (`crate::engine::Told`); never trusted.
+pub const HEADER_OBJECT_SIZE: &str = "x-dart-object-size";
+/// The `ETag` of the version the requester reads, beside [`HEADER_OBJECT_SIZE`].
+pub const HEADER_OBJECT_ETAG: &str = "x-dart-object-etag";
+/// The `Last-Modified` of the version the requester reads, beside [`HEADER_OBJECT_SIZE`].
+pub const HEADER_OBJECT_LAST_MODIFIED: &str = "x-dart-object-last-modified";
 /// Header carrying the requester's advertised peer address.
 pub const HEADER_PEER_ADDR: &str = "x-dart-peer-addr";
 /// Header carrying the sender's membership epoch on roster responses (decimal u64).

@@ -61,6 +61,15 @@ impl ObjectMeta {
         META_FIELDS.into_iter().zip(values).filter_map(|(n, v)| Some((n, v.as_deref()?)))
     }
 
+    /// Only the validators (`ETag`, `Last-Modified`), the fields that name a version.
+    pub fn validators(&self) -> ObjectMeta {
+        ObjectMeta {
+            etag: self.etag.clone(),
+            last_modified: self.last_modified.clone(),
+            ..ObjectMeta::default()
+        }
+    }
+
     /// Whether `other` describes the same version of the object, judged by the strongest
     /// validator both carry: the `ETag`, else `Last-Modified`. `None` when they share none (the
     /// version cannot be told).

@@ -24,7 +24,7 @@ pub use meta::ObjectMeta;
 pub(crate) use read::peer_outcome;
 pub use read::{
     block_verdict, probe_wait, Action, Contender, FetchedBlock, HedgeAgain, Method, PeerAnswer,
-    Preconditions, Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Verdict, Window,
+    Preconditions, Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Told, Verdict, Window,
     PROBE_WAIT_FLOOR, RESTARTS_MAX,
 };
 
@@ -175,6 +175,15 @@ pub struct EngineStats {
     pub relay_served: u64,
     /// Relay requests declined (404).
     pub relay_declined: u64,
+    /// Relays of an object this node did not know that asked upstream at once under the size
+    /// their requester told, probing in the background ([`Read::set_told`]).
+    pub relay_told: u64,
+    /// Blocks such relays did not store: the engine had not learnt the told size and version
+    /// by the time the block was whole (the background probe not back, or it disagreed).
+    pub relay_told_unstored: u64,
+    /// Such relays that declined before the origin (no ancestor left while the told size was
+    /// not confirmed), and upstream blocks of the wrong length they did not charge.
+    pub relay_told_refused: u64,
     /// Objects found changed at the origin (a new validator): their size, validators and cached
     /// blocks were dropped.
     pub object_changes: u64,
@@ -574,6 +583,12 @@ impl Engine {
         Read::relay_held(self, key, url, hop)
     }
 
+    /// A background probe of the object at `url` ([`Action::Learn`], emitted by a read of
+    /// block `key`): a read that serves nobody and ends when the probe answered.
+    pub fn begin_learn(&mut self, key: BlockKey, url: String) -> Read {
+        Read::learn(self, key, url)
+    }
+
     /// A read-ahead read of block `key` of the object at `url`: a relay read that serves nobody
     /// (the node suppresses its response) and counts in no block-source or relay statistic.
     pub fn begin_read_ahead(&mut self, key: BlockKey, url: String) -> Read {
@@ -589,6 +604,31 @@ impl Engine {
         read.set_ahead();
         read.set_origin_only();
         read
+    }
+
+    /// Whether this engine knows `object` with the size and the very validators `told` names
+    /// (`Some(true)`), knows it otherwise (`Some(false)`: a size or version the requester named
+    /// that the origin did not give), or does not know it (`None`). An immutable object needs
+    /// the size only.
+    pub fn confirms(&self, object: &ObjectId, told: &Told) -> Option<bool> {
+        match self.object(object)? {
+            ObjectInfo::Sized(size) if size == told.size => {
+                if self.is_immutable(object) {
+                    return Some(true);
+                }
+                // The very validators: a requester that named fewer than the origin gave
+                // cannot have its block taken for the version the engine knows.
+                let known = self.meta_of(&object.id).map(ObjectMeta::validators);
+                Some(known.unwrap_or_default() == told.meta.validators())
+            }
+            _ => Some(false),
+        }
+    }
+
+    /// Counts a block fetched under a told size that was not stored
+    /// ([`Action::StoreWhenConfirmed`] let go unconfirmed).
+    pub fn note_told_unstored(&mut self) {
+        self.stats.relay_told_unstored += 1;
     }
 
     /// Counts a relay request declined by [`route::relay_check`] before any work.

@@ -29,6 +29,18 @@ struct Node {
     relay_requests: usize,
     /// Of those, held-only requests (serve what you hold, never fetch).
     held_only_requests: usize,
+    /// Background probes its relays started under a told size ([`Action::Learn`]).
+    learns: usize,
+}
+
+/// A peer request as the driver carries it.
+struct Ask<'a> {
+    key: BlockKey,
+    url: &'a str,
+    held_only: bool,
+    hop: u64,
+    expected: u64,
+    told: Option<Told>,
 }
 
 struct Cluster {
@@ -70,6 +82,7 @@ impl Cluster {
                     fault: Fault::None,
                     relay_requests: 0,
                     held_only_requests: 0,
+                    learns: 0,
                 }
             })
             .collect();
@@ -135,11 +148,12 @@ impl Cluster {
                     expected_len,
                     permit,
                     cut_through,
+                    told,
                     ..
                 } => {
                     // Peers answer at once here: no hedge is ever due.
-                    let answer =
-                        self.serve_peer(&peer.addr, key, &url, held_only, hop, expected_len);
+                    let ask = Ask { key, url: &url, held_only, hop, expected: expected_len, told };
+                    let answer = self.serve_peer(&peer.addr, ask);
                     if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
                         // The peer's 200 head arrived: commit ours and forward as bytes arrive.
                         read.handle_peer_started(&mut self.nodes[at].engine, contender, false, now);
@@ -158,6 +172,18 @@ impl Cluster {
                 }
                 Action::CancelPeer { .. } | Action::FillFromOrigin { .. } => {
                     panic!("no race without a hedge")
+                }
+                Action::StoreWhenConfirmed { .. } => {
+                    panic!("the background probe answers before the relay's upstream here")
+                }
+                Action::Learn { key, url } => {
+                    // The background probe answers at once here, before the relay's upstream.
+                    let learn = self.nodes[at].engine.begin_learn(key, url);
+                    self.nodes[at].learns += 1;
+                    let End::Finish(body) = self.drive(at, learn) else {
+                        panic!("a background probe always ends")
+                    };
+                    assert!(body.is_empty(), "a background probe serves nothing");
                 }
                 Action::FetchOrigin { start, end, .. } => {
                     let got = self.origin.fetch(start, end);
@@ -189,15 +215,8 @@ impl Cluster {
     }
 
     /// What the peer at `to` answers, as its peer server would: relay check, then a relay read.
-    fn serve_peer(
-        &mut self,
-        to: &str,
-        key: BlockKey,
-        url: &str,
-        held_only: bool,
-        hop: u64,
-        expected: u64,
-    ) -> PeerAnswer {
+    fn serve_peer(&mut self, to: &str, ask: Ask<'_>) -> PeerAnswer {
+        let Ask { key, url, held_only, hop, expected, told } = ask;
         let j = self.index_of(to);
         self.nodes[j].relay_requests += 1;
         match self.nodes[j].fault {
@@ -225,6 +244,10 @@ impl Cluster {
             }
             (route::RelayPlan::CacheOnly, _) => self.nodes[j].engine.begin_relay(key, None, hop),
         };
+        let mut read = read;
+        if !held_only {
+            read.set_told(told);
+        }
         match self.drive(j, read) {
             End::Finish(bytes) => PeerAnswer::Block(Bytes::from(bytes)),
             End::Fail(f) if f.committed => PeerAnswer::Failed(Observation::BodyInterrupted),
@@ -295,6 +318,12 @@ fn a_leaf_pulls_through_its_ancestors_and_the_origin_is_read_once_per_block() {
     for pos in [0, 4, 6] {
         assert_eq!(c.nodes[ranked[pos]].cache.len(), 3, "position {pos} cached the blocks");
     }
+    // The interior relay did not know the object: it asked its parent at once under the size
+    // the leaf told it, beside a background probe (then knew it for blocks 1 and 2); the root,
+    // whose next source is the origin, probed first.
+    let interior = &c.nodes[ranked[4]];
+    assert_eq!((interior.learns, interior.engine.stats().relay_told), (1, 1));
+    assert_eq!(c.nodes[root].engine.stats().relay_told, 0);
     // A sibling is served by the shared parent without touching the origin again.
     assert_eq!(c.read(ranked[5], None), End::Finish(c.expected(0, 11)));
     assert_eq!(c.origin.fetches.len(), 3);
@@ -492,7 +521,9 @@ fn genuine_relay_failures_still_open_the_circuit() {
     let e = &c.nodes[tail].engine;
     let key = e.block_key(&e.identify(&c.url), 0);
     for _ in 0..3 {
-        let answer = c.serve_peer(&addr(middle), key, &c.url.clone(), false, 0, 4);
+        let url = c.url.clone();
+        let ask = Ask { key, url: &url, held_only: false, hop: 0, expected: 4, told: None };
+        let answer = c.serve_peer(&addr(middle), ask);
         assert_eq!(answer, PeerAnswer::Failed(Observation::UnexpectedStatus(500)));
         let b = &mut c.nodes[tail].engine.p2p_mut().expect("p2p").breaker;
         let permit = b.begin_data(&addr(middle), c.now).permit().expect("admitted while closed");

@@ -248,6 +248,10 @@ pub enum Action {
         expected_len: u64,
         /// Breaker admission for this request.
         permit: Permit<String>,
+        /// The object as this read knows it, for a fetch on our behalf: sent with the request
+        /// so that a relay that does not know the object can ask its own upstream at once
+        /// ([`Told`]). `None` for a held-only ask.
+        told: Option<Told>,
         /// A relay's fetch: the shell may stream it through (cut-through). When the peer's
         /// 200 head arrives the shell calls [`Read::handle_peer_started`], sends the head this
         /// read then emits, pipes the body to the requester while keeping a copy (at most
@@ -267,6 +271,16 @@ pub enum Action {
         contender: Contender,
         /// Let it run on unanswered (see above).
         run_on: bool,
+    },
+    /// Probe the object at `url` in the background, by a read of its own that serves nobody
+    /// ([`Engine::begin_learn`]): its answer teaches the engine the object. No answer to this
+    /// read. A relay working under a [`Told`] size emits it, and stores its block only if the
+    /// engine then knows that same size and version.
+    Learn {
+        /// The block the emitting read serves.
+        key: BlockKey,
+        /// Upstream URL.
+        url: String,
     },
     /// Fetch `start..=end` of `url` from the origin (coalesced by the shell's flight table) and
     /// answer with [`Read::handle_fetch`].
@@ -295,12 +309,40 @@ pub enum Action {
         /// Budget to charge.
         class: BlockClass,
     },
+    /// Store a whole block fetched under a told size ([`Read::set_told`]) once the engine
+    /// confirms it ([`Engine::confirms`]: the node's own probe of the object answered with that
+    /// size and version), drop it if the answer contradicts it. The shell keeps a bounded number
+    /// of such blocks waiting; one it lets go counts as unstored
+    /// ([`Engine::note_told_unstored`]).
+    StoreWhenConfirmed {
+        /// The block.
+        key: BlockKey,
+        /// Its exact bytes.
+        data: Bytes,
+        /// Budget to charge.
+        class: BlockClass,
+        /// What the relay was told.
+        told: Told,
+    },
     /// Write these bytes to the client (or requesting peer), in order.
     Emit(Bytes),
     /// The response is complete. Terminal.
     Finish,
     /// The read failed. Terminal.
     Fail(ReadFailure),
+}
+
+/// The object a requester names with its relay request (`X-DART-Object-Size`,
+/// `X-DART-Object-ETag`, `X-DART-Object-Last-Modified`): its size and the validators of the
+/// version it reads. A relay that does not know the object works under it while its own probe is
+/// out, so a cold chain of relays asks upstream at once instead of probing the origin one hop
+/// after the other; it is never trusted ([`Read::set_told`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Told {
+    /// The object's size in bytes.
+    pub size: u64,
+    /// The version's validators (`etag`, `last_modified`; other fields unset).
+    pub meta: ObjectMeta,
 }
 
 /// Bytes `start..=end` of a block whose full length is `block_len` (offsets within the block).
@@ -459,6 +501,9 @@ impl Job {
 #[derive(Debug)]
 enum State {
     AwaitProbe,
+    /// A relay under a told size with no ancestor left: its own probe decides whether the
+    /// block goes on to the origin ([`Read::confirm_told`]).
+    AwaitConfirm(Job),
     /// A relay's first look at its store, before it knows the object's size.
     AwaitRelayLookup,
     AwaitLookup(Job),
@@ -501,7 +546,10 @@ enum Kind {
 ///   origin ignored Range.
 /// - Every breaker permit handed out is returned exactly once (by the shell through
 ///   `handle_peer`, or [`Engine::abandon`]).
-/// - Nothing is learnt about an object from a failed probe.
+/// - Nothing is learnt about an object from a failed probe, nor from what a requester told.
+/// - A relay working under a size its requester told ([`Told`]) stores its block, and charges
+///   an upstream for a block of the wrong length, only once the engine knows the object (its
+///   own probe answered) with that size and version.
 pub struct Read {
     url: String,
     object: ObjectId,
@@ -538,6 +586,12 @@ pub struct Read {
     /// An origin fill ([`Engine::begin_origin_fill`]): it asks no peer, only the store and the
     /// origin.
     origin_only: bool,
+    /// For a relay: the object as its requester named it ([`Read::set_told`]).
+    told: Option<Told>,
+    /// The read works under `told`'s size and version, not under what the engine learnt.
+    under_told: bool,
+    /// A background probe ([`Engine::begin_learn`]): it ends when the probe answered.
+    learn_only: bool,
     state: State,
     out: VecDeque<Action>,
 }
@@ -590,6 +644,17 @@ impl Read {
         Read::relay_as(engine, key, url, false, hop)
     }
 
+    /// A background probe of the object at `url` ([`Action::Learn`]): it serves nobody, counts
+    /// in no block statistic, and ends when the probe answered (an error too: it only teaches).
+    pub(super) fn learn(engine: &mut Engine, key: BlockKey, url: String) -> Read {
+        let object = engine.identify(&url);
+        let mut read = Read::blank(url, object, Kind::Relay { key, fetch: true, hop: 0 });
+        read.ahead = true;
+        read.learn_only = true;
+        read.probe();
+        read
+    }
+
     fn relay_as(engine: &mut Engine, key: BlockKey, url: String, fetch: bool, hop: u64) -> Read {
         let object = engine.identify(&url);
         let mut read = Read::blank(url, object, Kind::Relay { key, fetch, hop });
@@ -618,6 +683,9 @@ impl Read {
             served: None,
             requester: None,
             origin_only: false,
+            told: None,
+            under_told: false,
+            learn_only: false,
             state: State::AwaitProbe,
             out: VecDeque::new(),
         }
@@ -627,6 +695,20 @@ impl Read {
     /// because it does not hold the block).
     pub fn set_requester(&mut self, member: Option<String>) {
         self.requester = member;
+    }
+
+    /// Names the object as this relay's requester told it ([`Told`]). Used only while this
+    /// node does not know the object and the block has a peer ancestor to ask: the relay then
+    /// asks upstream at once under the told size and version and probes in the background
+    /// ([`Action::Learn`]), instead of probing before it asks. What it was told is never
+    /// trusted: the engine learns nothing from it, the block is stored only if the engine
+    /// learnt the same size and version by the time it is whole, an upstream is charged for a
+    /// block of the wrong length only then, and the read never goes to the origin under it
+    /// (with no ancestor left it waits for its own probe, and declines unless that confirms
+    /// what it was told). The requester checks every byte it gets against its own knowledge,
+    /// as it does every relay's.
+    pub fn set_told(&mut self, told: Option<Told>) {
+        self.told = told;
     }
 
     /// The object's identity.
@@ -738,8 +820,18 @@ impl Read {
         answer: Result<ProbeOutcome, OriginError>,
         now: Instant,
     ) {
+        if matches!(self.state, State::AwaitConfirm(_)) {
+            return self.confirmed(engine, answer, now);
+        }
         assert!(matches!(self.state, State::AwaitProbe), "probe answer out of turn");
         self.probed = true;
+        if self.learn_only {
+            if let Ok(outcome) = answer {
+                engine.stats.probes += 1;
+                engine.learn(&self.object, outcome);
+            }
+            return self.finish();
+        }
         match answer {
             Ok(outcome) => {
                 engine.stats.probes += 1;
@@ -884,8 +976,102 @@ impl Read {
                     engine.stats.relay_declined += 1;
                     self.fail(ReadError::NotHeld);
                 }
-                None => self.probe(),
+                None => self.relay_told(engine, now),
             },
+        }
+    }
+
+    /// A relay of an object this node does not know: with a size its requester told that fits
+    /// the block and a peer ancestor to ask, it asks upstream at once under what it was told,
+    /// and probes in the background ([`Read::set_told`]); else it probes first, as a tree's
+    /// root must (its next source is the origin).
+    fn relay_told(&mut self, engine: &mut Engine, now: Instant) {
+        let Kind::Relay { key, .. } = self.kind else { unreachable!("relay state") };
+        let usable = self.told.as_ref().is_some_and(|t| {
+            engine.config.geometry.block_len(t.size, key.block).is_some()
+                && !self.ordered_upstreams(engine, key, now).is_empty()
+        });
+        if !usable {
+            return self.probe();
+        }
+        let size = self.told.as_ref().expect("checked above").size;
+        engine.stats.relay_told += 1;
+        self.out.push_back(Action::Learn { key, url: self.url.clone() });
+        self.under_told = true;
+        self.relay_job(engine, size, now);
+    }
+
+    /// A relay under a told size has no ancestor left: it probes (a flight its background probe
+    /// most likely leads already) and goes on to the origin only if the answer confirms it.
+    fn confirm_told(&mut self, job: Job) {
+        self.out.push_back(Action::Probe { url: self.url.clone() });
+        self.state = State::AwaitConfirm(job);
+    }
+
+    /// The answer to [`Read::confirm_told`]'s probe.
+    fn confirmed(
+        &mut self,
+        engine: &mut Engine,
+        answer: Result<ProbeOutcome, OriginError>,
+        now: Instant,
+    ) {
+        let State::AwaitConfirm(job) = std::mem::replace(&mut self.state, State::Done) else {
+            unreachable!("checked by the caller")
+        };
+        self.probed = true;
+        match answer {
+            Ok(outcome) => {
+                engine.stats.probes += 1;
+                engine.learn(&self.object, outcome);
+                self.next_source(engine, job, now);
+            }
+            Err(e) => self.fail(e.into()),
+        }
+    }
+
+    /// What a requester told is not what this node learnt: the relay declines, and the
+    /// requester goes on from its own knowledge.
+    fn refuse_told(&mut self, engine: &mut Engine) {
+        engine.stats.relay_told_refused += 1;
+        engine.stats.relay_declined += 1;
+        self.fail(ReadError::NotHeld);
+    }
+
+    /// For a read under a told size ([`Read::set_told`]): whether the engine now knows the
+    /// object with that size and version (`Some(true)`), knows it otherwise (`Some(false)`),
+    /// or does not know it yet (`None`). `Some(true)` for a read not under one.
+    fn told_confirmed(&self, engine: &Engine) -> Option<bool> {
+        if !self.under_told {
+            return Some(true);
+        }
+        let told = self.told.as_ref().expect("a read under a told size was told one");
+        engine.confirms(&self.object, told)
+    }
+
+    /// How an upstream's block of the wrong length is charged: a hard failure (its circuit
+    /// opens), unless the length was only told and the engine has not confirmed it: then the
+    /// requester may have lied, and an honest upstream is not charged for it.
+    fn length_outcome(&self, engine: &mut Engine) -> Outcome {
+        if self.told_confirmed(engine) == Some(true) {
+            return Outcome::HardFailure(HardReason::Validation);
+        }
+        engine.stats.relay_told_refused += 1;
+        Outcome::Abandoned
+    }
+
+    /// Offers a whole block to the store. Under a told size ([`Read::told_confirmed`]): at
+    /// once if the engine confirmed it, when it does if its probe has not answered yet
+    /// ([`Action::StoreWhenConfirmed`]: a block from a warm parent is most often whole before
+    /// the origin answers), never if it contradicts it.
+    fn store(&mut self, engine: &mut Engine, key: BlockKey, data: Bytes) {
+        let class = engine.class_of(&key);
+        match self.told_confirmed(engine) {
+            Some(true) => self.out.push_back(Action::Store { key, data, class }),
+            None => {
+                let told = self.told.clone().expect("a read under a told size was told one");
+                self.out.push_back(Action::StoreWhenConfirmed { key, data, class, told });
+            }
+            Some(false) => engine.stats.relay_told_unstored += 1,
         }
     }
 
@@ -905,7 +1091,10 @@ impl Read {
             to: start + expected - 1,
         };
         self.content_length = expected;
-        self.version = engine.meta_of(&self.object.id).cloned();
+        self.version = match (&self.told, self.under_told) {
+            (Some(told), true) => Some(told.meta.clone()),
+            _ => engine.meta_of(&self.object.id).cloned(),
+        };
         // The store was already consulted: go straight to the upstreams.
         let upstreams = self.ordered_upstreams(engine, key, now);
         self.next_source(
@@ -1138,6 +1327,10 @@ impl Read {
             hop: self.hop(),
             expected_len: job.expected,
             permit,
+            told: (!held_only && self.size > 0).then(|| Told {
+                size: self.size,
+                meta: self.version.as_ref().map(ObjectMeta::validators).unwrap_or_default(),
+            }),
             cut_through: self.is_relay() && engine.config.cut_through,
         });
     }
@@ -1292,6 +1485,13 @@ impl Read {
             self.out.push_back(Action::Lookup { key: job.key, window: job.window });
             self.state = State::AwaitLookup(job);
             return;
+        }
+        match self.told_confirmed(engine) {
+            Some(true) => self.under_told = false,
+            // Never to the origin under what a requester told: its own probe first (most
+            // often joining the background one: the flight is shared).
+            None if !self.probed => return self.confirm_told(job),
+            _ => return self.refuse_told(engine),
         }
         if job.neighbour.is_none() && !self.origin_only {
             // About to pay the origin: a neighbour may hold the block (spec/overlay.md §5).
@@ -1482,10 +1682,9 @@ impl Read {
     /// ends (its bytes went out as they arrived).
     fn end_stream(&mut self, engine: &mut Engine, key: BlockKey, data: Bytes) {
         self.count(&mut engine.stats.relay_served);
-        let class = engine.class_of(&key);
         self.emitted = data.len() as u64;
         self.served = Some(data.clone());
-        self.out.push_back(Action::Store { key, data, class });
+        self.store(engine, key, data);
         self.finish();
     }
 
@@ -1590,13 +1789,14 @@ impl Read {
                 if !shared {
                     engine.stats.peer_bytes += data.len() as u64;
                 }
-                let class = engine.class_of(&job.key);
-                self.out.push_back(Action::Store { key: job.key, data: data.clone(), class });
+                self.store(engine, job.key, data.clone());
                 self.deliver(engine, job.seg, &data);
             }
             PeerAnswer::Block(_) => {
-                // A lying peer: never trusted again this read, and its circuit opens at once.
-                settle(engine, permit, Outcome::HardFailure(HardReason::Validation), now);
+                // A lying peer: never trusted again this read, and its circuit opens at once
+                // (unless the length was only told: `length_outcome`).
+                let outcome = self.length_outcome(engine);
+                settle(engine, permit, outcome, now);
                 engine.stats.peer_wrong_length += 1;
                 job.upstreams.clear();
                 job.rerouted = true;
@@ -1607,7 +1807,11 @@ impl Read {
             }
             PeerAnswer::Failed(observation) => {
                 let held_only = job.asked_held_only(&asked);
-                settle(engine, permit, peer_outcome(observation, held_only), now);
+                let outcome = match observation {
+                    Observation::WrongLength => self.length_outcome(engine),
+                    _ => peer_outcome(observation, held_only),
+                };
+                settle(engine, permit, outcome, now);
                 if observation != Observation::Miss {
                     engine.stats.peer_failover += 1;
                 }
@@ -1743,11 +1947,17 @@ impl Read {
                 self.end_stream(engine, job.key, data);
             }
             PeerAnswer::Block(data) => {
-                settle(engine, permit, Outcome::HardFailure(HardReason::Validation), now);
+                let outcome = self.length_outcome(engine);
+                settle(engine, permit, outcome, now);
                 engine.stats.peer_wrong_length += 1;
                 let got = data.len() as u64;
                 let want = job.expected;
                 self.fail(ReadError::BlockLength { block: job.key.block, want, got });
+            }
+            PeerAnswer::Failed(Observation::WrongLength) => {
+                let outcome = self.length_outcome(engine);
+                settle(engine, permit, outcome, now);
+                self.fail(ReadError::PeerFailed(Observation::WrongLength));
             }
             PeerAnswer::Failed(observation) => {
                 settle(engine, permit, observation.outcome(), now);
@@ -1787,10 +1997,7 @@ impl Read {
                     ReadError::BlockLength { block: job.seg.block_index, want: job.expected, got };
                 return self.fail(err);
             }
-            Verdict::Cache => {
-                let class = engine.class_of(&job.key);
-                self.out.push_back(Action::Store { key: job.key, data: block.data.clone(), class });
-            }
+            Verdict::Cache => self.store(engine, job.key, block.data.clone()),
             Verdict::ServeOnly => {
                 // The origin ignores Range after all: later reads proxy it, relays decline it.
                 engine.stats.uncacheable += 1;

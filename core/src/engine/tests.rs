@@ -174,7 +174,9 @@ impl World {
                 }
                 Action::FetchPeer { .. }
                 | Action::CancelPeer { .. }
-                | Action::FillFromOrigin { .. } => {
+                | Action::FillFromOrigin { .. }
+                | Action::Learn { .. }
+                | Action::StoreWhenConfirmed { .. } => {
                     panic!("single node never asks a peer")
                 }
                 Action::Store { key, data, .. } => {

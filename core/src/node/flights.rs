@@ -522,9 +522,15 @@ impl Node {
                     self.learn_probe(&object, p, meta, now);
                 }
                 let req = self.requests.get_mut(&rid).expect("an origin waiter is live");
-                req.read.handle_probe(&mut self.engine, Ok(p), now)
+                req.read.handle_probe(&mut self.engine, Ok(p), now);
+                let object = req.read.object().id.clone();
+                self.unpark(&object, false);
             }
-            (FlightKey::Probe(_), Err(e)) => req.read.handle_probe(&mut self.engine, Err(e), now),
+            (FlightKey::Probe(_), Err(e)) => {
+                req.read.handle_probe(&mut self.engine, Err(e), now);
+                let object = req.read.object().id.clone();
+                self.unpark(&object, true);
+            }
             (FlightKey::Block(..), Ok(Judged::Block(mut b, meta))) => {
                 b.coalesced = coalesced;
                 // A window of another version than the one this read serves (the node learnt

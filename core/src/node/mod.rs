@@ -275,7 +275,25 @@ pub struct Node {
     /// this each such follower fetched it again. Owned blocks are always admitted (a degraded
     /// disk skips every write: the node then reads the origin, as documented).
     held: VecDeque<(crate::hash::BlockKey, bytes::Bytes)>,
+    /// Blocks relays fetched under a size their requester told, waiting for this node's own
+    /// probe of the object to confirm it ([`crate::engine::Action::StoreWhenConfirmed`]),
+    /// oldest first; at most [`PARKED_BLOCKS`].
+    parked: VecDeque<Parked>,
 }
+
+/// A block waiting in [`Node::parked`].
+struct Parked {
+    object: crate::identity::ObjectId,
+    key: crate::hash::BlockKey,
+    data: bytes::Bytes,
+    class: crate::engine::BlockClass,
+    told: crate::engine::Told,
+}
+
+/// Blocks kept in [`Node::parked`]: a probe answers within an origin round trip, and a relay
+/// from a warm parent is whole sooner only for a few blocks at a time. The oldest goes first,
+/// unstored.
+const PARKED_BLOCKS: usize = 8;
 
 /// Blocks kept in [`Node::held`]: at 4 MiB blocks, 32 MiB pinned at most (the store's RAM tier,
 /// when on, keeps a handle on the same buffers).
@@ -340,6 +358,7 @@ impl Node {
             recent_digests: VecDeque::new(),
             origin_pace: BTreeMap::new(),
             held: VecDeque::new(),
+            parked: VecDeque::new(),
             relayed: VecDeque::new(),
         })
     }
@@ -472,7 +491,8 @@ impl Node {
             Input::Resolved { ticket, result } => self.seeds_resolved(ticket, result, now),
             Input::WallClock { unix_ms } => self.access.set_wall(now, unix_ms),
             Input::FetchBlock { ticket, addr, key, url, hop, expected } => {
-                let fetch = peer::PeerFetch { key, url, hop, expected, held_only: false };
+                let fetch =
+                    peer::PeerFetch { key, url, hop, expected, held_only: false, told: None };
                 self.fetch_block(ticket, addr, fetch, now);
             }
         }

@@ -15,12 +15,14 @@ use crate::breaker::{Observation, Permit};
 use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MAX};
 use crate::codec::wire::{
     block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HELD_ONLY,
-    HEADER_HOP, HEADER_NODE, HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, LEAVE_PATH,
-    ROSTER_PATH, ROSTER_SELF_QUERY,
+    HEADER_HOP, HEADER_NODE, HEADER_OBJECT_ETAG, HEADER_OBJECT_LAST_MODIFIED, HEADER_OBJECT_SIZE,
+    HEADER_ORIGIN, HEADER_PEER_ADDR, HEADER_UPSTREAM_STATUS, LEAVE_PATH, ROSTER_PATH,
+    ROSTER_SELF_QUERY,
 };
 use crate::engine::hedge::DELAY_FLOOR;
+use crate::engine::meta::META_VALUE_MAX;
 use crate::engine::route::{relay_check, RelayPlan};
-use crate::engine::{Contender, HedgeAgain, Method, PeerAnswer};
+use crate::engine::{Contender, HedgeAgain, Method, ObjectMeta, PeerAnswer, Told};
 use crate::hash::BlockKey;
 use crate::integrity::{check_block, FooterError, DIGEST_ALGORITHM, FOOTER_LEN, HEADER_DIGEST};
 use crate::membership::{validate_member_id, Member};
@@ -41,6 +43,33 @@ pub(super) struct PeerFetch {
     pub expected: u64,
     /// Ask for a block the peer holds only (`X-DART-Held-Only`).
     pub held_only: bool,
+    /// The object as the asking read knows it (`X-DART-Object-*`), for a fetch on its behalf.
+    pub told: Option<Told>,
+}
+
+/// The object a relay request names (`X-DART-Object-Size` with the version's validators), if
+/// any; a malformed value is an error (a size that is not a positive decimal, a validator that
+/// may not travel in a header). Validators without a size are ignored.
+fn parse_told(headers: &Headers) -> Result<Option<Told>, &'static str> {
+    let Some(size) = headers.get(HEADER_OBJECT_SIZE) else { return Ok(None) };
+    let digits = (!size.is_empty() && size.iter().all(u8::is_ascii_digit)).then_some(size);
+    let size = digits.and_then(|d| std::str::from_utf8(d).ok()?.parse::<u64>().ok());
+    let Some(size) = size.filter(|&n| n > 0) else {
+        return Err("dart: bad object size (a positive decimal number of bytes)");
+    };
+    let validator = |name| match headers.get(name) {
+        None => Ok(None),
+        Some(v) if !v.is_empty() && v.len() <= META_VALUE_MAX && header_safe(v) => {
+            Ok(Some(String::from_utf8(v.to_vec()).expect("visible ASCII is UTF-8")))
+        }
+        Some(_) => Err("dart: bad object validator (visible ASCII, at most 1024 bytes)"),
+    };
+    let meta = ObjectMeta {
+        etag: validator(HEADER_OBJECT_ETAG)?,
+        last_modified: validator(HEADER_OBJECT_LAST_MODIFIED)?,
+        ..ObjectMeta::default()
+    };
+    Ok(Some(Told { size, meta }))
 }
 
 /// Whether `value` may travel in a header field (visible ASCII, space and tab; no controls).
@@ -146,6 +175,10 @@ impl Node {
                 return self.reply(id, Plane::Peer, 404, &msg, Headers::new());
             }
         };
+        let told = match parse_told(&request.headers) {
+            Ok(told) => told,
+            Err(msg) => return self.reply(id, Plane::Peer, 400, msg, Headers::new()),
+        };
         let requester = request.headers.get_str(HEADER_NODE).map(str::to_owned);
         let mut read = match url {
             // Held-only: serve what is held, named by its version; never fetch (the hop stays).
@@ -157,6 +190,9 @@ impl Node {
             None => self.engine.begin_relay(key, None, next_hop),
         };
         read.set_requester(requester.clone());
+        if !held_only {
+            read.set_told(told);
+        }
         let requester = Requester { name: requester, budget, progress };
         self.admit(id, Plane::Peer, Method::Get, read, Headers::new(), requester, now);
     }
@@ -359,6 +395,18 @@ impl Node {
         }
         if fetch.held_only {
             headers.push(HEADER_HELD_ONLY, "1");
+        }
+        if let Some(told) = fetch.told.as_ref().filter(|_| !fetch.url.is_empty()) {
+            headers.push(HEADER_OBJECT_SIZE, told.size.to_string());
+            let fields = [
+                (HEADER_OBJECT_ETAG, &told.meta.etag),
+                (HEADER_OBJECT_LAST_MODIFIED, &told.meta.last_modified),
+            ];
+            for (name, value) in fields {
+                if let Some(v) = value.as_deref().filter(|v| header_safe(v.as_bytes())) {
+                    headers.push(name, v);
+                }
+            }
         }
         if !self.config.self_id.is_empty() {
             headers.push(HEADER_NODE, self.config.self_id.as_str());

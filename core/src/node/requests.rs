@@ -517,10 +517,11 @@ impl Node {
                 hop,
                 expected_len,
                 permit,
+                told,
                 cut_through,
             } => {
-                let fetch =
-                    super::peer::PeerFetch { key, url, hop, expected: expected_len, held_only };
+                let expected = expected_len;
+                let fetch = super::peer::PeerFetch { key, url, hop, expected, held_only, told };
                 self.fetch_peer(
                     rid,
                     contender,
@@ -547,6 +548,7 @@ impl Node {
                 self.cancel_peer(rid, contender, run_on, now)
             }
             Action::FillFromOrigin { key } => self.fill_from_origin(rid, key, now),
+            Action::Learn { key, url } => self.learn_object(rid, key, url, now),
             Action::FetchOrigin { key, url, start, end, expected_len, object_size, class } => {
                 let id = req.read.object().id.clone();
                 let fill = Fill::Block { key, expected: expected_len, size: object_size, class };
@@ -564,6 +566,10 @@ impl Node {
                 if self.may_store(read.object(), read.version()) {
                     self.emit(Output::StorePut { key, data, class });
                 }
+            }
+            Action::StoreWhenConfirmed { key, data, class, told } => {
+                let object = self.requests[&rid].read.object().clone();
+                self.park(super::Parked { object, key, data, class, told });
             }
             Action::Emit(data) => {
                 if !req.cancelled {
@@ -817,6 +823,67 @@ impl Node {
             node.drive(id, now);
             node.working.pop();
         });
+    }
+
+    /// Starts a background probe of the object at `url` for relay `rid`, which works under a
+    /// size its requester told ([`crate::engine::Told`]): a read that serves nobody, whose
+    /// probe is a flight shared with the node's other probes and checks of the object. Not
+    /// started past [`super::READ_AHEAD_LIVE_MAX`] live requests (the relay then stores
+    /// nothing).
+    fn learn_object(&mut self, rid: RequestId, key: BlockKey, url: String, now: Instant) {
+        let Some(req) = self.requests.get(&rid) else { return };
+        if self.live_requests() >= super::READ_AHEAD_LIVE_MAX {
+            return;
+        }
+        let forward = req.forward.clone();
+        let id = RequestId(self.next_ahead);
+        self.next_ahead += 1;
+        let read = self.engine.begin_learn(key, url);
+        let request = Request {
+            cancelled: true,
+            background: true,
+            ..Request::new(Plane::Peer, Method::Get, read, forward)
+        };
+        self.requests.insert(id, Box::new(request));
+        self.isolated(now, |node| {
+            node.working.push(id);
+            node.drive(id, now);
+            node.working.pop();
+        });
+    }
+
+    /// Keeps a block fetched under a told size until the engine confirms it (or stores it at
+    /// once if it does already, drops it if it contradicts it), letting the oldest waiting
+    /// block go past [`super::PARKED_BLOCKS`].
+    fn park(&mut self, parked: super::Parked) {
+        let object = parked.object.id.clone();
+        if self.parked.len() == super::PARKED_BLOCKS {
+            self.parked.pop_front();
+            self.engine.note_told_unstored();
+        }
+        self.parked.push_back(parked);
+        self.unpark(&object, false);
+    }
+
+    /// The engine may know `object` now (a probe of it answered): each block waiting for it is
+    /// stored if the engine confirms what its relay was told, else let go; with `done` (the
+    /// probe failed) those it cannot judge go too.
+    pub(super) fn unpark(&mut self, object: &str, done: bool) {
+        if !self.parked.iter().any(|p| p.object.id == object) {
+            return;
+        }
+        let (mine, rest): (std::collections::VecDeque<_>, std::collections::VecDeque<_>) =
+            std::mem::take(&mut self.parked).into_iter().partition(|p| p.object.id == object);
+        self.parked = rest;
+        for p in mine {
+            match self.engine.confirms(&p.object, &p.told) {
+                Some(true) if self.may_store(&p.object, Some(&p.told.meta)) => {
+                    self.emit(Output::StorePut { key: p.key, data: p.data, class: p.class })
+                }
+                None if !done => self.parked.push_back(p),
+                _ => self.engine.note_told_unstored(),
+            }
+        }
     }
 
     /// Emits a response part unless the requester went away.
@@ -1330,9 +1397,11 @@ fn asks(action: &Action) -> bool {
         | Action::FetchOrigin { .. } => true,
         // It asks nothing the request waits on; a request nobody waits for starts no fill.
         Action::FillFromOrigin { .. }
+        | Action::Learn { .. }
         | Action::CancelPeer { .. }
         | Action::Respond(_)
         | Action::Store { .. }
+        | Action::StoreWhenConfirmed { .. }
         | Action::Emit(_)
         | Action::Finish
         | Action::Fail(_) => false,

@@ -1217,6 +1217,185 @@ fn a_relay_never_passes_on_a_block_that_rotted_in_its_store_and_reads_it_afresh(
     assert_eq!(h.node.counters().rotten_blocks_dropped, 1);
 }
 
+/// Relay request `id` for `block`, whose requester names the object: `size` bytes, version
+/// `etag` (`X-DART-Object-*`).
+fn told_relay_request(h: &mut Harness, id: u64, block: u64, size: &str, etag: Option<&str>) {
+    let e = engine();
+    let key = e.block_key(&e.identify(URL), block);
+    let mut headers = Headers::new()
+        .with("x-dart-origin", URL)
+        .with("x-dart-hop", "0")
+        .with("x-dart-object-size", size);
+    if let Some(etag) = etag {
+        headers.push("x-dart-object-etag", etag);
+    }
+    h.get(id, Plane::Peer, &crate::codec::wire::block_path(key), headers);
+}
+
+fn block_head_of(etag: &str) -> IoEvent {
+    let headers = Headers::new().with("content-length", BLOCK.to_string()).with("etag", etag);
+    IoEvent::Head { status: 200, headers }
+}
+
+/// A relay that does not know the object asks its parent at once under the size its
+/// requester told, beside its own probe (not after it: a cold chain of relays would otherwise
+/// probe the origin one hop after the other), and stores the block because the probe taught it
+/// the same size and version by the time the block was whole.
+#[test]
+fn a_cold_relay_told_the_size_asks_its_parent_at_once_and_stores_the_block_its_probe_confirms() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.publish(1);
+    told_relay_request(&mut h, 7, 1, &SIZE.to_string(), Some("\"v1\""));
+    let sends = h.take_sends();
+    let purposes: Vec<Purpose> = sends.iter().map(|s| s.purpose).collect();
+    assert_eq!(purposes, [Purpose::Probe, Purpose::PeerBlock], "both at once");
+    let (probe, up) = (&sends[0], &sends[1]);
+    // It passes on what it was told.
+    assert_eq!(up.headers.get_str("x-dart-object-size"), Some(SIZE.to_string().as_str()));
+    assert_eq!(up.headers.get_str("x-dart-object-etag"), Some("\"v1\""));
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head_of("\"v1\""));
+    assert!(h.head_of(7).is_some(), "the relay streams before its probe answered");
+    h.answer_origin(probe);
+    let block = content_of(1, BLOCK, BLOCK);
+    h.io(up.id, IoEvent::Body(block.clone()));
+    h.io(up.id, IoEvent::End);
+    assert_eq!(h.relay_block_of(7), block.to_vec());
+    assert_eq!(h.store.len(), 1, "confirmed by its own probe: stored");
+    let stats = h.node.engine().stats();
+    assert_eq!((stats.relay_told, stats.relay_told_unstored), (1, 0));
+    assert_eq!(h.node.live_requests(), 0);
+    // Known now: the next relay of the object asks its parent alone, and no probe.
+    told_relay_request(&mut h, 8, 2, &SIZE.to_string(), Some("\"v1\""));
+    let sends = h.take_sends();
+    assert_eq!(sends.iter().map(|s| s.purpose).collect::<Vec<_>>(), [Purpose::PeerBlock]);
+    // A warm parent's block is most often whole before the origin answers the probe: it waits
+    // for the probe, stored if the answer confirms what the relay was told, else let go.
+    for (etag, stored) in [("\"v1\"", 1), ("\"v0\"", 0)] {
+        let mut h = Harness::new(reader_of("p:9000"));
+        h.publish(1);
+        told_relay_request(&mut h, 7, 1, &SIZE.to_string(), Some(etag));
+        let sends = h.take_sends();
+        let (probe, up) = (&sends[0], &sends[1]);
+        h.io(up.id, IoEvent::Connected);
+        h.io(up.id, block_head_of(etag));
+        h.io(up.id, IoEvent::Body(content_of(1, BLOCK, BLOCK)));
+        h.io(up.id, IoEvent::End);
+        assert!(h.ended(7), "served without waiting for the probe");
+        assert!(h.store.is_empty(), "not before the probe answered");
+        h.answer_origin(probe);
+        assert_eq!(h.store.len(), stored, "told {etag}");
+        assert_eq!(h.node.engine().stats().relay_told_unstored, 1 - stored as u64);
+        assert_eq!(h.node.live_requests(), 0);
+    }
+}
+
+/// What a requester tells is never trusted: a block whose version the relay's own probe does
+/// not confirm is passed on but not stored, and an upstream whose block has another length
+/// than a told size is not charged for it (the requester may have lied); the relay never goes
+/// to the origin under a told size.
+#[test]
+fn a_relay_told_a_wrong_size_or_version_stores_nothing_charges_no_upstream_and_never_reads_the_origin(
+) {
+    // A stale version: the origin serves v2, the requester names v1, the parent serves v1.
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.publish(2);
+    told_relay_request(&mut h, 7, 1, &SIZE.to_string(), Some("\"v1\""));
+    let sends = h.take_sends();
+    h.answer_origin(&sends[0]);
+    let up = &sends[1];
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, block_head_of("\"v1\""));
+    h.io(up.id, IoEvent::Body(content_of(1, BLOCK, BLOCK)));
+    h.io(up.id, IoEvent::End);
+    assert!(h.ended(7), "passed on: its requester judges it by what it knows");
+    assert!(h.store.is_empty(), "a version the relay does not know is never stored");
+    assert_eq!(h.node.engine().stats().relay_told_unstored, 1);
+    // A wrong size, the probe not back: the parent's block of the true length is not charged,
+    // the relay declines (404) instead of reading the origin, and stores nothing.
+    let mut h = Harness::new(reader_of("p:9000"));
+    told_relay_request(&mut h, 7, 1, &(SIZE + 5 * BLOCK).to_string(), None);
+    let sends = h.take_sends();
+    let up = sends.iter().find(|s| s.purpose == Purpose::PeerBlock).expect("asked at once");
+    assert_eq!(up.headers.get_str("x-dart-object-etag"), None);
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, IoEvent::Head { status: 200, headers: Headers::new() });
+    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK - 7)));
+    h.io(up.id, IoEvent::End);
+    assert!(!h.ended(7));
+    assert!(h.store.is_empty());
+    let state = h.node.engine().p2p().expect("p2p").breaker.state(&"p:9000".to_owned(), h.now);
+    assert_eq!(state, CircuitState::Closed, "a length only told charges nobody");
+    assert!(h.node.engine().stats().relay_told_refused >= 1);
+    assert!(h.take_sends().is_empty(), "no window read under a told size");
+    // A parent that does not hold it: with no ancestor left, the relay waits for its own
+    // probe before the origin, and declines when the probe contradicts what it was told.
+    let mut h = Harness::new(reader_of("p:9000"));
+    told_relay_request(&mut h, 7, 1, &(SIZE + 5 * BLOCK).to_string(), None);
+    let sends = h.take_sends();
+    let up = sends.iter().find(|s| s.purpose == Purpose::PeerBlock).expect("asked at once");
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    assert_eq!(status_of(&h, 7), None, "waits for its probe");
+    assert!(h.sends().is_empty(), "no window, and no second probe (it joins the first)");
+    h.answer_origin(&sends[0]);
+    assert_eq!(status_of(&h, 7), Some(404), "the probe contradicts the told size: declined");
+    assert!(h.sends().is_empty(), "{:?}", h.sends());
+    assert_eq!(h.node.live_requests(), 0);
+    // Told the truth, the same relay reads the window once its probe confirms it.
+    let mut h = Harness::new(reader_of("p:9000"));
+    told_relay_request(&mut h, 7, 1, &SIZE.to_string(), None);
+    let sends = h.take_sends();
+    let up = sends.iter().find(|s| s.purpose == Purpose::PeerBlock).expect("asked at once");
+    h.io(up.id, IoEvent::Connected);
+    h.io(up.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    h.answer_origin(&sends[0]);
+    let window = h.take_sends();
+    assert_eq!(window.iter().map(|s| s.purpose).collect::<Vec<_>>(), [Purpose::Window]);
+    h.answer_origin(&window[0]);
+    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.store.len(), 1);
+}
+
+/// A told size is used only where it helps: the root of a tree (no peer ancestor: its next
+/// source is the origin) probes first as before, and a malformed value gets a clean 400.
+#[test]
+fn a_told_size_is_not_used_by_a_root_and_a_malformed_one_is_refused() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    told_relay_request(&mut h, 7, 1, &SIZE.to_string(), None);
+    let sends = h.take_sends();
+    assert_eq!(sends.iter().map(|s| s.purpose).collect::<Vec<_>>(), [Purpose::Probe]);
+    assert_eq!(h.node.engine().stats().relay_told, 0);
+    for bad in ["", "0", "-5", "12a", "99999999999999999999999"] {
+        let mut h = Harness::new(reader_of("p:9000"));
+        told_relay_request(&mut h, 7, 1, bad, None);
+        assert_eq!(status_of(&h, 7), Some(400), "{bad:?}");
+        assert!(h.sends().is_empty());
+    }
+    let mut h = Harness::new(reader_of("p:9000"));
+    told_relay_request(&mut h, 7, 1, &SIZE.to_string(), Some("bad\u{1}etag"));
+    assert_eq!(status_of(&h, 7), Some(400));
+}
+
+/// A read names the object as it knows it when it asks a peer to fetch for it, and names
+/// nothing on a held-only ask (which never fetches).
+#[test]
+fn a_fetch_on_behalf_names_the_object_as_the_reader_knows_it() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.publish(3);
+    h.read(1, Some("bytes=0-9"));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let up = h.take_sends().remove(0);
+    assert_eq!(up.purpose, Purpose::PeerBlock);
+    assert_eq!(up.headers.get_str("x-dart-object-size"), Some(SIZE.to_string().as_str()));
+    assert_eq!(up.headers.get_str("x-dart-object-etag"), Some("\"v3\""));
+    assert_eq!(up.headers.get_str("x-dart-object-last-modified"), None);
+    let mut h = Harness::new(reader_with_neighbours());
+    let ask = held_only_ask_before_the_origin(&mut h);
+    assert_eq!(ask.headers.get_str("x-dart-object-size"), None, "held-only asks name nothing");
+}
+
 #[test]
 fn a_short_cut_through_stream_is_truncated_and_never_cached() {
     let mut h = Harness::new(reader_of("p:9000"));
