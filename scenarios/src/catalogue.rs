@@ -48,6 +48,7 @@ pub fn all() -> Vec<Scenario> {
         range_blind_midway(),
         lying_peer(),
         lying_peer_corrupt(),
+        lying_requester(),
         breaker_churn(),
         crash_restart(),
         small_caches(),
@@ -860,6 +861,73 @@ fn lying_peer_corrupt() -> Scenario {
     // Every block ends with its digest (dart_core::integrity): a flipped byte is refused by the
     // requester before anything is cached or served whole (the checker watches both).
     .expect(|run, check| liar_routed_around(run, check, "ValidationFailed", "for their digest"))
+}
+
+/// A reader that lies about the object in the relay requests it sends, to relays that do not
+/// know the object (they would otherwise ask their parent under what it named: `Read::set_told`).
+fn lying_requester() -> Scenario {
+    Scenario::new(
+        "lying-requester",
+        "a reader names the object wrongly in its relay requests (seed even: its size, odd: its version) to relays that do not know it: they store nothing under the lie, blame no honest peer, and later readers get exact bytes",
+        |seed, scale| {
+            let nodes = pick(scale, 12, 40) as usize;
+            let block = pick(scale, 256 << 10, 4 * MIB);
+            let size = 6 * block + block / 3;
+            let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(size, seed)], block, ms(0));
+            // Trees over every member: the liar's ancestors are relays that read nothing.
+            spec.cluster.peer.get_or_insert_with(PeerConfig::default).reader_tree = None;
+            let order = tree_order(&spec.cluster, 0, 0);
+            let liar = *order.last().expect("nodes");
+            // The liar reads first, cold: the object's tail (its last block is shorter, so a
+            // wrong size gives it another length), then the whole object; then honest readers
+            // at the bottom, the middle and the top of the same tree (one chunk), through the
+            // relays it lied to.
+            let honest = [order[order.len() - 2], order[order.len() / 2], order[1]];
+            let tail = ReadSpec { range: dart_sim::RangeSpec::Suffix(block / 3), ..ReadSpec::whole(ms(0), liar, 0) };
+            let mut reads = vec![tail, ReadSpec::whole(secs(1), liar, 0)];
+            for (i, &n) in honest.iter().enumerate() {
+                reads.push(ReadSpec::whole(secs(2) + ms(i as u64 * 300), n, 0));
+            }
+            spec.workload.safety = reads;
+            spec.workload.liveness.retain(|r| r.node != liar);
+            let lie = if seed % 2 == 0 { Lie::ToldSize } else { Lie::ToldVersion };
+            spec.plan = FaultPlan { faults: vec![fault(ms(0), secs(200), FaultKind::Lies { node: liar, lie })] };
+            spec
+        },
+    )
+    .expect(|run, check| {
+        let r = run.report;
+        safety_reads_finish(run, check, &[]);
+        let liar = *tree_order(&run.spec.cluster, 0, 0).last().expect("nodes");
+        let honest = |n: &usize| *n != liar;
+        let opened: Vec<String> = r
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| honest(n))
+            .flat_map(|(n, node)| {
+                node.circuit_events
+                    .iter()
+                    .filter(|e| e.to == CircuitState::Open)
+                    .map(move |e| format!("n{n} opened {} ({:?})", e.addr, e.reason))
+            })
+            .collect();
+        check.that(opened.is_empty(), format!("no honest node opens a circuit: {opened:?}"));
+        let sum = |f: fn(&dart_core::engine::EngineStats) -> u64| -> u64 {
+            r.nodes.iter().enumerate().filter(|(n, _)| honest(n)).map(|(_, n)| f(&n.engine)).sum()
+        };
+        let (told, unstored, refused) =
+            (sum(|e| e.relay_told), sum(|e| e.relay_told_unstored), sum(|e| e.relay_told_refused));
+        check.that(
+            unstored + refused > 0,
+            format!("relays met the lie: {told} relays under a told size, {unstored} blocks not stored, {refused} refusals"),
+        );
+        let object = run.spec.cluster.objects[0].size;
+        let origin = r.origin.body_bytes as f64 / object as f64;
+        check.note(format!(
+            "{told} relays worked under a told size: {unstored} blocks not stored, {refused} declines or uncharged lengths; origin {origin:.2} x the object"
+        ));
+    })
 }
 
 fn breaker_churn() -> Scenario {

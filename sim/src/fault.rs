@@ -44,6 +44,19 @@ pub enum Lie {
     Corrupt,
     /// An answer that is not a block at all (malformed status or body).
     Garbage,
+    /// It answers honestly, but names the object one block and a half larger than it is in
+    /// the relay requests it sends (`X-DART-Object-Size`).
+    ToldSize,
+    /// It answers honestly, but names another version of the object (`X-DART-Object-ETag`)
+    /// in the relay requests it sends.
+    ToldVersion,
+}
+
+impl Lie {
+    /// Whether this lie is told in the node's answers to block requests.
+    pub fn in_answers(self) -> bool {
+        matches!(self, Lie::WrongLength | Lie::Corrupt | Lie::Garbage)
+    }
 }
 
 /// One kind of fault with its target and parameters.

@@ -72,6 +72,13 @@ pub struct PeerFaults {
     pub lies: Vec<Lie>,
 }
 
+impl PeerFaults {
+    /// The lie told in answers to block requests now, if any (the latest in force).
+    pub fn answer_lie(&self) -> Option<Lie> {
+        self.lies.iter().rev().copied().find(|l| l.in_answers())
+    }
+}
+
 /// What the head of a client read turned out to be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientHead {

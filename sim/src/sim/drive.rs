@@ -351,7 +351,7 @@ impl Sim {
     fn send(
         &mut self,
         n: usize,
-        req: IoRequest,
+        mut req: IoRequest,
         ctx: Context,
         pending: &mut VecDeque<(Input, Context)>,
     ) {
@@ -389,6 +389,10 @@ impl Sim {
                 }
             }
             IoEndpoint::Peer => {
+                let lie = self.nodes[n].peer_faults.lies.iter().rev().find(|l| !l.in_answers());
+                if let Some(&lie) = lie {
+                    self.lie_in_request(n, lie, &mut req);
+                }
                 let host = req.url.strip_prefix("http://").and_then(|r| r.split('/').next());
                 let Some(j) = host.and_then(node_of_addr) else {
                     return self.violate(Some(n), format!("peer request to {}", req.url));
@@ -405,6 +409,35 @@ impl Sim {
             pending
                 .push_back((Input::Io { id: io, event: IoEvent::Connected }, Context::default()));
         }
+    }
+
+    /// A requester that lies names the object otherwise than it is in a relay request
+    /// ([`Lie::ToldSize`], [`Lie::ToldVersion`]); the request is signed over other fields, so
+    /// it still passes as the requester's.
+    fn lie_in_request(&mut self, n: usize, lie: Lie, req: &mut IoRequest) {
+        use dart_core::codec::wire::{HEADER_OBJECT_ETAG, HEADER_OBJECT_SIZE};
+        let Some(size) = req.headers.get_u64(HEADER_OBJECT_SIZE) else { return };
+        let mut headers = dart_core::node::Headers::new();
+        for (name, value) in req.headers.iter() {
+            if name != HEADER_OBJECT_SIZE && name != HEADER_OBJECT_ETAG {
+                headers.push(name, value);
+            }
+        }
+        let block = self.spec.cluster.geometry.block_bytes();
+        match lie {
+            Lie::ToldSize => {
+                headers.push(HEADER_OBJECT_SIZE, (size + block + block / 2).to_string());
+                if let Some(etag) = req.headers.get(HEADER_OBJECT_ETAG) {
+                    headers.push(HEADER_OBJECT_ETAG, etag);
+                }
+            }
+            _ => {
+                headers.push(HEADER_OBJECT_SIZE, size.to_string());
+                headers.push(HEADER_OBJECT_ETAG, "\"a-version-that-never-was\"");
+            }
+        }
+        self.trace.line(self.now, format_args!("lie n{n} {lie:?} in {}", req.url));
+        req.headers = headers;
     }
 
     /// An origin block fetch: never of a block the store just answered; counted when the store
@@ -705,7 +738,7 @@ impl Sim {
 
     /// The head of a cut-through answer goes out ahead of its body.
     fn stream_peer(&mut self, j: usize, rid: RequestId) {
-        let lie = self.nodes[j].peer_faults.lies.last().copied();
+        let lie = self.nodes[j].peer_faults.answer_lie();
         let p = self.nodes[j].peers.get_mut(&rid).expect("a live peer request");
         p.head_sent = true;
         p.lie = lie;
@@ -795,7 +828,7 @@ impl Sim {
                 body: Body::Parts(parts),
                 ending,
             };
-            if let Some(&lie) = self.nodes[j].peer_faults.lies.last() {
+            if let Some(lie) = self.nodes[j].peer_faults.answer_lie() {
                 self.trace.line(now, format_args!("lie {id} n{j} {lie:?}"));
                 self.lie_head(lie, &mut answer, p.key);
                 self.lie_tail(lie, &mut answer, p.key);
@@ -891,7 +924,7 @@ impl Sim {
                 answer.headers =
                     Headers::new().with("content-length", (expected + 4096).to_string());
             }
-            Lie::WrongLength | Lie::Corrupt => {}
+            Lie::WrongLength | Lie::Corrupt | Lie::ToldSize | Lie::ToldVersion => {}
         }
     }
 
@@ -916,7 +949,7 @@ impl Sim {
                 *parts = vec![Bytes::from(vec![0xAB; 64])];
                 answer.ending = Some(Some("garbage".into()));
             }
-            Lie::WrongLength | Lie::Corrupt => {}
+            Lie::WrongLength | Lie::Corrupt | Lie::ToldSize | Lie::ToldVersion => {}
         }
     }
 }
