@@ -1257,6 +1257,23 @@ impl Read {
         // fetch) waited out its whole head bound on a dead last ancestor (`dead-root-some-read`
         // seed 2: 0.72 s, the chain of readers below it with it).
         if ancestor_left && !engine.try_hedge() {
+            // No credit for a backup: look at the primary instead, once per block (a held-only
+            // liveness probe spends none), and leave a silent one for the next ancestor at once,
+            // as a failed peer is left. Without the look, a node that reads little (it earns 0.05
+            // of a hedge per fetch) waited out its whole head bound on a stalled parent
+            // (`tail-at-scale`'s slowest reads: 1.0 s each, with another ancestor at hand).
+            if primary_moving {
+                return HedgeAgain::WhenStill;
+            }
+            if job.probe == Probe::None {
+                let mut job = self.take_peer_job();
+                if engine.is_silent(&primary, now) {
+                    self.fail_over_silent(engine, &mut job, &primary, now);
+                } else {
+                    self.send_probe(engine, &mut job, primary, now);
+                }
+                self.state = State::AwaitPeer(job);
+            }
             return HedgeAgain::Never;
         }
         let mut job = self.take_peer_job();

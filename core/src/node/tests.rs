@@ -4425,9 +4425,16 @@ fn a_block_another_read_stored_ends_the_wait_of_a_read_stuck_on_a_slow_peer() {
     h.read(2, Some("bytes=0-9"));
     assert!(peer_sends(&h).is_empty(), "joined, not sent again");
     h.advance(Duration::from_millis(20));
-    let backup = peer_sends(&h).pop().expect("the first read's backup");
-    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])));
-    assert_eq!(peer_sends(&h).len(), 1, "only one hedge");
+    let sends = peer_sends(&h);
+    let grandparent = format!("http://{}/", ancestors[1]);
+    let backup = sends.iter().find(|r| r.url.starts_with(&grandparent)).expect("a backup");
+    assert_eq!(backup.headers.get_str("x-dart-held-only"), None, "the first read's hedge");
+    // The second read, with no credit, looks at the parent instead (a held-only ask).
+    assert_eq!(sends.len(), 2, "one hedge and one look: {sends:?}");
+    let look = sends.iter().find(|r| r.id != backup.id).expect("the look");
+    assert!(look.url.starts_with(&format!("http://{}/", ancestors[0])));
+    assert_eq!(look.headers.get_str("x-dart-held-only"), Some("1"));
+    let backup = backup.clone();
     answer_peer(&mut h, &backup, 0);
     // The first read stored the block; the second takes it instead of waiting out its bound.
     assert_eq!(h.body_of(1), content(0, 10).to_vec());
@@ -4438,6 +4445,54 @@ fn a_block_another_read_stored_ends_the_wait_of_a_read_stuck_on_a_slow_peer() {
     assert_eq!((b.soft, b.hard), (0, 0), "the slow parent is not charged");
     assert_eq!(h.node.stats().landed, 1);
     assert_eq!(h.node.live_requests(), 0);
+}
+
+/// A node out of hedge credit (one that reads little earns 0.05 of a hedge per fetch) still
+/// looks at a primary slower than the hedge delay: the held-only liveness probe, which spends
+/// none. Unanswered within a probe wait, the parent is left for the grandparent at once (a
+/// failover from a silent peer, no credit); answered, the read keeps waiting on it. Before, the
+/// read waited out its whole head bound on a stalled parent (`tail-at-scale`'s slowest reads,
+/// 1.0 s each, with the grandparent at hand).
+#[test]
+fn a_node_out_of_hedge_credit_looks_at_a_slow_parent_and_leaves_a_silent_one_for_the_grandparent() {
+    let (node, ancestors) = hedging_reader(DEFAULT_HEDGE_RATIO);
+    let mut h = Harness::new(node);
+    assert!(h.node.engine_mut().try_hedge(), "the banked hedge, spent");
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    h.advance(Duration::from_millis(20));
+    let look = peer_sends(&h).pop().expect("a look at the parent");
+    assert!(look.url.starts_with(&format!("http://{}/", ancestors[0])));
+    assert_eq!(look.headers.get_str("x-dart-held-only"), Some("1"), "a liveness probe");
+    h.io(look.id, IoEvent::Connected);
+    let wait = crate::engine::probe_wait(h.node.engine().hedge_delay().expect("an estimate"));
+    h.advance(wait);
+    let backup = peer_sends(&h).pop().expect("the failover");
+    assert!(backup.url.starts_with(&format!("http://{}/", ancestors[1])), "the grandparent");
+    assert_eq!(backup.headers.get_str("x-dart-held-only"), None, "a whole fetch");
+    answer_peer(&mut h, &backup, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert!(h.ended(1));
+    let s = h.node.stats();
+    assert_eq!((s.hedge_probes, s.hedge_probe_failovers, s.hedge_backup_won), (1, 1, 1));
+    assert!(h.node.engine().is_slow(&ancestors[0], h.now), "the next blocks ask it last");
+    // A parent that answers the look (it does not hold the block: it is fetching it) is alive:
+    // the read keeps waiting on it, and no backup goes out without credit.
+    let (node, ancestors) = hedging_reader(DEFAULT_HEDGE_RATIO);
+    let mut h = Harness::new(node);
+    assert!(h.node.engine_mut().try_hedge());
+    let primary = start_block_read(&mut h, &ancestors);
+    h.io(primary.id, IoEvent::Connected);
+    h.advance(Duration::from_millis(20));
+    let look = peer_sends(&h).pop().expect("a look at the parent");
+    h.io(look.id, IoEvent::Connected);
+    h.io(look.id, IoEvent::Head { status: 404, headers: Headers::new() });
+    h.advance(Duration::from_millis(500));
+    let sent = peer_sends(&h);
+    assert_eq!(sent.len(), 1, "the look only, no backup without credit: {sent:?}");
+    answer_peer(&mut h, &primary, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.node.stats().hedge_probes_alive, 1);
 }
 
 #[test]
