@@ -2,7 +2,9 @@
 //! prints its slowest reads, each with the trace lines of its node (and of the nodes named in
 //! `$EXTRA`, comma-separated, e.g. `EXTRA=n95,n46`) while it ran, then the stall plan.
 //!
-//!     cargo run --release -p dart-scenarios --example tail_slowest -- <seed> <hedge ratio> <reads>
+//!     cargo run --release -p dart-scenarios --example tail_slowest -- <seed> <hedge ratio> <reads> [<skip>]
+//!
+//! With `<skip>`, the reads after the `<skip>` slowest (`100` for those about the p99 of 10,000).
 //!
 //! The trace keeps its first 2,000,000 lines: reads late in the run may show none.
 
@@ -13,6 +15,7 @@ fn main() {
     let seed: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     let ratio: f64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(0.05);
     let top: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3);
+    let skip: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(0);
     let extra: Vec<String> = std::env::var("EXTRA")
         .unwrap_or_default()
         .split(',')
@@ -34,7 +37,7 @@ fn main() {
         .collect();
     reads.sort_by_key(|(latency, _)| std::cmp::Reverse(*latency));
     let trace = report.trace.as_ref().expect("a kept trace");
-    for (latency, x) in reads.iter().take(top) {
+    for (latency, x) in reads.iter().skip(skip).take(top) {
         let (start, end) = (x.started.expect("started"), x.done_at.expect("done"));
         let (start, end) = (start.as_nanos(), end.as_nanos());
         println!(
