@@ -1239,13 +1239,7 @@ impl Read {
                 if primary_moving {
                     return HedgeAgain::At(at);
                 }
-                let mut job = self.take_peer_job();
-                if engine.is_silent(&primary, now) {
-                    self.fail_over_silent(engine, &mut job, &primary, now);
-                } else {
-                    self.send_probe(engine, &mut job, primary, now);
-                }
-                self.state = State::AwaitPeer(job);
+                self.look_at(engine, primary, now);
                 return HedgeAgain::Never;
             }
         }
@@ -1266,13 +1260,7 @@ impl Read {
                 return HedgeAgain::WhenStill;
             }
             if job.probe == Probe::None {
-                let mut job = self.take_peer_job();
-                if engine.is_silent(&primary, now) {
-                    self.fail_over_silent(engine, &mut job, &primary, now);
-                } else {
-                    self.send_probe(engine, &mut job, primary, now);
-                }
-                self.state = State::AwaitPeer(job);
+                self.look_at(engine, primary, now);
             }
             return HedgeAgain::Never;
         }
@@ -1293,6 +1281,18 @@ impl Read {
         }
         self.state = State::AwaitPeer(job);
         HedgeAgain::Never
+    }
+
+    /// Looks at `primary`, slow with another ancestor left: leaves it for that ancestor at once
+    /// if it was found silent lately, else sends it the liveness probe ([`Read::send_probe`]).
+    fn look_at(&mut self, engine: &mut Engine, primary: String, now: Instant) {
+        let mut job = self.take_peer_job();
+        if engine.is_silent(&primary, now) {
+            self.fail_over_silent(engine, &mut job, &primary, now);
+        } else {
+            self.send_probe(engine, &mut job, primary, now);
+        }
+        self.state = State::AwaitPeer(job);
     }
 
     fn take_peer_job(&mut self) -> Job {

@@ -808,10 +808,16 @@ impl Node {
             return;
         }
         let (url, forward) = (req.read.url().to_owned(), req.forward.clone());
-        let id = RequestId(self.next_ahead);
-        self.next_ahead += 1;
         self.counters.origin_fills += 1;
         let read = self.engine.begin_origin_fill(key, url);
+        self.start_background(read, forward, now);
+    }
+
+    /// Starts `read` as a background request (it answers nobody) with the forwarded headers of
+    /// the request it serves, and drives it.
+    fn start_background(&mut self, read: Read, forward: Headers, now: Instant) {
+        let id = RequestId(self.next_ahead);
+        self.next_ahead += 1;
         let request = Request {
             cancelled: true,
             background: true,
@@ -836,20 +842,8 @@ impl Node {
             return;
         }
         let forward = req.forward.clone();
-        let id = RequestId(self.next_ahead);
-        self.next_ahead += 1;
         let read = self.engine.begin_learn(key, url);
-        let request = Request {
-            cancelled: true,
-            background: true,
-            ..Request::new(Plane::Peer, Method::Get, read, forward)
-        };
-        self.requests.insert(id, Box::new(request));
-        self.isolated(now, |node| {
-            node.working.push(id);
-            node.drive(id, now);
-            node.working.pop();
-        });
+        self.start_background(read, forward, now);
     }
 
     /// Keeps a block fetched under a told size until the engine confirms it (or stores it at
