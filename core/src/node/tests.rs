@@ -1396,6 +1396,78 @@ fn a_fetch_on_behalf_names_the_object_as_the_reader_knows_it() {
     assert_eq!(ask.headers.get_str("x-dart-object-size"), None, "held-only asks name nothing");
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::default())]
+    /// Whatever a requester tells a relay that does not know the object (a size off by a little
+    /// or a block, another version, no version) and whatever its parent answers (another
+    /// version, a short block), before or after the relay's own probe answers: the relay stores
+    /// only the origin's bytes of the version the origin serves, stores nothing it fetched
+    /// under a told size its probe did not confirm, charges its parent for a length only under a
+    /// confirmed size, and ends with no request live.
+    #[test]
+    fn a_relay_trusts_nothing_its_requester_told_it(
+        delta in proptest::sample::select(vec![0i64, 5, -5, 2 * BLOCK as i64]),
+        told_etag in proptest::sample::select(vec![None, Some("\"v1\""), Some("\"v0\"")]),
+        answer_etag in proptest::sample::select(vec!["\"v1\"", "\"v0\""]),
+        short in proptest::bool::ANY,
+        probe_first in proptest::bool::ANY,
+        block in 0u64..4,
+    ) {
+        let mut h = Harness::new(reader_of("p:9000"));
+        h.publish(1);
+        let told_size = (SIZE as i64 + delta) as u64;
+        told_relay_request(&mut h, 7, block, &told_size.to_string(), told_etag);
+        let truth = delta == 0 && told_etag == Some("\"v1\"");
+        let sends = h.take_sends();
+        let probe = sends.iter().find(|s| s.purpose == Purpose::Probe).cloned();
+        let up = sends.iter().find(|s| s.purpose == Purpose::PeerBlock).cloned();
+        let real = BLOCK.min(SIZE - block * BLOCK);
+        if probe_first {
+            if let Some(probe) = &probe {
+                h.answer_origin(probe);
+            }
+        }
+        if let Some(up) = &up {
+            let len = if short { real - 3 } else { real };
+            let version = if answer_etag == "\"v1\"" { 1 } else { 0 };
+            let headers = Headers::new()
+                .with("content-length", len.to_string())
+                .with("etag", answer_etag);
+            h.io(up.id, IoEvent::Connected);
+            h.io(up.id, IoEvent::Head { status: 200, headers });
+            if h.node.exchanges().iter().any(|(i, _, _)| *i == up.id) {
+                h.io(up.id, IoEvent::Body(content_of(version, block * BLOCK, len)));
+            }
+            if h.node.exchanges().iter().any(|(i, _, _)| *i == up.id) {
+                h.io(up.id, IoEvent::End);
+            }
+        }
+        if !probe_first {
+            if let Some(probe) = &probe {
+                h.answer_origin(probe);
+            }
+        }
+        // Whatever follows (the relay's own probe, an origin window once confirmed).
+        h.serve_origin();
+        for stored in h.store.values() {
+            proptest::prop_assert_eq!(stored, &content_of(1, block * BLOCK, real));
+        }
+        let under_told = up.is_some();
+        if under_told && !truth {
+            // Never stored from the parent; the origin is never read under a told size either.
+            proptest::prop_assert!(h.store.is_empty(), "stored under an unconfirmed told size");
+        }
+        if under_told && truth && !short && answer_etag == "\"v1\"" {
+            proptest::prop_assert_eq!(h.store.len(), 1, "a confirmed block is stored");
+        }
+        let state = h.node.engine().p2p().expect("p2p").breaker.state(&"p:9000".to_owned(), h.now);
+        if !truth {
+            proptest::prop_assert_eq!(state, CircuitState::Closed, "an honest parent blamed");
+        }
+        proptest::prop_assert_eq!(h.node.live_requests(), 0);
+    }
+}
+
 #[test]
 fn a_short_cut_through_stream_is_truncated_and_never_cached() {
     let mut h = Harness::new(reader_of("p:9000"));
