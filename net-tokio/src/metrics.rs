@@ -326,8 +326,9 @@ impl prometheus_client::collector::Collector for Collected {
         counter(
             &mut enc,
             "dart_hedge_probe",
-            "Held-only liveness probes of a slow peer (a hedge with no other ancestor left, or the \
-             first look at a fetch before the node has a latency estimate): asked (sent), \
+            "Held-only liveness probes of a slow peer (a hedge with no other ancestor left, the \
+             first look at a fetch before the node has a latency estimate, or the look in place \
+             of a hedge the budget refused): asked (sent), \
              answered (alive: the read keeps waiting on it), or not (silent: the backup is the \
              next ancestor or an origin fill, and the tree routes around the peer for a while).",
             "result",
