@@ -177,6 +177,14 @@ impl BodyPlan {
     pub fn honours_range(&self) -> bool {
         self.skip == 0 && matches!(self.kind, BodyKind::Partial { .. })
     }
+
+    /// The object's total size, when the response's `Content-Range` names it.
+    pub fn total(&self) -> Option<u64> {
+        match self.kind {
+            BodyKind::Partial { content_range } => content_range.and_then(|cr| cr.total),
+            BodyKind::RangeIgnored { .. } => None,
+        }
+    }
 }
 
 /// Bytes of a range fetch, judged.

@@ -501,9 +501,6 @@ impl Job {
 #[derive(Debug)]
 enum State {
     AwaitProbe,
-    /// A relay under a told size with no ancestor left: its own probe decides whether the
-    /// block goes on to the origin ([`Read::confirm_told`]).
-    AwaitConfirm(Job),
     /// A relay's first look at its store, before it knows the object's size.
     AwaitRelayLookup,
     AwaitLookup(Job),
@@ -698,15 +695,16 @@ impl Read {
     }
 
     /// Names the object as this relay's requester told it ([`Told`]). Used only while this
-    /// node does not know the object and the block has a peer ancestor to ask: the relay then
-    /// asks upstream at once under the told size and version and probes in the background
-    /// ([`Action::Learn`]), instead of probing before it asks. What it was told is never
+    /// node does not know the object: the relay then asks upstream (its peer ancestors, or the
+    /// origin for a tree's root) at once under the told size and version and probes in the
+    /// background ([`Action::Learn`]), instead of probing before it asks. What it was told is never
     /// trusted: the engine learns nothing from it, the block is stored only if the engine
-    /// learnt the same size and version by the time it is whole, an upstream is charged for a
-    /// block of the wrong length only then, and the read never goes to the origin under it
-    /// (with no ancestor left it waits for its own probe, and declines unless that confirms
-    /// what it was told). The requester checks every byte it gets against its own knowledge,
-    /// as it does every relay's.
+    /// learnt the same size and version (a block whole before then waits for the answer,
+    /// [`Action::StoreWhenConfirmed`]), an upstream is charged for a block of the wrong length
+    /// only then, and an origin window read under it (a tree's root, or a relay whose peers
+    /// failed) is used only if its own answer (total, validators) agrees with what it was told;
+    /// once the probe contradicts it, the relay declines. The requester checks every byte it
+    /// gets against its own knowledge, as it does every relay's.
     pub fn set_told(&mut self, told: Option<Told>) {
         self.told = told;
     }
@@ -820,9 +818,6 @@ impl Read {
         answer: Result<ProbeOutcome, OriginError>,
         now: Instant,
     ) {
-        if matches!(self.state, State::AwaitConfirm(_)) {
-            return self.confirmed(engine, answer, now);
-        }
         assert!(matches!(self.state, State::AwaitProbe), "probe answer out of turn");
         self.probed = true;
         if self.learn_only {
@@ -982,15 +977,15 @@ impl Read {
     }
 
     /// A relay of an object this node does not know: with a size its requester told that fits
-    /// the block and a peer ancestor to ask, it asks upstream at once under what it was told,
-    /// and probes in the background ([`Read::set_told`]); else it probes first, as a tree's
-    /// root must (its next source is the origin).
+    /// the block, it goes on at once under what it was told (its peer ancestors, or the origin
+    /// for a tree's root) and probes in the background ([`Read::set_told`]); else it probes
+    /// first.
     fn relay_told(&mut self, engine: &mut Engine, now: Instant) {
         let Kind::Relay { key, .. } = self.kind else { unreachable!("relay state") };
-        let usable = self.told.as_ref().is_some_and(|t| {
-            engine.config.geometry.block_len(t.size, key.block).is_some()
-                && !self.ordered_upstreams(engine, key, now).is_empty()
-        });
+        let usable = self
+            .told
+            .as_ref()
+            .is_some_and(|t| engine.config.geometry.block_len(t.size, key.block).is_some());
         if !usable {
             return self.probe();
         }
@@ -999,34 +994,6 @@ impl Read {
         self.out.push_back(Action::Learn { key, url: self.url.clone() });
         self.under_told = true;
         self.relay_job(engine, size, now);
-    }
-
-    /// A relay under a told size has no ancestor left: it probes (a flight its background probe
-    /// most likely leads already) and goes on to the origin only if the answer confirms it.
-    fn confirm_told(&mut self, job: Job) {
-        self.out.push_back(Action::Probe { url: self.url.clone() });
-        self.state = State::AwaitConfirm(job);
-    }
-
-    /// The answer to [`Read::confirm_told`]'s probe.
-    fn confirmed(
-        &mut self,
-        engine: &mut Engine,
-        answer: Result<ProbeOutcome, OriginError>,
-        now: Instant,
-    ) {
-        let State::AwaitConfirm(job) = std::mem::replace(&mut self.state, State::Done) else {
-            unreachable!("checked by the caller")
-        };
-        self.probed = true;
-        match answer {
-            Ok(outcome) => {
-                engine.stats.probes += 1;
-                engine.learn(&self.object, outcome);
-                self.next_source(engine, job, now);
-            }
-            Err(e) => self.fail(e.into()),
-        }
     }
 
     /// What a requester told is not what this node learnt: the relay declines, and the
@@ -1505,10 +1472,13 @@ impl Read {
         }
         match self.told_confirmed(engine) {
             Some(true) => self.under_told = false,
-            // Never to the origin under what a requester told: its own probe first (most
-            // often joining the background one: the flight is shared).
-            None if !self.probed => return self.confirm_told(job),
-            _ => return self.refuse_told(engine),
+            // Its own probe not back: to the origin under what it was told. The window's own
+            // answer names the total and the validators, so a size or version the origin did
+            // not give fails the read (`block_verdict`, the version check of the window) and
+            // nothing is cached under it (`store`, and the flight's fill needs the engine to
+            // know the version).
+            None => {}
+            Some(false) => return self.refuse_told(engine),
         }
         if job.neighbour.is_none() && !self.origin_only {
             // About to pay the origin: a neighbour may hold the block (spec/overlay.md §5).
@@ -1609,12 +1579,29 @@ impl Read {
     /// and nothing of this block was passed on yet. A window whose version cannot be told is
     /// never streamed to a client: a change found at its end could then only cut the response
     /// short, where a held block lets the read start over.
-    pub fn origin_stream_span(&self, engine: &Engine, window: &ObjectMeta) -> Option<(u64, u64)> {
+    ///
+    /// A relay streams a window whose head names the object's size as the read knows it (or no
+    /// total), and, under a size its requester told ([`Read::set_told`]), a version that is
+    /// not another than the one it was told: else it holds the window, and the window's end
+    /// refuses it with a clean status instead of a stream cut short.
+    pub fn origin_stream_span(
+        &self,
+        engine: &Engine,
+        window: &ObjectMeta,
+        total: Option<u64>,
+    ) -> Option<(u64, u64)> {
         let State::AwaitFetch(job) = &self.state else { return None };
         if job.streaming || self.ahead {
             return None;
         }
         if self.is_relay() {
+            let other_version = self.under_told
+                && !engine.is_immutable(&self.object)
+                && self.version.as_ref().and_then(|v| v.same_version(window)) == Some(false);
+            let other_size = total.is_some_and(|t| t != self.size);
+            if other_version || other_size {
+                return None;
+            }
             return engine.config.cut_through.then(|| (0, job.expected - 1));
         }
         if !matches!(self.kind, Kind::Client { method: Method::Get, .. }) {

@@ -303,7 +303,7 @@ impl Node {
             .filter(|w| w.streamed.is_none())
             .filter_map(|w| {
                 let r = self.requests.get(&w.request).filter(|r| !r.cancelled)?;
-                let span = r.read.origin_stream_span(&self.engine, meta)?;
+                let span = r.read.origin_stream_span(&self.engine, meta, plan.total())?;
                 Some((w.request, span, r.plane == super::io::Plane::Client))
             })
             .collect();
