@@ -1393,11 +1393,7 @@ fn a_root_told_the_size_reads_its_window_beside_its_probe_and_a_malformed_one_is
 fn a_fetch_on_behalf_names_the_object_as_the_reader_knows_it() {
     let mut h = Harness::new(reader_of("p:9000"));
     h.publish(3);
-    h.read(1, Some("bytes=0-9"));
-    let probe = h.take_sends().remove(0);
-    h.answer_origin(&probe);
-    let up = h.take_sends().remove(0);
-    assert_eq!(up.purpose, Purpose::PeerBlock);
+    let up = start_block_read(&mut h, &["p:9000".to_owned()]);
     assert_eq!(up.headers.get_str("x-dart-object-size"), Some(SIZE.to_string().as_str()));
     assert_eq!(up.headers.get_str("x-dart-object-etag"), Some("\"v3\""));
     assert_eq!(up.headers.get_str("x-dart-object-last-modified"), None);
