@@ -522,9 +522,7 @@ impl Node {
                     self.learn_probe(&object, p, meta, now);
                 }
                 let req = self.requests.get_mut(&rid).expect("an origin waiter is live");
-                req.read.handle_probe(&mut self.engine, Ok(p), now);
-                let object = req.read.object().id.clone();
-                self.unpark(&object, false);
+                req.read.handle_probe(&mut self.engine, Ok(p), now)
             }
             (FlightKey::Probe(_), Err(e)) => {
                 req.read.handle_probe(&mut self.engine, Err(e), now);
@@ -599,6 +597,8 @@ impl Node {
         if !stale.is_empty() {
             self.emit(Output::StoreDrop { keys: stale });
         }
+        // Blocks relays fetched under a size their requester told wait for this.
+        self.unpark(&object.id, false);
     }
 
     /// Whether a block of the version `version` names (`None`: unknown) of `object` may be

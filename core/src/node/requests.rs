@@ -846,22 +846,21 @@ impl Node {
         self.start_background(read, forward, now);
     }
 
-    /// Keeps a block fetched under a told size until the engine confirms it (or stores it at
-    /// once if it does already, drops it if it contradicts it), letting the oldest waiting
-    /// block go past [`super::PARKED_BLOCKS`].
+    /// Keeps a block fetched under a told size until the node learns its object
+    /// ([`Node::learn_probe`] unparks it), letting the oldest waiting block go past
+    /// [`super::PARKED_BLOCKS`]. The read emitted it because the engine could not judge it yet,
+    /// and nothing is learnt between that and this.
     fn park(&mut self, parked: super::Parked) {
-        let object = parked.object.id.clone();
         if self.parked.len() == super::PARKED_BLOCKS {
             self.parked.pop_front();
             self.engine.note_told_unstored();
         }
         self.parked.push_back(parked);
-        self.unpark(&object, false);
     }
 
-    /// The engine may know `object` now (a probe of it answered): each block waiting for it is
-    /// stored if the engine confirms what its relay was told, else let go; with `done` (the
-    /// probe failed) those it cannot judge go too.
+    /// The node learnt `object` (a probe or an admitting check answered), or its probe failed
+    /// (`done`): each block waiting for it is stored if the engine confirms what its relay was
+    /// told, else let go; with `done` those it cannot judge go too.
     pub(super) fn unpark(&mut self, object: &str, done: bool) {
         if !self.parked.iter().any(|p| p.object.id == object) {
             return;
