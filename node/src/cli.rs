@@ -225,7 +225,11 @@ pub struct NodeFlags {
     /// client's read of the object runs beside on this node; beside peers' relays of the
     /// object, and for a peer's relay that continues the block relayed before it, only while
     /// the origin is latency-bound (its windows' bytes take far less time than its wait for
-    /// their heads, and that wait is 10 ms or more). The larger of the two flags applies.
+    /// their heads, and that wait is 10 ms or more). It applies too to a client read whose miss
+    /// goes to its tree while the tree is latency-bound (the node's last peer block waited 10 ms
+    /// or more for its head, far longer than its bytes took: a cold tree whose root waits on the
+    /// origin), unless another client's read of the object runs beside it. The larger of the
+    /// two flags applies.
     #[arg(long, default_value_t = dart_core::engine::DEFAULT_ORIGIN_READ_AHEAD)]
     pub origin_read_ahead: usize,
     /// Whole-request bound of one peer request.

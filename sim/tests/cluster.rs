@@ -35,7 +35,14 @@ fn a_herd_costs_the_origin_one_request_per_block() {
     assert_eq!(r.origin.range_requests, 16, "2 MiB in 128 KiB blocks");
     assert!(r.origin.per_window.values().all(|&n| n == 1));
     assert_eq!(r.origin.body_bytes, 2 << 20);
-    assert!(r.blocks.iter().filter(|b| b.source == BlockSource::Peer).count() >= 15 * 16);
+    // Only the root's 16 blocks came from the origin; every other client block came from a peer,
+    // or from the cache a peer's block filled (a child reading ahead through this node as its
+    // relay brought it in before this node's own read reached it).
+    let from_origin = |b: &&dart_sim::report::BlockEvent| {
+        matches!(b.source, BlockSource::Origin | BlockSource::Coalesced)
+    };
+    assert!(r.blocks.iter().filter(from_origin).count() <= 16);
+    assert!(r.blocks.iter().filter(|b| b.source == BlockSource::Peer).count() >= 8 * 16);
 }
 
 #[test]

@@ -95,7 +95,9 @@ pub struct EngineConfig {
     /// not share a busy origin link with the one a subtree's streams follow. A peer's relay that continues the block
     /// relayed before it reads ahead inside its chunk on the same condition, so a tree root
     /// that relays and reads nothing itself does not pace its tree at one origin round trip
-    /// per block.
+    /// per block. A client read whose miss goes to its tree reads as many ahead while the tree
+    /// is latency-bound (the node's last peer block waited 10 ms or more for its head, far
+    /// longer than its bytes took), unless another client's read of its object runs beside it.
     pub origin_read_ahead: usize,
 }
 

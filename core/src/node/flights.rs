@@ -67,8 +67,9 @@ pub(super) struct Flight {
     pub fill: Fill,
 }
 
-/// How the last block window the origin sent took its time: from the request to its head
-/// (`wait`: round trip and the origin's own delay) and from the head to its end (`transfer`).
+/// How the last block window the origin sent (or the last block a peer sent, [`Node::peer_ahead`])
+/// took its time: from the request to its head (`wait`: round trip and the sender's own delay)
+/// and from the head to its end (`transfer`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct OriginPace {
     pub wait: std::time::Duration,

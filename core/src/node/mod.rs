@@ -267,6 +267,8 @@ pub struct Node {
     /// How the last block window from each origin (by scheme, host and port) took its time
     /// ([`Node::origin_ahead`], [`Node::relay_ahead`]); at most [`ORIGIN_PACES_MAX`] origins.
     origin_pace: BTreeMap<flights::PaceKey, flights::OriginPace>,
+    /// How the last peer block fetch that held its block took its time ([`Node::peer_ahead`]).
+    peer_pace: Option<flights::OriginPace>,
     /// The last [`HELD_BLOCKS`] borrowed blocks this node stored, newest last: a look-up finds
     /// them here before it asks the store ([`Node::held_block`]). Once the borrowed budget is
     /// full, its admission refuses a block less popular than its victim, as every new block is;
@@ -357,6 +359,7 @@ impl Node {
             kept_order: VecDeque::new(),
             recent_digests: VecDeque::new(),
             origin_pace: BTreeMap::new(),
+            peer_pace: None,
             held: VecDeque::new(),
             parked: VecDeque::new(),
             relayed: VecDeque::new(),
@@ -443,6 +446,13 @@ impl Node {
     /// Live requests (those waiting for a credential check included).
     pub fn live_requests(&self) -> usize {
         self.requests.len() + self.access.gated.len()
+    }
+
+    /// Live requests that answer a requester: [`Node::live_requests`] without the node's own
+    /// background reads (read-ahead, origin fills, background probes), which run to their end or
+    /// their bounds whoever went away.
+    pub fn answering_requests(&self) -> usize {
+        self.requests.values().filter(|r| !r.background).count() + self.access.gated.len()
     }
 
     /// Exchanges in flight: whom each talks to and the request it serves (none for a flight,
@@ -794,21 +804,22 @@ impl Node {
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");
         }
         for (&io, x) in &self.exchanges {
-            let readers: Vec<RequestId> = match &x.job {
-                exchange::Job::Peer(p) => p.readers.iter().map(|r| r.rid).collect(),
-                _ => x.request().into_iter().collect(),
+            // Checked without allocating: this runs after every simulated event.
+            let (peer_readers, other) = match &x.job {
+                exchange::Job::Peer(p) => (p.readers.as_slice(), None),
+                _ => (&[][..], x.request()),
             };
-            let mut unique = readers.clone();
-            unique.sort();
-            unique.dedup();
-            assert_eq!(unique.len(), readers.len(), "exchange {io} answers a read twice");
+            for (i, r) in peer_readers.iter().enumerate() {
+                let twice = peer_readers[..i].iter().any(|o| o.rid == r.rid);
+                assert!(!twice, "exchange {io} answers a read twice");
+            }
             if let exchange::Job::Peer(p) = &x.job {
                 assert!(
                     p.ticket.is_some() as u8 + p.run_on as u8 + !p.readers.is_empty() as u8 == 1,
                     "peer exchange {io} answers no read, or a ticket and reads, or runs on"
                 );
             }
-            for rid in readers {
+            for rid in peer_readers.iter().map(|r| r.rid).chain(other) {
                 let req = self.requests.get(&rid).expect("an exchange of no request");
                 let holds = match req.wait {
                     Wait::Alone(i) | Wait::Pipe(i) => i == io,

@@ -678,6 +678,12 @@ impl Node {
         if observation == Observation::Served {
             // Only fetches that held the block teach the hedge delay.
             self.engine.record_peer_latency(elapsed);
+            if let Some(head_at) = x.head_at {
+                self.peer_pace = Some(super::flights::OriginPace {
+                    wait: head_at.saturating_duration_since(x.sent),
+                    transfer: now.saturating_duration_since(head_at),
+                });
+            }
         }
         let mut permit = job.permit;
         if let Some(ticket) = job.ticket {

@@ -541,7 +541,8 @@ impl Node {
                     self.hedge_timers.insert((at, rid));
                 }
                 if contender == crate::engine::Contender::Primary {
-                    self.read_ahead(rid, self.engine.config().read_ahead, now);
+                    let n = self.peer_ahead(rid).max(self.engine.config().read_ahead);
+                    self.read_ahead(rid, n, now);
                 }
             }
             Action::CancelPeer { contender, run_on } => {
@@ -669,6 +670,25 @@ impl Node {
         let Some(req) = self.requests.get(&rid) else { return 0 };
         let latency_bound = self.origin_latency_bound(req.read.url(), n);
         if !req.head_sent || req.crowded || (req.shared && !latency_bound) {
+            0
+        } else {
+            n
+        }
+    }
+
+    /// How many blocks ahead client read `rid`, whose miss goes to its tree, acquires by
+    /// [`EngineConfig::origin_read_ahead`]: that many while the tree is latency-bound (the last
+    /// peer fetch of this node that held its block waited 10 ms or more for its head, far longer
+    /// than its bytes took: a cold tree, whose root waits on the origin for each block), and
+    /// no other client's read of its object runs beside it here; else none. One block at a
+    /// time through a cold tree costs a read one origin round trip per block.
+    ///
+    /// [`EngineConfig::origin_read_ahead`]: crate::engine::EngineConfig::origin_read_ahead
+    fn peer_ahead(&self, rid: RequestId) -> usize {
+        let n = self.engine.config().origin_read_ahead;
+        let Some(req) = self.requests.get(&rid) else { return 0 };
+        let bound = self.peer_pace.is_some_and(|p| p.latency_bound(n));
+        if req.crowded || !bound {
             0
         } else {
             n

@@ -3549,6 +3549,66 @@ fn a_read_that_misses_keeps_the_next_blocks_in_flight_and_serves_them_from_the_c
     nothing_to_node_requests(&h);
 }
 
+/// Serves one-block read `id` of block 0 through the tree: its head comes `wait` after the ask,
+/// its end `transfer` after the head (the node's peer pace, [`Node::peer_ahead`]).
+fn first_block_paced(h: &mut Harness, id: u64, wait: Duration, transfer: Duration) {
+    h.read(id, Some(&format!("bytes=0-{}", BLOCK - 1)));
+    let req = h.take_sends().remove(0);
+    assert_eq!(block_asked(&req), 0);
+    h.advance(wait);
+    let headers = Headers::new().with("content-length", BLOCK.to_string());
+    h.io(req.id, IoEvent::Connected);
+    h.io(req.id, IoEvent::Head { status: 200, headers });
+    h.advance(transfer);
+    h.io(req.id, IoEvent::Body(content(0, BLOCK)));
+    h.io(req.id, IoEvent::End);
+    assert!(h.ended(id));
+}
+
+/// Through a tree slow to answer and fast to send (a cold tree: its root waits on the origin for
+/// each block), a read that misses keeps the next blocks of its range in flight, as a read whose
+/// miss goes to an origin like it does; through a tree that answers at once, or whose bytes take
+/// longer than its wait (a busy link), one block at a time; beside another client's read of the
+/// object, none.
+#[test]
+fn a_read_through_a_tree_slow_to_answer_keeps_the_next_blocks_in_flight() {
+    let ms = Duration::from_millis;
+    for (wait, transfer, crowded, ahead) in [
+        (ms(30), ms(1), false, vec![1, 2, 3]),
+        (ms(2), ms(0), false, vec![1]),
+        (ms(30), ms(20), false, vec![1]),
+        (ms(30), ms(1), true, vec![1]),
+    ] {
+        let mut h = Harness::new(reader_ahead(0));
+        size_known(&mut h);
+        first_block_paced(&mut h, 1, wait, transfer);
+        let mut other = Vec::new();
+        if crowded {
+            // Another client reads the object (its block 2) while the next read runs.
+            h.read(3, Some(&format!("bytes={}-{}", 2 * BLOCK, 2 * BLOCK)));
+            other = h.take_sends();
+            assert_eq!(other.iter().map(block_asked).collect::<Vec<_>>(), [2]);
+        }
+        h.read(2, None);
+        let asked: Vec<u64> = peer_sends(&h).iter().map(block_asked).collect();
+        assert_eq!(asked, ahead, "wait {wait:?}, transfer {transfer:?}, crowded {crowded}");
+        for req in other.into_iter().chain(h.take_sends().into_iter().rev()) {
+            let block = block_asked(&req);
+            answer_peer(&mut h, &req, block);
+        }
+        while let Some(req) = peer_sends(&h).into_iter().next() {
+            h.take_sends();
+            let block = block_asked(&req);
+            answer_peer(&mut h, &req, block);
+        }
+        assert!(h.body_of(2) == content(0, SIZE).to_vec(), "read 2's bytes (crowded {crowded})");
+        assert!(h.ended(2));
+        assert!(!crowded || h.ended(3));
+        assert_eq!(h.node.live_requests(), 0);
+        nothing_to_node_requests(&h);
+    }
+}
+
 #[test]
 fn a_read_that_reaches_a_block_still_in_flight_joins_its_fetch() {
     let mut h = Harness::new(reader_ahead(1));

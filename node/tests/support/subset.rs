@@ -520,7 +520,9 @@ async fn hang_up<C: Cluster>(w: &World<'_, C>) {
     ));
     assert!(after.abandoned > before.abandoned, "the permit was abandoned");
     assert_eq!((after.soft, after.hard), (before.soft, before.hard), "nothing was charged");
-    assert_eq!(d.with_node(|n| n.live_requests()), 0, "the request is gone");
+    // (Blocks it read ahead through the tree, if the node's last peer block came slowly, still
+    // wait on the parent: background reads end at their own bounds.)
+    assert_eq!(d.with_node(|n| n.answering_requests()), 0, "the request is gone");
     w.cluster.unstall(parent);
     w.check_invariants();
 }
