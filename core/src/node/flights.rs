@@ -38,6 +38,8 @@ pub(super) enum Fill {
 pub(super) struct Waiter {
     pub request: RequestId,
     pub url: String,
+    /// When it began waiting on the flight.
+    pub joined: Instant,
     /// The request's `Authorization`, sent with any origin exchange made for it.
     pub auth: Option<Vec<u8>>,
     /// A read that streams this flight's window (a cut-through relay that committed its head
@@ -52,8 +54,8 @@ pub(super) struct Waiter {
 
 impl Waiter {
     /// Request `request` waits, streaming nothing yet.
-    fn new(request: RequestId, url: String, auth: Option<Vec<u8>>) -> Self {
-        Waiter { request, url, auth, streamed: None, span: (0, 0), client: false }
+    fn new(request: RequestId, url: String, auth: Option<Vec<u8>>, joined: Instant) -> Self {
+        Waiter { request, url, auth, joined, streamed: None, span: (0, 0), client: false }
     }
 }
 
@@ -62,6 +64,8 @@ impl Waiter {
 pub(super) struct Flight {
     pub key: FlightKey,
     pub io: IoId,
+    /// When its exchange was sent.
+    pub started: Instant,
     /// Leader first, then joiners in arrival order (requests that went away are removed).
     pub waiters: Vec<Waiter>,
     pub fill: Fill,
@@ -150,13 +154,14 @@ impl Node {
             Role::Lead(fid) => {
                 let owner = Owner::Flight(fid);
                 let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
-                let waiters = vec![Waiter::new(rid, url, auth)];
-                self.flight_state.insert(fid, Flight { key, io, waiters, fill });
+                let waiters = vec![Waiter::new(rid, url, auth, now)];
+                let flight = Flight { key, io, started: now, waiters, fill };
+                self.flight_state.insert(fid, flight);
                 Wait::Flight(fid)
             }
             Role::Join(fid) => {
                 let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
-                flight.waiters.push(Waiter::new(rid, url, auth));
+                flight.waiters.push(Waiter::new(rid, url, auth, now));
                 Wait::Flight(fid)
             }
             Role::Alone => {
@@ -470,12 +475,25 @@ impl Node {
         }
         // Out of the table before anyone hears the result.
         self.flights.finish(&flight.key, fid);
+        let flew = now.saturating_duration_since(flight.started);
         for (i, w) in flight.waiters.into_iter().enumerate() {
             let joiner = i > 0;
             let retry = match &result {
                 Err(e) => joiner && joiner_action(Some(e), true) == JoinerAction::RetryAlone,
                 Ok(_) => false,
             };
+            // A joiner that came in the flight's second half and hears that the origin is
+            // unavailable has not waited out a bound of its own: the origin may be back (an
+            // outage that ended while the flight hung), and taking the verdict would serve it
+            // what it knew (stale-if-error) or fail it. It asks again, once, in a new flight its
+            // other late joiners share; not one that passed on bytes of the window already.
+            let waited = now.saturating_duration_since(w.joined);
+            let again = joiner
+                && !retry
+                && matches!(&result, Err(e) if e.is_unavailable())
+                && waited < flew / 2
+                && w.streamed.is_none()
+                && self.requests.get(&w.request).is_some_and(|r| !r.origin_asked_again);
             let key = flight.key.clone();
             let result = result.clone();
             if let (Some(done), false, Ok(Judged::Block(b, _)), Fill::Block { expected, .. }) =
@@ -487,12 +505,19 @@ impl Node {
                     self.send_requester(w.request, Output::Body { id: w.request, data: tail });
                 }
             }
+            let fill = flight.fill.clone();
             self.isolated(now, |node| {
                 if retry {
                     let owner = Owner::Alone(w.request);
                     let io = node.start_origin(key, &w.url, w.auth.as_deref(), owner, now);
                     node.requests.get_mut(&w.request).expect("a waiter is live").wait =
                         Wait::Alone(io);
+                } else if again {
+                    node.counters.origin_asked_again += 1;
+                    let req = node.requests.get_mut(&w.request).expect("a waiter is live");
+                    req.origin_asked_again = true;
+                    req.wait = Wait::Ready;
+                    node.ask_origin(w.request, key, w.url, fill, now);
                 } else {
                     node.deliver_origin(w.request, &key, result, joiner, true, now);
                 }

@@ -115,6 +115,9 @@ pub struct NodeCounters {
     pub peer_fetches_joined: u64,
     /// Origin fills started as a hedge's backup ([`crate::engine::Action::FillFromOrigin`]).
     pub origin_fills: u64,
+    /// Requests that joined an origin flight in its second half and asked the origin again when
+    /// the flight found it unavailable, instead of taking that verdict.
+    pub origin_asked_again: u64,
     /// Peer fetches left to run on unanswered, to record how a silent peer answers
     /// ([`crate::engine::Action::CancelPeer`]`::run_on`).
     pub peer_fetches_run_on: u64,

@@ -121,6 +121,9 @@ pub(super) struct Request {
     /// A block the flight that delivered it already offered to the store (the read's own
     /// `Store` of it is not repeated).
     pub filled: Option<crate::hash::BlockKey>,
+    /// It joined an origin flight late and asked the origin again when that flight found it
+    /// unavailable (`Node::publish`): it does so once.
+    pub origin_asked_again: bool,
     /// When its primary peer fetch may be hedged ([`Action::FetchPeer::hedge_after`]).
     pub hedge_at: Option<Instant>,
     /// A relay's requester's head budget (`X-DART-Budget-Ms`).
@@ -190,6 +193,7 @@ impl Request {
             forward,
             stalled_at: None,
             filled: None,
+            origin_asked_again: false,
             hedge_at: None,
             budget: None,
             progress: None,

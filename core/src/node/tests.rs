@@ -2271,6 +2271,65 @@ fn a_stale_object_is_served_when_the_origin_is_down_and_counted() {
     assert_eq!(h.node.stats().stale_served, 1);
 }
 
+/// A read that joins an origin flight in its second half and hears that the origin is
+/// unavailable asks it again, once, instead of taking the verdict: the outage may have ended while
+/// the flight hung (a read right after it was served the version from before it, in the
+/// `stale-if-error` scenario, with reads joining the revalidations relays sent during it). One
+/// that waited most of the flight takes the verdict, as the leader does.
+#[test]
+fn a_read_that_joined_a_failed_flight_late_asks_the_origin_again_once() {
+    let mut h = warmed_on_version_1();
+    h.advance(Duration::from_secs(120));
+    h.publish(2);
+    h.outputs.clear();
+    h.read(2, None);
+    let probe = h.take_sends().remove(0);
+    assert_eq!(probe.purpose, Purpose::Probe);
+    h.io(probe.id, IoEvent::Connected);
+    h.advance(Duration::from_secs(1));
+    h.read(3, None);
+    h.advance(Duration::from_secs(9));
+    h.read(4, None);
+    assert!(h.sends().is_empty(), "both joined the revalidating probe");
+    h.advance(Duration::from_secs(2));
+    // The origin answers the flight, 12 s after it was sent, with a 503; it is back after that.
+    h.origin.status = Some(503);
+    h.answer_origin(&probe);
+    h.origin.status = None;
+    for (id, v) in [(2, 1), (3, 1)] {
+        assert_eq!(h.head_of(id).map(|h| h.status), Some(200), "read {id}: stale-if-error");
+        assert_eq!(h.body_of(id), content_of(v, 0, SIZE).to_vec());
+    }
+    assert_eq!(h.node.counters().origin_asked_again, 1);
+    let again = h.sends();
+    assert_eq!(again.iter().map(|s| s.purpose).collect::<Vec<_>>(), [Purpose::Probe]);
+    h.serve_origin();
+    assert_eq!(h.body_of(4), content_of(2, 0, SIZE).to_vec(), "read 4 asked again: version 2");
+    assert!(h.ended(4));
+    assert_eq!(h.node.live_requests(), 0);
+    // Once: a late joiner whose second flight fails too takes that verdict.
+    h.advance(Duration::from_secs(120));
+    h.publish(3);
+    h.outputs.clear();
+    h.read(5, None);
+    let probe = h.take_sends().remove(0);
+    h.io(probe.id, IoEvent::Connected);
+    h.advance(Duration::from_secs(10));
+    h.read(6, None);
+    h.advance(Duration::from_secs(2));
+    h.origin.status = Some(503);
+    h.answer_origin(&probe);
+    let again = h.take_sends().remove(0);
+    h.advance(Duration::from_secs(1));
+    h.answer_origin(&again);
+    assert_eq!(h.node.counters().origin_asked_again, 2);
+    assert!(h.sends().is_empty(), "no third probe");
+    for id in [5, 6] {
+        assert_eq!(h.head_of(id).map(|h| h.status), Some(200), "read {id}: stale-if-error");
+        assert_eq!(h.body_of(id), content_of(2, 0, SIZE).to_vec());
+    }
+}
+
 #[test]
 fn a_not_found_origin_is_not_papered_over_with_a_stale_copy() {
     let mut h = warmed_on_version_1();
