@@ -1239,10 +1239,14 @@ impl Read {
             }
         } else if silent {
             // A probe found this peer silent lately: no second probe (and no hedge credit, which
-            // its first one may have spent), the origin at once.
+            // its first one may have spent), the member that replaces it or the origin at once.
             job.hedged = true;
             engine.stats.hedge_fired += 1;
-            self.origin_backup(engine, &mut job, &primary, now);
+            if self.relay_without(engine, &mut job, &primary, now) {
+                self.fail_over_silent(engine, &mut job, &primary, now);
+            } else {
+                self.origin_backup(engine, &mut job, &primary, now);
+            }
         } else {
             self.send_probe(engine, &mut job, primary, now);
         }
@@ -1323,11 +1327,40 @@ impl Read {
     /// ancestor left, the backup goes there ([`Read::fail_over_silent`]); with none, to the
     /// origin ([`Read::origin_backup`]).
     fn probe_silent(&mut self, engine: &mut Engine, job: &mut Job, addr: &str, now: Instant) {
-        if job.ancestor_left(addr) {
+        if job.ancestor_left(addr) || self.relay_without(engine, job, addr, now) {
             self.fail_over_silent(engine, job, addr, now);
         } else {
             self.origin_backup(engine, job, addr, now);
         }
+    }
+
+    /// The last ancestor `addr` is silent: lays the tree again without it (the node notes it
+    /// silent, and trees are laid around silent members as around dead ones), once per block,
+    /// and queues the ancestors of the new tree this block has not asked (the member that
+    /// replaces a silent root, for its children); false when there is none (this node is the one
+    /// that replaces it, or no other member is usable). Without this every child of a silent root
+    /// filled the same window from the origin (`dead-root`: 33-36 range requests for 32
+    /// windows; `reference`, a stalled member's chunks read twice).
+    fn relay_without(
+        &mut self,
+        engine: &mut Engine,
+        job: &mut Job,
+        addr: &str,
+        now: Instant,
+    ) -> bool {
+        if job.rerouted {
+            return false;
+        }
+        engine.note_silent(addr, now);
+        let mut upstreams = self.ordered_upstreams(engine, job.key, now);
+        upstreams.retain(|p| p.addr != addr && !job.asked.contains(&p.addr));
+        if upstreams.is_empty() {
+            return false;
+        }
+        job.rerouted = true;
+        job.upstreams = upstreams;
+        engine.stats.peer_reroutes += 1;
+        true
     }
 
     /// The primary's peer `addr` is silent and another ancestor is left: the backup goes to it
@@ -1837,6 +1870,17 @@ impl Read {
                             // answers: still at most two contenders, at two addresses.
                             self.state = State::AwaitPeer(job);
                             return;
+                        }
+                    }
+                }
+                if contender == Contender::Backup && job.probe == Probe::Silent && job.in_flight() {
+                    // The backup went to the member that replaces a silent primary
+                    // (`Read::relay_without`) and failed: the next ancestor of that tree, else
+                    // the origin, at once, not after the silent primary's own bound.
+                    if !self.launch(engine, &mut job, Contender::Backup, now) {
+                        let primary = job.race[Contender::Primary.index()].clone();
+                        if let Some(primary) = primary {
+                            self.origin_backup(engine, &mut job, &primary, now);
                         }
                     }
                 }

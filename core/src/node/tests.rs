@@ -836,6 +836,75 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
     assert_eq!(h.node.poll_timeout(), None);
 }
 
+/// A child of its chunk's root in a view of three (fanout 2) that is not ranked second: the
+/// tree without the root puts the member ranked second above it. Returns the node, the root's
+/// address and the second's.
+fn child_of_a_root_with_a_replacement() -> (Node, String, String) {
+    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
+    let mut e = Engine::new(EngineConfig {
+        geometry,
+        read_ahead: 0,
+        origin_read_ahead: 0,
+        ..EngineConfig::default()
+    });
+    let key = e.block_key(&e.identify(URL), 0);
+    let members: Vec<Member> =
+        ["a", "b", "c"].map(|id| Member::ready(id, &format!("{id}:9000"))).to_vec();
+    let any = Placement::new(View::new(members.clone()), "a", 2, 1);
+    let ranked: Vec<String> = any.ranked(key.chunk).into_iter().map(|m| m.to_string()).collect();
+    let me = ranked[2].clone();
+    let placement = Placement::new(View::new(members), &me, 2, 1);
+    let ups: Vec<String> =
+        placement.upstreams(key.chunk, |_| true).into_iter().map(|p| p.addr).collect();
+    assert_eq!(ups, [format!("{}:9000", ranked[0])], "the root is its one ancestor");
+    let breaker = Breaker::new(BreakerConfig::default()).expect("breaker");
+    e.enable_p2p(P2p { placement, breaker });
+    let (root, second) = (format!("{}:9000", ranked[0]), format!("{}:9000", ranked[1]));
+    (node_with(e, &me), root, second)
+}
+
+/// A child whose root is silent asks the member that replaces it (the tree laid again without
+/// the root), not the origin: every child of a silent root filled the same window from the
+/// origin before (`dead-root` 35-40 range requests for 32 windows, `reference` a stalled member's
+/// chunks read twice). If that member fails too, the origin at once.
+#[test]
+fn a_child_of_a_silent_root_asks_the_member_that_replaces_it_before_the_origin() {
+    for replacement_answers in [true, false] {
+        let (node, root, second) = child_of_a_root_with_a_replacement();
+        let mut h = Harness::new(node);
+        let primary = start_block_read(&mut h, std::slice::from_ref(&root));
+        h.io(primary.id, IoEvent::Connected);
+        h.advance(COLD_PROBE_DELAY);
+        let ask = h.take_sends().remove(0);
+        assert_eq!(ask.headers.get_str("x-dart-held-only"), Some("1"), "the liveness probe");
+        h.io(ask.id, IoEvent::Connected);
+        h.advance(crate::engine::probe_wait(COLD_DELAY));
+        let backup = h.take_sends().remove(0);
+        assert!(
+            backup.url.starts_with(&format!("http://{second}/")),
+            "the replacement: {}",
+            backup.url
+        );
+        assert_eq!(backup.headers.get_str("x-dart-held-only"), None, "a fetch on our behalf");
+        if replacement_answers {
+            answer_peer(&mut h, &backup, 0);
+            assert!(h.sends().iter().all(|r| r.endpoint != Endpoint::Origin), "no origin window");
+        } else {
+            h.io(backup.id, IoEvent::Connected);
+            h.io(backup.id, IoEvent::Head { status: 503, headers: Headers::new() });
+            let fill = h.take_sends().remove(0);
+            assert_eq!(fill.endpoint, Endpoint::Origin, "the origin at once");
+            h.answer_origin(&fill);
+        }
+        assert_eq!(h.body_of(1), content(0, 10).to_vec());
+        assert!(h.ended(1));
+        let s = h.node.stats();
+        assert_eq!(s.peer_reroutes, 1);
+        assert_eq!(s.hedge_origin, u64::from(!replacement_answers));
+        assert!(h.node.engine().is_silent(&root, h.now));
+    }
+}
+
 /// A node that fetches little has no hedge credit (it earns 0.05 of a hedge per fetch); the
 /// probe of its last ancestor needs none, or a pure relay would wait out its whole head bound on
 /// a dead root, and every reader below it with it (`dead-root-some-read` seed 2: 0.72 s).
