@@ -394,6 +394,13 @@ impl prometheus_client::collector::Collector for Collected {
         let held = "Block look-ups answered from the last blocks the node stored, kept in memory \
                     whether or not the store admitted them.";
         plain_counter(&mut enc, "dart_held_block_hits", held, scrape.node.held_hits)?;
+        let ahead = "Read-ahead reads started: blocks acquired ahead of the one a read serves \
+                     (--read-ahead; --origin-read-ahead at the origin, through a latency-bound \
+                     tree, and for a relayed stream at a latency-bound origin).";
+        plain_counter(&mut enc, "dart_read_ahead", ahead, scrape.node.read_ahead)?;
+        let again = "Reads that joined an origin flight in its second half and asked the origin \
+                     again, once, when that flight found it unavailable.";
+        plain_counter(&mut enc, "dart_origin_asked_again", again, scrape.node.origin_asked_again)?;
         if let Some(files) = scrape.tracker_files {
             let n = scrape.node;
             let joins = [("granted", n.tracker_join_ok), ("failed", n.tracker_join_failed)];
