@@ -1352,8 +1352,8 @@ impl Read {
             return false;
         }
         engine.note_silent(addr, now);
-        let mut upstreams = self.ordered_upstreams(engine, job.key, now);
-        upstreams.retain(|p| p.addr != addr && !job.asked.contains(&p.addr));
+        // (`addr` is among those asked: it is the primary.)
+        let upstreams = self.unasked_upstreams(engine, job, now);
         if upstreams.is_empty() {
             return false;
         }
@@ -1361,6 +1361,19 @@ impl Read {
         job.upstreams = upstreams;
         engine.stats.peer_reroutes += 1;
         true
+    }
+
+    /// The ancestors of `job`'s block in the tree as laid now (silent members and open circuits
+    /// left out), nearest first, without those this block asked already.
+    fn unasked_upstreams(
+        &mut self,
+        engine: &mut Engine,
+        job: &Job,
+        now: Instant,
+    ) -> VecDeque<PeerRef> {
+        let mut upstreams = self.ordered_upstreams(engine, job.key, now);
+        upstreams.retain(|p| !job.asked.contains(&p.addr));
+        upstreams
     }
 
     /// The primary's peer `addr` is silent and another ancestor is left: the backup goes to it
@@ -1550,8 +1563,7 @@ impl Read {
             return false;
         }
         job.rerouted = true;
-        let mut upstreams = self.ordered_upstreams(engine, job.key, now);
-        upstreams.retain(|p| !job.asked.contains(&p.addr));
+        let upstreams = self.unasked_upstreams(engine, job, now);
         if upstreams.is_empty() {
             return false;
         }

@@ -167,6 +167,16 @@ pub(super) struct Exchange {
 }
 
 impl Exchange {
+    /// How the exchange, ending `now`, took its time once its head came: the wait for the head
+    /// and the transfer after it ([`super::flights::OriginPace`]); `None` before a head.
+    pub fn pace(&self, now: Instant) -> Option<super::flights::OriginPace> {
+        let head_at = self.head_at?;
+        Some(super::flights::OriginPace {
+            wait: head_at.saturating_duration_since(self.sent),
+            transfer: now.saturating_duration_since(head_at),
+        })
+    }
+
     pub fn request(&self) -> Option<RequestId> {
         match &self.job {
             Job::Origin { owner: Owner::Alone(rid), .. } => Some(*rid),

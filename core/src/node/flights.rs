@@ -432,11 +432,7 @@ impl Node {
         }
         let elapsed = now.saturating_duration_since(x.sent);
         self.event(Event::Fetched { kind: FetchKind::Origin, elapsed });
-        if let (Ok(Judged::Block(..)), Some(head_at)) = (&result, x.head_at) {
-            let pace = OriginPace {
-                wait: head_at.saturating_duration_since(x.sent),
-                transfer: now.saturating_duration_since(head_at),
-            };
+        if let (Ok(Judged::Block(..)), Some(pace)) = (&result, x.pace(now)) {
             self.note_origin_pace(&x.url, pace);
         }
         let Job::Origin { key, owner, .. } = x.job else { unreachable!("an origin job") };
@@ -505,14 +501,14 @@ impl Node {
                     self.send_requester(w.request, Output::Body { id: w.request, data: tail });
                 }
             }
-            let fill = flight.fill.clone();
+            let fill = again.then(|| flight.fill.clone());
             self.isolated(now, |node| {
                 if retry {
                     let owner = Owner::Alone(w.request);
                     let io = node.start_origin(key, &w.url, w.auth.as_deref(), owner, now);
                     node.requests.get_mut(&w.request).expect("a waiter is live").wait =
                         Wait::Alone(io);
-                } else if again {
+                } else if let Some(fill) = fill {
                     node.counters.origin_asked_again += 1;
                     let req = node.requests.get_mut(&w.request).expect("a waiter is live");
                     req.origin_asked_again = true;

@@ -665,6 +665,7 @@ impl Node {
         }
         let elapsed = now.saturating_duration_since(x.sent);
         self.event(Event::Fetched { kind: FetchKind::Peer, elapsed });
+        let pace = x.pace(now);
         let Job::Peer(job) = x.job else { unreachable!("a peer job") };
         let observation = match &result {
             Ok(b) if b.len() as u64 == job.expected => Observation::Served,
@@ -678,11 +679,8 @@ impl Node {
         if observation == Observation::Served {
             // Only fetches that held the block teach the hedge delay.
             self.engine.record_peer_latency(elapsed);
-            if let Some(head_at) = x.head_at {
-                self.peer_pace = Some(super::flights::OriginPace {
-                    wait: head_at.saturating_duration_since(x.sent),
-                    transfer: now.saturating_duration_since(head_at),
-                });
+            if pace.is_some() {
+                self.peer_pace = pace;
             }
         }
         let mut permit = job.permit;

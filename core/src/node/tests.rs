@@ -840,13 +840,7 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
 /// tree without the root puts the member ranked second above it. Returns the node, the root's
 /// address and the second's.
 fn child_of_a_root_with_a_replacement() -> (Node, String, String) {
-    let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
-    let mut e = Engine::new(EngineConfig {
-        geometry,
-        read_ahead: 0,
-        origin_read_ahead: 0,
-        ..EngineConfig::default()
-    });
+    let mut e = engine();
     let key = e.block_key(&e.identify(URL), 0);
     let members: Vec<Member> =
         ["a", "b", "c"].map(|id| Member::ready(id, &format!("{id}:9000"))).to_vec();
