@@ -32,11 +32,21 @@
 //!   dropped at once; if that member is alive elsewhere its next direct contact brings it back.
 //! - **Self is always present**, Ready, at its advertised address, weight 1.
 //! - **A failed resolution keeps the known seeds** (a DNS outage never empties membership).
+//! - **A view far from whole is refreshed sooner.** When, since the last round ended, the view
+//!   met at least a quarter as many new members as it held then (in the round, or callers
+//!   between rounds; a boot: every node knows a seed or two), or it holds only this node (no
+//!   seed answered yet: it came up first), the next round is due
+//!   [`QUICK_ROUND`] after this one started, doubling while rounds keep meeting that many (at
+//!   most [`QUICK_ROUNDS_MAX`] in a row), instead of one `interval` later. The spec runs one
+//!   refresh per interval; a cluster booted at once then reads its first objects for two or three
+//!   intervals through partial views, each electing its own tree roots that read from the origin.
+//!   A member joining a settled view is one new member: no quick round.
 //! - The published view changes only at the start and the end of a round (a round starts every
-//!   `interval`): both drop the members silent for longer than `forget_after`, and the end adds
-//!   the members credited during the round. So a member that stopped talking at `t` is out of
-//!   every view by `t + forget_after + interval` (plus the round's length when a round runs
-//!   longer than `interval`: roster fetches are bounded by the node's exchange bounds).
+//!   `interval`, or sooner as above): both drop the members silent for longer than
+//!   `forget_after`, and the end adds the members credited during the round. So a member that
+//!   stopped talking at `t` is out of every view by `t + forget_after + interval` (plus the
+//!   round's length when a round runs longer than `interval`: roster fetches are bounded by the
+//!   node's exchange bounds).
 
 use crate::codec::roster::Roster;
 use crate::membership::{validate_member_id, Member, MemberIdError, MemberState, View};
@@ -54,6 +64,17 @@ pub const MEMBERS_MAX: usize = 4096;
 pub const HEARD_MAX: usize = 4096;
 /// Most addresses asked in one round.
 pub const ROUND_ASKS_MAX: usize = 4096;
+/// The delay to the next round after a round that left the view far from whole (since the last
+/// round ended, the view met at least a quarter as many new members as it held then: a boot, or
+/// two parts of a cluster meeting; or it holds only this node, whose seeds did not answer yet);
+/// doubled after each such round in a row, up to the interval ([`QUICK_ROUNDS_MAX`] of them).
+/// A cluster that boots at once (each node seeded with a few others) then holds whole views in
+/// about a second instead of two or three intervals, while its first reads run: every partial
+/// view elects its own tree roots, and each root reads the object from the origin.
+pub const QUICK_ROUND: Duration = Duration::from_millis(100);
+/// Most quick rounds in a row ([`QUICK_ROUND`]); a round that meets fewer new members resets the
+/// count.
+pub const QUICK_ROUNDS_MAX: u32 = 5;
 /// How long a seed resolution may take before the round goes on with the known seeds.
 pub const RESOLVE_BOUND: Duration = Duration::from_secs(5);
 /// At most one discovery error is reported per this period; the rest are counted.
@@ -273,6 +294,12 @@ pub struct Directory {
     /// Since when a seed resolution is in flight.
     resolving: Option<Instant>,
     next_round: Instant,
+    /// Quick rounds in a row ([`QUICK_ROUND`]).
+    quick: u32,
+    /// Members the view gained since the last round ended (callers met between rounds join at
+    /// the next round's start), and the view's size when it ended.
+    met: usize,
+    settled: usize,
     view: View,
     changed: bool,
     stats: DirectoryStats,
@@ -312,6 +339,9 @@ impl Directory {
             round: None,
             resolving: None,
             next_round: now,
+            quick: 0,
+            met: 0,
+            settled: 1,
             view,
             changed: true,
             stats: DirectoryStats::default(),
@@ -371,7 +401,7 @@ impl Directory {
         assert!(self.round.is_none() && self.resolving.is_none(), "one round at a time");
         self.stats.rounds += 1;
         self.forget(now);
-        self.publish();
+        self.met += self.publish();
         match &self.seeds {
             Seeds::Dns { name, port } => {
                 self.resolving = Some(now);
@@ -570,14 +600,31 @@ impl Directory {
         self.heard.retain(|_, heard| now.saturating_duration_since(*heard) <= forget_after);
     }
 
+    /// Ends the round: publishes what it met, and sets the next round due one interval after
+    /// this one started, or sooner ([`QUICK_ROUND`]) when this round found the view far from
+    /// whole.
     fn end_round(&mut self, now: Instant) {
         let round = self.round.take().expect("a round to end");
-        self.next_round = (round.started + self.timing.interval).max(now);
         self.forget(now);
-        self.publish();
+        let met = std::mem::take(&mut self.met) + self.publish();
+        // Alone: no seed answered yet (a boot where this node came up first).
+        let alone = self.view.members().len() == 1;
+        let far_from_whole = alone || (met > 0 && met * 4 >= self.settled);
+        self.settled = self.view.members().len();
+        let delay = if far_from_whole && self.quick < QUICK_ROUNDS_MAX {
+            self.quick += 1;
+            (QUICK_ROUND * (1 << (self.quick - 1))).min(self.timing.interval)
+        } else {
+            if !far_from_whole {
+                self.quick = 0;
+            }
+            self.timing.interval
+        };
+        self.next_round = (round.started + delay).max(now);
     }
 
-    fn publish(&mut self) {
+    /// Publishes the members as the view; returns how many of them the view did not hold.
+    fn publish(&mut self) -> usize {
         let mut members: Vec<Member> = self
             .members
             .iter()
@@ -590,10 +637,12 @@ impl Directory {
             .collect();
         members.push(self.me.clone());
         let view = View::new(members);
+        let met = view.members().iter().filter(|m| self.view.get(&m.id).is_none()).count();
         if view != self.view {
             self.view = view;
             self.changed = true;
         }
+        met
     }
 
     /// Asserts the directory's invariants.

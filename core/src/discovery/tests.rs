@@ -58,8 +58,97 @@ fn a_responder_is_credited_by_its_own_id_and_the_members_it_names_are_asked_not_
     let c = roster("c", &[("c", "h3:9000")], "h3:9000");
     assert!(d.answered("h3:9000", Ok(c), t(20)).ask.is_empty());
     assert_eq!(ids(&d), ["a", "b", "c"], "both met directly; published at the round's end");
-    assert_eq!(d.poll_timeout(), Some(t(0) + INTERVAL), "rounds start every interval");
+    assert_eq!(d.poll_timeout(), Some(t(0) + QUICK_ROUND), "a view far from whole: quick");
     d.check_invariants();
+}
+
+/// One round of `d` at `at` in which every address asked answers with the members `know` (id,
+/// address) names for it; returns when the next round is due.
+fn round_where(
+    d: &mut Directory,
+    at: Instant,
+    know: &dyn Fn(&str) -> Vec<(String, String)>,
+) -> Instant {
+    let mut queue = asked(d.start_round(at));
+    while let Some(addr) = queue.pop() {
+        let members = know(&addr);
+        let (id, _) = members.iter().find(|(_, a)| *a == addr).cloned().expect("the responder");
+        let refs: Vec<(&str, &str)> =
+            members.iter().map(|(i, a)| (i.as_str(), a.as_str())).collect();
+        queue.extend(d.answered(&addr, Ok(roster(&id, &refs, &addr)), at).ask);
+    }
+    d.poll_timeout().expect("the next round is due")
+}
+
+#[test]
+fn a_view_far_from_whole_is_refreshed_sooner_doubling_up_to_the_interval() {
+    // A boot: each round meets as many members again as the view held (the responders name one
+    // more member each round), so the rounds come 100, 200, 400, 800 and 1,600 ms apart, then at
+    // the interval however much they find (five quick rounds in a row at most).
+    let mut d = dir("a", "h0:9000", &["h1:9000"], t(0));
+    let known = std::cell::Cell::new(2usize);
+    let know = |_: &str| -> Vec<(String, String)> {
+        (1..known.get()).map(|i| (format!("m{i}"), format!("h{i}:9000"))).collect()
+    };
+    let mut at = t(0);
+    let mut gaps = Vec::new();
+    for _ in 0..7 {
+        let next = round_where(&mut d, at, &know);
+        gaps.push(next.saturating_duration_since(at).as_millis() as u64);
+        at = next;
+        known.set(known.get() * 2);
+        d.check_invariants();
+    }
+    assert_eq!(gaps, [100, 200, 400, 800, 1600, 5000, 5000]);
+    assert_eq!(d.view().members().len(), 128, "every member met was placed");
+    // A settled view that meets one new member (128 -> 129) keeps the interval and ends the run
+    // of quick rounds: the next boot of a part of the cluster starts quick again.
+    known.set(129);
+    let next = round_where(&mut d, at, &know);
+    assert_eq!(next, at + INTERVAL, "one joiner in a settled view: no quick round");
+    at = next;
+    known.set(200);
+    let next = round_where(&mut d, at, &know);
+    assert_eq!(next, at + QUICK_ROUND, "half a cluster met at once: quick again");
+    d.check_invariants();
+}
+
+#[test]
+fn a_caller_met_between_rounds_counts_toward_a_quick_round() {
+    // Found on real nodes: the seed was not up yet (its fetch failed), and the member that
+    // called meanwhile joined the view at the round's start, not its end.
+    let mut d = dir("a", "h0:9000", &["h1:9000"], t(0));
+    assert!(d.caller("b", "h2:9000", t(0)));
+    assert_eq!(asked(d.start_round(t(0))), ["h1:9000", "h2:9000"]);
+    assert_eq!(ids(&d), ["a", "b"], "the caller joined at the round's start");
+    d.answered("h1:9000", Err("connection refused".into()), t(1));
+    d.answered("h2:9000", Ok(roster("b", &[("b", "h2:9000")], "h2:9000")), t(2));
+    assert_eq!(d.poll_timeout(), Some(t(0) + QUICK_ROUND), "the view doubled since the last round");
+}
+
+#[test]
+fn a_node_whose_seeds_did_not_answer_asks_again_soon_five_times_then_at_the_interval() {
+    // Found on real nodes: a node up before its seed asked it once, then waited an interval.
+    let mut d = dir("a", "h0:9000", &["h1:9000"], t(0));
+    let mut at = t(0);
+    let mut gaps = Vec::new();
+    for _ in 0..7 {
+        asked(d.start_round(at));
+        d.answered("h1:9000", Err("connection refused".into()), at);
+        let next = d.poll_timeout().expect("due");
+        gaps.push(next.saturating_duration_since(at).as_millis() as u64);
+        at = next;
+    }
+    assert_eq!(gaps, [100, 200, 400, 800, 1600, 5000, 5000]);
+}
+
+#[test]
+fn a_round_that_meets_nobody_new_keeps_the_interval() {
+    let mut d = dir("a", "h0:9000", &["h1:9000"], t(0));
+    let know = |_: &str| vec![("b".to_owned(), "h1:9000".to_owned())];
+    assert_eq!(round_where(&mut d, t(0), &know), t(0) + QUICK_ROUND);
+    let at = t(0) + QUICK_ROUND;
+    assert_eq!(round_where(&mut d, at, &know), at + INTERVAL);
 }
 
 #[test]

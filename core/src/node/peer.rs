@@ -824,14 +824,16 @@ impl Node {
         self.fetch_roster_for(ticket, None, None, addr, now);
     }
 
-    /// Pings neighbour `peer` (spec/overlay.md §3): the ping is a roster fetch, whose outcome
-    /// is scored on the neighbour and taught to discovery like any roster answer.
+    /// Pings neighbour `peer` (spec/overlay.md §3): the ping is a roster fetch (`?self`), whose
+    /// outcome is scored on the neighbour; discovery learns only from its own rounds' fetches
+    /// ([`Node::roster_answered`]).
     pub(super) fn ping_neighbour(&mut self, peer: crate::engine::route::PeerRef, now: Instant) {
         self.fetch_roster_for(None, Some(peer.id), None, peer.addr, now);
     }
 
-    /// Pings broadcast target `id` at `addr` for round `token`: a roster fetch naming this node
-    /// (which also announces it to the target), taught to discovery like any roster answer.
+    /// Pings broadcast target `id` at `addr` for round `token`: a roster fetch (`?self`) naming
+    /// this node, which also announces it to the target (the target's discovery meets it as a
+    /// caller); this node's discovery learns only from its own rounds' fetches.
     pub(super) fn fetch_roster_target(
         &mut self,
         token: crate::overlay::targets::RoundToken,
@@ -864,7 +866,8 @@ impl Node {
             if let Some((token, id)) = &target_ping {
                 self.target_pinged(*token, id, false, now);
             }
-            return self.roster_answered(ticket, &addr, Err(why.to_owned()), now);
+            let whole = ping.is_none() && target_ping.is_none();
+            return self.roster_answered(ticket, &addr, Err(why.to_owned()), whole, now);
         }
         let p2p = self.engine.p2p_mut().expect("checked above");
         let permit = p2p.breaker.begin_roster(&addr, now);
@@ -974,20 +977,28 @@ impl Node {
             p2p.breaker.complete(permit, observation.outcome(), now);
         }
         let result = result.map_err(|(_, m)| m);
-        self.roster_answered(ticket, &addr, result, now);
+        let whole = ping.is_none() && target_ping.is_none();
+        self.roster_answered(ticket, &addr, result, whole, now);
     }
 
-    /// A roster fetch ended: the driver's ticket is answered, or discovery learns from it.
+    /// A roster fetch ended: the driver's ticket is answered, or discovery learns from a whole
+    /// roster. A ping's roster (`?self`: the responder alone) is not the answer a discovery
+    /// round waits for from the same address: taken for it, it ended the round's ask with no
+    /// hearsay, and the round's own fetch, answering after it, was dropped (a boot's views took
+    /// an interval longer to fill: found by `discovery-boot`, whose broadcast pings went to the
+    /// addresses its rounds asked).
     fn roster_answered(
         &mut self,
         ticket: Option<u64>,
         addr: &str,
         result: Result<(Roster, Option<String>), String>,
+        whole: bool,
         now: Instant,
     ) {
         match ticket {
             Some(ticket) => self.event(Event::Roster { ticket, result }),
-            None => self.discovery_answered(addr, result, now),
+            None if whole => self.discovery_answered(addr, result, now),
+            None => {}
         }
     }
 }

@@ -1969,7 +1969,53 @@ fn discovery_places_over_the_members_a_round_meets_and_nothing_it_only_hears_of(
         matches!(o, Output::Event(Event::View { joined, left, .. }) if joined == &["parent"] && left.is_empty())
     });
     assert!(changed, "the new view is reported");
-    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + crate::discovery::DEFAULT_INTERVAL));
+    // The round doubled the view (a boot): the next one is due quickly.
+    assert_eq!(h.node.poll_timeout(), Some(Instant::ZERO + crate::discovery::QUICK_ROUND));
+}
+
+/// Found by `discovery-boot` (views of a ring-seeded boot filled an interval late): a broadcast
+/// ping (`?self`: a roster of the responder alone) to an address a discovery round had asked
+/// answered first and was taken as the round's answer; the round's own fetch, with the hearsay,
+/// was then dropped.
+#[test]
+fn a_ping_answering_first_does_not_stand_in_for_the_rounds_roster_of_that_address() {
+    let mut node = reader_of("p:9000");
+    let seeds = crate::discovery::Seeds::Static(vec!["p:9000".into()]);
+    let timing = crate::discovery::Timing::default();
+    node.enable_discovery(seeds, timing, Instant::ZERO).expect("discovery on");
+    assert!(node.enable_broadcast_targets(crate::rng::from_seed(1), Instant::ZERO));
+    let mut h = Harness::new(node);
+    h.pump();
+    h.advance(Duration::ZERO);
+    let ask = h.take_sends().remove(0);
+    let answer = |h: &mut Harness, id, body: &'static str| {
+        let headers = Headers::new().with("x-dart-node", "parent");
+        h.io(id, IoEvent::Head { status: 200, headers });
+        h.io(id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+        h.io(id, IoEvent::End);
+    };
+    let alone = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    answer(&mut h, ask.id, alone);
+    assert_eq!(view_ids(&h), ["parent", "reader"]);
+    // The new view designates the parent as a broadcast target: the targets' round pings it.
+    h.advance(Duration::from_millis(50));
+    let sends = h.take_sends();
+    assert_eq!(sends.len(), 1);
+    assert_eq!(sends[0].url, "http://p:9000/peer/v1/roster?self");
+    let ping = sends[0].id;
+    // The quick round asks p:9000 again while the ping is still out; the ping answers first.
+    h.advance(crate::discovery::QUICK_ROUND - Duration::from_millis(50));
+    let sends = h.take_sends();
+    let whole = sends.iter().find(|r| r.url == "http://p:9000/peer/v1/roster").expect("asked");
+    answer(&mut h, ping, alone);
+    assert!(h.take_sends().is_empty(), "a ping's roster teaches the round nothing");
+    let full =
+        r#"{"epoch":"2","members":[{"id":"parent","addr":"p:9000"},{"id":"c","addr":"c:9000"}]}"#;
+    answer(&mut h, whole.id, full);
+    let more = h.take_sends();
+    assert_eq!(more.len(), 1, "the round's own roster is taken: {more:?}");
+    assert_eq!(more[0].url, "http://c:9000/peer/v1/roster", "its hearsay asked in the round");
+    h.node.check_invariants();
 }
 
 /// Found by the turmoil/madsim subset: a roster fetch that hung past the discovery interval
