@@ -296,6 +296,10 @@ pub struct Directory {
     next_round: Instant,
     /// Quick rounds in a row ([`QUICK_ROUND`]).
     quick: u32,
+    /// The tag (`ETag`) of the last whole roster each member's address answered, offered
+    /// again as `If-None-Match` so that an unchanged roster comes back as a bodiless 304
+    /// ([`Directory::tag_for`]); only for addresses a member is recorded at.
+    tags: BTreeMap<String, String>,
     /// Members the view gained since the last round ended (callers met between rounds join at
     /// the next round's start), and the view's size when it ended.
     met: usize,
@@ -340,6 +344,7 @@ impl Directory {
             resolving: None,
             next_round: now,
             quick: 0,
+            tags: BTreeMap::new(),
             met: 0,
             settled: 1,
             view,
@@ -501,6 +506,55 @@ impl Directory {
         out
     }
 
+    /// The tag of the last whole roster `addr` answered, while a member is recorded at `addr`:
+    /// the round's fetch offers it (`If-None-Match`), and a responder whose roster did not
+    /// change answers 304 with no body ([`Directory::unchanged`]).
+    pub fn tag_for(&self, addr: &str) -> Option<&str> {
+        let tag = self.tags.get(addr)?;
+        self.members.values().any(|k| k.addr == addr).then_some(tag.as_str())
+    }
+
+    /// Remembers `tag` as the tag of the whole roster `addr` just answered (its `ETag`; `None`
+    /// forgets it: a responder that sent none).
+    pub fn note_tag(&mut self, addr: &str, tag: Option<String>) {
+        match tag {
+            Some(tag) if self.members.values().any(|k| k.addr == addr) => {
+                self.tags.insert(addr.to_owned(), tag);
+            }
+            _ => {
+                self.tags.remove(addr);
+            }
+        }
+    }
+
+    /// `addr`, asked in this round with its tag, answered that its roster did not change (304),
+    /// naming itself `responder`: direct contact with the member recorded there, whose roster
+    /// teaches nothing new (every address it names was heard when it was whole). A responder
+    /// that is not the member recorded at `addr` credits nobody, and the tag is forgotten (the
+    /// next round fetches the whole roster).
+    pub fn unchanged(&mut self, addr: &str, responder: Option<&str>, now: Instant) -> Answered {
+        let round = self.round.as_mut().expect("answers come during a round");
+        assert!(round.pending.remove(addr), "{addr} was asked in this round");
+        let known = responder
+            .and_then(|id| self.members.get(id).map(|k| (id, k.weight)))
+            .filter(|(id, _)| self.members.get(*id).is_some_and(|k| k.addr == addr));
+        match known {
+            Some((id, weight)) => {
+                self.stats.answers += 1;
+                let id = id.to_owned();
+                self.credit(&id, addr, weight, now);
+            }
+            None => {
+                self.stats.failures += 1;
+                self.tags.remove(addr);
+            }
+        }
+        if self.round.as_ref().is_some_and(|r| r.pending.is_empty()) {
+            self.end_round(now);
+        }
+        Answered::default()
+    }
+
     /// An inbound roster request named its caller `id` and the caller's advertised `addr`:
     /// direct contact. Returns whether it was taken (a valid id other than ours, a `host:port`).
     pub fn caller(&mut self, id: &str, addr: &str, now: Instant) -> bool {
@@ -607,6 +661,8 @@ impl Directory {
         let round = self.round.take().expect("a round to end");
         self.forget(now);
         let met = std::mem::take(&mut self.met) + self.publish();
+        let addrs: BTreeSet<&String> = self.members.values().map(|k| &k.addr).collect();
+        self.tags.retain(|addr, _| addrs.contains(addr));
         // Alone: no seed answered yet (a boot where this node came up first).
         let alone = self.view.members().len() == 1;
         let far_from_whole = alone || (met > 0 && met * 4 >= self.settled);
@@ -651,6 +707,7 @@ impl Directory {
         assert!(!self.members.contains_key(&self.me.id), "self is not a learned member");
         assert!(self.departed.len() <= MEMBERS_MAX);
         assert!(self.members.len() <= MEMBERS_MAX && self.heard.len() <= HEARD_MAX);
+        assert!(self.tags.len() <= MEMBERS_MAX + ROUND_ASKS_MAX, "tags past their bound");
         let mut addrs = BTreeSet::new();
         for k in self.members.values() {
             assert!(addrs.insert(&k.addr), "one member per address");

@@ -130,18 +130,30 @@ impl Node {
         }
     }
 
-    /// A discovery roster fetch ended.
+    /// A discovery roster fetch ended: a whole roster (with its `ETag`, if it sent one), an
+    /// `unchanged` one (304: the tag offered still holds), or a failure.
     pub(super) fn discovery_answered(
         &mut self,
         addr: &str,
         result: Result<(Roster, Option<String>), String>,
+        etag: Option<String>,
+        unchanged: bool,
         now: Instant,
     ) {
         let Some(dir) = self.directory.as_mut() else { return };
         if !dir.is_pending(addr) {
             return;
         }
+        if unchanged {
+            let responder = result.ok().and_then(|(_, r)| r);
+            dir.unchanged(addr, responder.as_deref(), now);
+            return self.apply_view(now);
+        }
+        let whole = result.is_ok();
         let answered = dir.answered(addr, result, now);
+        if whole {
+            dir.note_tag(addr, etag);
+        }
         if let Some(first) = answered.invalid.first() {
             let n = answered.invalid.len();
             self.discovery_error(

@@ -121,6 +121,11 @@ pub(super) enum Job {
         permit: Option<Permit<String>>,
         responder: Option<String>,
         body: BytesMut,
+        /// A discovery fetch offered the tag of the roster it last had (`If-None-Match`).
+        offered: bool,
+        /// The answer's `ETag` (a whole roster), or the 304 that said it did not change.
+        etag: Option<String>,
+        unchanged: bool,
     },
     /// A departure announcement to a broadcast target (`POST /peer/v1/leave`).
     Leave,

@@ -1695,6 +1695,66 @@ fn a_ping_gets_a_roster_of_the_responder_alone() {
     assert!(body.contains("\"parent\""), "the whole roster without it: {body}");
 }
 
+/// The roster carries a tag of its bytes; a fetch that offers it back while it holds gets a 304
+/// with no body (about 50 bytes a member saved per fetch in a settled cluster), a ping never.
+#[test]
+fn an_unchanged_roster_answers_304_to_the_tag_it_was_sent_with() {
+    let mut h = Harness::new(reader_of("p:9000"));
+    h.get(1, Plane::Peer, crate::codec::wire::ROSTER_PATH, Headers::new());
+    let head = h.head_of(1).expect("head");
+    assert_eq!(head.status, 200);
+    let tag = head.headers.get_str("etag").expect("a tag").to_owned();
+    assert!(tag.starts_with('"') && tag.ends_with('"'), "{tag}");
+    let offered = Headers::new().with("if-none-match", tag.as_str());
+    h.get(2, Plane::Peer, crate::codec::wire::ROSTER_PATH, offered.clone());
+    let head = h.head_of(2).expect("head");
+    assert_eq!((head.status, head.body), (304, false));
+    assert_eq!(head.headers.get_str("x-dart-node"), Some("reader"), "it names itself");
+    assert!(h.body_of(2).is_empty() && h.ended(2));
+    let ping =
+        format!("{}?{}", crate::codec::wire::ROSTER_PATH, crate::codec::wire::ROSTER_SELF_QUERY);
+    h.get(3, Plane::Peer, &ping, offered);
+    assert_eq!(h.head_of(3).map(|x| x.status), Some(200), "a ping is answered whole");
+    let stale = Headers::new().with("if-none-match", "\"0000000000000000\"");
+    h.get(4, Plane::Peer, crate::codec::wire::ROSTER_PATH, stale);
+    assert_eq!(h.head_of(4).map(|x| x.status), Some(200), "another tag: the whole roster");
+}
+
+/// A discovery round offers the tag of the roster a member last sent; its 304 is direct contact
+/// (the member stays, no hearsay is lost), and a 304 from another process at that address
+/// credits nobody and makes the next round fetch the whole roster.
+#[test]
+fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
+    let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
+    h.advance(Duration::ZERO);
+    let ask = h.take_sends().remove(0);
+    assert_eq!(ask.headers.get_str("if-none-match"), None, "nothing to offer yet");
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    let headers = Headers::new().with("x-dart-node", "parent").with("etag", "\"t1\"");
+    h.io(ask.id, IoEvent::Head { status: 200, headers });
+    h.io(ask.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(ask.id, IoEvent::End);
+    assert_eq!(view_ids(&h), ["parent", "reader"]);
+    for (round, responder, kept) in [(1, "parent", true), (2, "impostor", false)] {
+        // The next rounds (quick, then the interval) offer the tag while it holds.
+        h.advance(h.node.poll_timeout().expect("a round due").saturating_duration_since(h.now));
+        let ask = h.take_sends().into_iter().find(|r| r.url.ends_with("/peer/v1/roster"));
+        let ask = ask.expect("asked");
+        assert_eq!(ask.headers.get_str("if-none-match"), Some("\"t1\""), "round {round}");
+        let headers = Headers::new().with("x-dart-node", responder);
+        h.io(ask.id, IoEvent::Head { status: 304, headers });
+        h.io(ask.id, IoEvent::End);
+        assert_eq!(view_ids(&h), ["parent", "reader"], "round {round}: nobody left or came");
+        h.node.check_invariants();
+        if !kept {
+            h.advance(h.node.poll_timeout().expect("a round due").saturating_duration_since(h.now));
+            let ask = h.take_sends().into_iter().find(|r| r.url.ends_with("/peer/v1/roster"));
+            let ask = ask.expect("asked");
+            assert_eq!(ask.headers.get_str("if-none-match"), None, "the tag was dropped");
+        }
+    }
+}
+
 #[test]
 fn the_roster_names_this_node_and_learns_a_caller() {
     let mut h = Harness::new(reader_of("p:9000"));
