@@ -402,14 +402,16 @@ struct Proc {
     alive: bool,
     /// The last time anything from it (a request it sent, an answer it gave) was seen.
     last_word: Instant,
-    /// Rosters it answered with, oldest first (the stale answers).
-    said: Vec<(Roster, Option<String>)>,
+    /// Rosters it answered with and their tags, oldest first (the stale answers).
+    said: Vec<(Roster, Option<String>, String)>,
 }
 
 struct Msg {
     from: usize,
     to: String,
     sent: Instant,
+    /// The tag the asker offered (`If-None-Match`): an answer of that same roster is a 304.
+    offered: Option<String>,
 }
 
 struct Model {
@@ -462,7 +464,8 @@ impl Model {
 
     fn ask(&mut self, from: usize, addrs: Vec<String>) {
         for to in addrs {
-            self.msgs.push(Msg { from, to, sent: self.now });
+            let offered = self.procs[from].dir.tag_for(&to).map(str::to_owned);
+            self.msgs.push(Msg { from, to, sent: self.now, offered });
         }
     }
 
@@ -507,8 +510,8 @@ impl Model {
     }
 
     /// The server side of a request: the callee learns the caller; the answer is its roster
-    /// (or the oldest one it ever gave, when `stale`).
-    fn serve(&mut self, msg: &Msg, stale: bool) -> Option<(Roster, Option<String>)> {
+    /// (or the oldest one it ever gave, when `stale`) and that roster's tag.
+    fn serve(&mut self, msg: &Msg, stale: bool) -> Option<(Roster, Option<String>, String)> {
         let callee = self.live_at(&msg.to)?;
         let (caller_id, caller_addr) =
             (self.procs[msg.from].id.clone(), self.procs[msg.from].addr.clone());
@@ -519,9 +522,12 @@ impl Model {
         c.last_word = now;
         let me = Member::ready(&c.id, &c.addr);
         let body = encode_roster(c.dir.view(), &me);
+        let mut tag = crate::hash::Fnv1a::default();
+        tag.write(body.as_bytes());
         let fresh = (
             decode_roster(body.as_bytes(), Some(&c.id), &msg.to).expect("decodes"),
             Some(c.id.clone()),
+            format!("{:016x}", tag.finish()),
         );
         c.said.push(fresh.clone());
         if c.said.len() > 8 {
@@ -548,8 +554,20 @@ impl Model {
         if !self.procs[p].dir.is_pending(&msg.to) {
             return;
         }
-        let result = answer.ok_or_else(|| "connection refused".to_owned());
-        let more = self.procs[p].dir.answered(&msg.to, result, self.now);
+        let now = self.now;
+        let dir = &mut self.procs[p].dir;
+        let more = match answer {
+            // The roster it offered the tag of: a 304, naming the responder.
+            Some((_, responder, tag)) if msg.offered.as_ref() == Some(&tag) => {
+                dir.unchanged(&msg.to, responder.as_deref(), now)
+            }
+            Some((roster, responder, tag)) => {
+                let more = dir.answered(&msg.to, Ok((roster, responder)), now);
+                dir.note_tag(&msg.to, Some(tag));
+                more
+            }
+            None => dir.answered(&msg.to, Err("connection refused".to_owned()), now),
+        };
         self.after_answer(p);
         self.ask(p, more.ask);
     }
