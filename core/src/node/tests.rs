@@ -1755,6 +1755,31 @@ fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
     }
 }
 
+/// A 304 that comes with a body is broken HTTP: the fetch fails (the round counts a failure,
+/// nobody is credited by it) and the exchange is cancelled.
+#[test]
+fn a_304_roster_with_a_body_fails_the_fetch() {
+    let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
+    h.advance(Duration::ZERO);
+    let ask = h.take_sends().remove(0);
+    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
+    let headers = Headers::new().with("x-dart-node", "parent").with("etag", "\"t1\"");
+    h.io(ask.id, IoEvent::Head { status: 200, headers });
+    h.io(ask.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
+    h.io(ask.id, IoEvent::End);
+    h.advance(h.node.poll_timeout().expect("a round due").saturating_duration_since(h.now));
+    let ask = h.take_sends().into_iter().find(|r| r.url.ends_with("/peer/v1/roster"));
+    let ask = ask.expect("asked");
+    assert_eq!(ask.headers.get_str("if-none-match"), Some("\"t1\""));
+    let headers = Headers::new().with("x-dart-node", "parent");
+    h.io(ask.id, IoEvent::Head { status: 304, headers });
+    h.io(ask.id, IoEvent::Body(Bytes::from_static(b"{}")));
+    assert!(h.cancelled(ask.id), "the exchange is cancelled");
+    assert_eq!(h.node.exchanges().len(), 0);
+    assert_eq!(view_ids(&h), ["parent", "reader"], "one failed fetch forgets nobody");
+    h.node.check_invariants();
+}
+
 #[test]
 fn the_roster_names_this_node_and_learns_a_caller() {
     let mut h = Harness::new(reader_of("p:9000"));
