@@ -71,10 +71,10 @@ pub const ROUND_ASKS_MAX: usize = 4096;
 /// A cluster that boots at once (each node seeded with a few others) then holds whole views in
 /// about a second instead of two or three intervals, while its first reads run: every partial
 /// view elects its own tree roots, and each root reads the object from the origin.
-pub const QUICK_ROUND: Duration = Duration::from_millis(100);
+pub const QUICK_ROUND: Duration = Duration::from_millis(25);
 /// Most quick rounds in a row ([`QUICK_ROUND`]); a round that meets fewer new members resets the
 /// count.
-pub const QUICK_ROUNDS_MAX: u32 = 5;
+pub const QUICK_ROUNDS_MAX: u32 = 8;
 /// How long a seed resolution may take before the round goes on with the known seeds.
 pub const RESOLVE_BOUND: Duration = Duration::from_secs(5);
 /// At most one discovery error is reported per this period; the rest are counted.

@@ -169,7 +169,7 @@ pub struct NodeFlags {
     /// other by roster exchange and forget a member silent for --forget-after. Excludes --peers.
     #[arg(long, default_value = "")]
     pub discover: String,
-    /// Time between discovery rounds (sooner, from 100 ms and doubling, while rounds find the view
+    /// Time between discovery rounds (sooner, from 25 ms and doubling, while rounds find the view
     /// far from whole: a boot).
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub discover_interval: std::time::Duration,

@@ -83,8 +83,8 @@ fn round_where(
 #[test]
 fn a_view_far_from_whole_is_refreshed_sooner_doubling_up_to_the_interval() {
     // A boot: each round meets as many members again as the view held (the responders name one
-    // more member each round), so the rounds come 100, 200, 400, 800 and 1,600 ms apart, then at
-    // the interval however much they find (five quick rounds in a row at most).
+    // more member each round), so the rounds come 25, 50, 100, 200, 400, 800, 1,600 and 3,200 ms
+    // apart, then at the interval however much they find (eight quick rounds in a row at most).
     let mut d = dir("a", "h0:9000", &["h1:9000"], t(0));
     let known = std::cell::Cell::new(2usize);
     let know = |_: &str| -> Vec<(String, String)> {
@@ -92,22 +92,22 @@ fn a_view_far_from_whole_is_refreshed_sooner_doubling_up_to_the_interval() {
     };
     let mut at = t(0);
     let mut gaps = Vec::new();
-    for _ in 0..7 {
+    for _ in 0..10 {
         let next = round_where(&mut d, at, &know);
         gaps.push(next.saturating_duration_since(at).as_millis() as u64);
         at = next;
         known.set(known.get() * 2);
         d.check_invariants();
     }
-    assert_eq!(gaps, [100, 200, 400, 800, 1600, 5000, 5000]);
-    assert_eq!(d.view().members().len(), 128, "every member met was placed");
-    // A settled view that meets one new member (128 -> 129) keeps the interval and ends the run
+    assert_eq!(gaps, [25, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    assert_eq!(d.view().members().len(), 1024, "every member met was placed");
+    // A settled view that meets one new member (1,024 -> 1,025) keeps the interval and ends the run
     // of quick rounds: the next boot of a part of the cluster starts quick again.
-    known.set(129);
+    known.set(1025);
     let next = round_where(&mut d, at, &know);
     assert_eq!(next, at + INTERVAL, "one joiner in a settled view: no quick round");
     at = next;
-    known.set(200);
+    known.set(1600);
     let next = round_where(&mut d, at, &know);
     assert_eq!(next, at + QUICK_ROUND, "half a cluster met at once: quick again");
     d.check_invariants();
@@ -127,19 +127,19 @@ fn a_caller_met_between_rounds_counts_toward_a_quick_round() {
 }
 
 #[test]
-fn a_node_whose_seeds_did_not_answer_asks_again_soon_five_times_then_at_the_interval() {
+fn a_node_whose_seeds_did_not_answer_asks_again_soon_eight_times_then_at_the_interval() {
     // Found on real nodes: a node up before its seed asked it once, then waited an interval.
     let mut d = dir("a", "h0:9000", &["h1:9000"], t(0));
     let mut at = t(0);
     let mut gaps = Vec::new();
-    for _ in 0..7 {
+    for _ in 0..10 {
         asked(d.start_round(at));
         d.answered("h1:9000", Err("connection refused".into()), at);
         let next = d.poll_timeout().expect("due");
         gaps.push(next.saturating_duration_since(at).as_millis() as u64);
         at = next;
     }
-    assert_eq!(gaps, [100, 200, 400, 800, 1600, 5000, 5000]);
+    assert_eq!(gaps, [25, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
 }
 
 #[test]
