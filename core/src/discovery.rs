@@ -246,8 +246,11 @@ pub struct Answered {
 pub struct DirectoryStats {
     /// Rounds started.
     pub rounds: u64,
-    /// Roster fetches that answered.
+    /// Roster fetches that answered with a whole roster.
     pub answers: u64,
+    /// Roster fetches answered 304 (unchanged since the tag offered) by the member recorded at
+    /// the address ([`Directory::unchanged`]).
+    pub unchanged: u64,
     /// Roster fetches that failed.
     pub failures: u64,
     /// Seed resolutions that failed (the known seeds were kept).
@@ -540,7 +543,7 @@ impl Directory {
             .filter(|(id, _)| self.members.get(*id).is_some_and(|k| k.addr == addr));
         match known {
             Some((id, weight)) => {
-                self.stats.answers += 1;
+                self.stats.unchanged += 1;
                 let id = id.to_owned();
                 self.credit(&id, addr, weight, now);
             }

@@ -672,7 +672,8 @@ fn members_json(node: &Node, self_id: &str, now: dart_core::time::Instant) -> Ad
         serde_json::json!({
             "interval_ms": d.timing().interval.as_millis() as u64,
             "forget_after_ms": d.timing().forget_after.as_millis() as u64,
-            "rounds": s.rounds, "answers": s.answers, "failures": s.failures,
+            "rounds": s.rounds, "answers": s.answers, "unchanged": s.unchanged,
+            "failures": s.failures,
             "resolve_failures": s.resolve_failures, "forgotten": s.forgotten,
             "displaced": s.displaced, "refused": s.refused, "self_conflicts": s.self_conflicts, "left": s.left,
         })

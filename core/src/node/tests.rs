@@ -1745,6 +1745,8 @@ fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
         h.io(ask.id, IoEvent::Head { status: 304, headers });
         h.io(ask.id, IoEvent::End);
         assert_eq!(view_ids(&h), ["parent", "reader"], "round {round}: nobody left or came");
+        let stats = h.node.directory().expect("discovery").stats();
+        assert_eq!((stats.answers, stats.unchanged), (1, 1), "round {round}: one credited 304");
         h.node.check_invariants();
         if !kept {
             h.advance(h.node.poll_timeout().expect("a round due").saturating_duration_since(h.now));
