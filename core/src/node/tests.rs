@@ -1720,11 +1720,9 @@ fn an_unchanged_roster_answers_304_to_the_tag_it_was_sent_with() {
     assert_eq!(h.head_of(4).map(|x| x.status), Some(200), "another tag: the whole roster");
 }
 
-/// A discovery round offers the tag of the roster a member last sent; its 304 is direct contact
-/// (the member stays, no hearsay is lost), and a 304 from another process at that address
-/// credits nobody and makes the next round fetch the whole roster.
-#[test]
-fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
+/// A node discovering from seed `p:9000` whose first round the parent answered with a whole
+/// roster tagged `"t1"` (the first fetch offered no tag: it had none).
+fn discovering_parent_tagged_t1() -> Harness {
     let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
     h.advance(Duration::ZERO);
     let ask = h.take_sends().remove(0);
@@ -1734,6 +1732,15 @@ fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
     h.io(ask.id, IoEvent::Head { status: 200, headers });
     h.io(ask.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
     h.io(ask.id, IoEvent::End);
+    h
+}
+
+/// A discovery round offers the tag of the roster a member last sent; its 304 is direct contact
+/// (the member stays, no hearsay is lost), and a 304 from another process at that address
+/// credits nobody and makes the next round fetch the whole roster.
+#[test]
+fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
+    let mut h = discovering_parent_tagged_t1();
     assert_eq!(view_ids(&h), ["parent", "reader"]);
     for (round, responder, kept) in [(1, "parent", true), (2, "impostor", false)] {
         // The next rounds (quick, then the interval) offer the tag while it holds.
@@ -1761,14 +1768,7 @@ fn discovery_offers_the_last_tag_and_takes_a_304_as_contact() {
 /// nobody is credited by it) and the exchange is cancelled.
 #[test]
 fn a_304_roster_with_a_body_fails_the_fetch() {
-    let mut h = discovering(crate::discovery::Seeds::Static(vec!["p:9000".into()]));
-    h.advance(Duration::ZERO);
-    let ask = h.take_sends().remove(0);
-    let body = r#"{"epoch":"1","members":[{"id":"parent","addr":"p:9000"}]}"#;
-    let headers = Headers::new().with("x-dart-node", "parent").with("etag", "\"t1\"");
-    h.io(ask.id, IoEvent::Head { status: 200, headers });
-    h.io(ask.id, IoEvent::Body(Bytes::from_static(body.as_bytes())));
-    h.io(ask.id, IoEvent::End);
+    let mut h = discovering_parent_tagged_t1();
     h.advance(h.node.poll_timeout().expect("a round due").saturating_duration_since(h.now));
     let ask = h.take_sends().into_iter().find(|r| r.url.ends_with("/peer/v1/roster"));
     let ask = ask.expect("asked");
