@@ -351,6 +351,7 @@ impl<D: Dialer> NodeDriver<D> {
             tracker_files: inner.node.registry().map(|r| r.files()),
             neighbours: inner.node.engine().neighbours().map(|n| n.report()),
             broadcast_targets: inner.node.broadcast_targets().map(<[String]>::len),
+            discovery: inner.node.directory().map(|d| d.stats()),
             registry_tokens: self.client.registry_auth().map(|a| {
                 let ok = a.exchanges_ok.load(Ordering::Relaxed);
                 (ok, a.exchanges_failed.load(Ordering::Relaxed))

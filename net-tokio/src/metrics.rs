@@ -48,6 +48,8 @@ pub struct Scrape {
     pub neighbours: Option<Vec<NeighbourReport>>,
     /// Broadcast targets published (`None` while they are off).
     pub broadcast_targets: Option<usize>,
+    /// The discovery refresh loop's counters (`None` without `--discover`).
+    pub discovery: Option<dart_core::discovery::DirectoryStats>,
 }
 
 /// Reads the node machine's counters at scrape time.
@@ -443,6 +445,20 @@ impl prometheus_client::collector::Collector for Collected {
         if let Some(targets) = scrape.broadcast_targets {
             let help = "Ping-verified broadcast targets a departure is announced to.";
             plain_gauge(&mut enc, "dart_broadcast_targets", help, targets)?;
+        }
+        if let Some(d) = scrape.discovery {
+            let help = "Discovery rounds started (one per --discover-interval, sooner while a \
+                        round finds the view far from whole).";
+            plain_counter(&mut enc, "dart_discovery_rounds", help, d.rounds)?;
+            let ended = [("whole", d.answers), ("unchanged", d.unchanged), ("failed", d.failures)];
+            counter(
+                &mut enc,
+                "dart_discovery_rosters",
+                "Discovery roster fetches ended: a whole roster, a 304 (unchanged since the tag \
+                 the fetch offered, from the member recorded at the address), or a failure.",
+                "result",
+                &ended,
+            )?;
         }
         let c = self.cache.stats();
         let blocks =
