@@ -538,13 +538,13 @@ impl Directory {
     pub fn unchanged(&mut self, addr: &str, responder: Option<&str>, now: Instant) -> Answered {
         let round = self.round.as_mut().expect("answers come during a round");
         assert!(round.pending.remove(addr), "{addr} was asked in this round");
-        let known = responder
-            .and_then(|id| self.members.get(id).map(|k| (id, k.weight)))
-            .filter(|(id, _)| self.members.get(*id).is_some_and(|k| k.addr == addr));
+        let known = responder.and_then(|id| {
+            let k = self.members.get(id).filter(|k| k.addr == addr)?;
+            Some((id.to_owned(), k.weight))
+        });
         match known {
             Some((id, weight)) => {
                 self.stats.unchanged += 1;
-                let id = id.to_owned();
                 self.credit(&id, addr, weight, now);
             }
             None => {

@@ -887,7 +887,8 @@ impl Node {
                 self.target_pinged(*token, id, false, now);
             }
             let whole = ping.is_none() && target_ping.is_none();
-            return self.roster_answered(ticket, &addr, Err(why.to_owned()), whole, now);
+            let result = Err(why.to_owned());
+            return self.roster_answered(ticket, whole, &addr, result, None, false, now);
         }
         let p2p = self.engine.p2p_mut().expect("checked above");
         let permit = p2p.breaker.begin_roster(&addr, now);
@@ -1026,11 +1027,7 @@ impl Node {
         }
         let result = result.map_err(|(_, m)| m);
         let whole = ping.is_none() && target_ping.is_none();
-        if ticket.is_none() && whole {
-            // A discovery fetch: a 304 (the roster did not change) or a whole roster.
-            return self.discovery_answered(&addr, result, etag, unchanged, now);
-        }
-        self.roster_answered(ticket, &addr, result, whole, now);
+        self.roster_answered(ticket, whole, &addr, result, etag, unchanged, now);
     }
 
     /// A roster fetch ended: the driver's ticket is answered, or discovery learns from a whole
@@ -1039,17 +1036,21 @@ impl Node {
     /// hearsay, and the round's own fetch, answering after it, was dropped (a boot's views took
     /// an interval longer to fill: found by `discovery-boot`, whose broadcast pings went to the
     /// addresses its rounds asked).
+    #[allow(clippy::too_many_arguments)]
     fn roster_answered(
         &mut self,
         ticket: Option<u64>,
+        whole: bool,
         addr: &str,
         result: Result<(Roster, Option<String>), String>,
-        whole: bool,
+        etag: Option<String>,
+        unchanged: bool,
         now: Instant,
     ) {
         match ticket {
             Some(ticket) => self.event(Event::Roster { ticket, result }),
-            None if whole => self.discovery_answered(addr, result, None, false, now),
+            // A discovery fetch: a whole roster (with its tag), a 304, or a failure.
+            None if whole => self.discovery_answered(addr, result, etag, unchanged, now),
             None => {}
         }
     }
