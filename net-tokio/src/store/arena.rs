@@ -288,6 +288,66 @@ impl Drop for SlotRead {
     }
 }
 
+/// The unit of an `O_DIRECT` write: its buffer's address, file offset and length are multiples of
+/// it (the page size; a file system's logical block is at most that on the disks we meet).
+const DIRECT_ALIGN: u64 = 4096;
+
+/// An arena's block writer (behind [`Arena::writer`]): the arena file opened a second time with
+/// `O_DIRECT`, when the file system allows it, and the aligned buffer its writes go through.
+///
+/// Why around the page cache: a block written through it costs the writer a copy into new
+/// page-cache pages, each zeroed first, and the kernel's dirty-page accounting, the larger part
+/// of a cold read's CPU on our machines (docs/benchmarks.md, "Cold reads write around the page
+/// cache"); a direct write costs a copy into this buffer and the device's transfer. Reads still go
+/// through the page cache (`pread`, the mapping): the kernel writes back and then drops any cached
+/// page of the range around a direct write, so a later read sees the new bytes, and no read of the
+/// slot runs during its write (the slot is reserved, [`Arena::begin_insert`]). Headers and the
+/// superblock stay buffered: they lie before `data_start`, on pages of their own.
+///
+/// The buffer is one block (plus alignment) per arena, allocated at the first direct write and
+/// kept. A block shorter than its slot (an object's last) is written padded with zeros to the
+/// alignment; the slot's header and index keep its true length. A direct write the kernel refuses
+/// as invalid (`EINVAL`: an alignment this file system does not take) is written again through the
+/// page cache, and the arena writes buffered from then on.
+#[derive(Debug, Default)]
+pub(crate) struct Writer {
+    /// The `O_DIRECT` handle; `None`: every write goes through the page cache.
+    direct: Option<File>,
+    /// The bytes of a direct write, at an aligned start inside (`Vec` guarantees no alignment).
+    buffer: Vec<u8>,
+}
+
+impl Writer {
+    /// Writes `data` at `offset` of the arena file (`file`, buffered), directly if it can.
+    fn write_data(
+        &mut self,
+        io: &dyn StoreIo,
+        file: &File,
+        data: &[u8],
+        offset: u64,
+    ) -> io::Result<()> {
+        if let Some(direct) = self.direct.as_ref().filter(|_| offset % DIRECT_ALIGN == 0) {
+            let align = DIRECT_ALIGN as usize;
+            let padded = data.len().div_ceil(align) * align;
+            if self.buffer.len() < padded + align {
+                self.buffer = vec![0; padded + align];
+            }
+            let start = self.buffer.as_ptr().align_offset(align);
+            let out = &mut self.buffer[start..start + padded];
+            out[..data.len()].copy_from_slice(data);
+            out[data.len()..].fill(0);
+            match io.write_all_at(direct, out, offset) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::warn!(error = %e, "O_DIRECT write refused: block data written through the page cache from now on");
+                    self.direct = None;
+                }
+                done => return done,
+            }
+        }
+        io.write_all_at(file, data, offset)
+    }
+}
+
 /// A block's write into a slot reserved for it ([`Arena::begin_insert`]), done outside the arena's
 /// lock: the slot is neither free nor published while it runs, so no read and no other insert
 /// touches it; [`Arena::finish_insert`] publishes it (or frees it) under the lock again.
@@ -297,7 +357,7 @@ pub(crate) struct SlotWrite {
     file: Arc<File>,
     io: Arc<dyn StoreIo>,
     /// The arena's [`Arena::writer`]: held for the whole write.
-    writer: Arc<Mutex<()>>,
+    writer: Arc<Mutex<Writer>>,
     slot: u32,
     data_offset: u64,
     header_offset: u64,
@@ -311,11 +371,11 @@ impl SlotWrite {
     /// Invalidates the slot's old header if needed, writes `data`, then the new header.
     pub(crate) fn write(&self, data: &[u8]) -> Result<(), StoreError> {
         let fail = || io_error(&self.path);
-        let _one_at_a_time = lock(&self.writer);
+        let mut writer = lock(&self.writer);
         if self.zero_header {
             self.io.write_all_at(&self.file, &ZERO_HEADER, self.header_offset).map_err(fail())?;
         }
-        self.io.write_all_at(&self.file, data, self.data_offset).map_err(fail())?;
+        writer.write_data(&*self.io, &self.file, data, self.data_offset).map_err(fail())?;
         if let Some(header) = &self.header {
             self.io.write_all_at(&self.file, header, self.header_offset).map_err(fail())?;
         }
@@ -337,8 +397,9 @@ pub(crate) struct Arena {
     /// Held by the block write in progress ([`SlotWrite::write`]), so that the arena's file sees
     /// one at a time: the file system serializes buffered writes of one file anyway (the inode's
     /// lock), and a writer that waits there spins on a CPU (4-6 % of a node's CPU during cold
-    /// reads, measured); one that waits here sleeps. A leaf lock, taken with no other held.
-    writer: Arc<Mutex<()>>,
+    /// reads, measured); one that waits here sleeps. A leaf lock, taken with no other held. It
+    /// owns the file's `O_DIRECT` handle and its aligned buffer ([`Writer`]).
+    writer: Arc<Mutex<Writer>>,
     layout: Layout,
     /// Superblock tag that keeps the owned and borrowed files from being swapped.
     class_tag: u64,
@@ -422,6 +483,9 @@ impl Arena {
             }
             WarmStart::Verify => arena.load()?,
         };
+        // Opened only now: `reset` may have replaced the file.
+        let direct = arena.io.open_direct(&arena.path);
+        lock(&arena.writer).direct = direct.filter(|_| block_bytes % DIRECT_ALIGN == 0);
         // Mapped only now: the file has its final length, and is never truncated again while
         // this process has it open (`crate::mapped`'s contract).
         if let Some(file) = &arena.file {
@@ -882,6 +946,12 @@ impl Arena {
 
     /// Mapped answers out now ([`SlotRead::try_map`]).
     #[cfg(test)]
+    /// Whether block data is written around the page cache ([`Writer`]).
+    #[cfg(test)]
+    pub(crate) fn writes_direct(&self) -> bool {
+        lock(&self.writer).direct.is_some()
+    }
+
     pub(crate) fn mapped_out(&self) -> Option<u32> {
         self.mapped.as_ref().map(|m| m.out.load(Ordering::Relaxed))
     }

@@ -9,6 +9,7 @@ use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::time::Instant;
 
 /// What the store asks of the operating system once its files are open.
@@ -40,6 +41,15 @@ pub trait StoreIo: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// A second handle on the arena file at `path` that writes around the page cache
+    /// (`O_DIRECT`), for block data (`super::arena`'s writer); `None` means "write block data
+    /// through `file` with [`StoreIo::write_all_at`]", as every write did before. The default is
+    /// `None`, so a test double that injects faults sees every write on its own calls.
+    fn open_direct(&self, path: &Path) -> Option<File> {
+        let _ = path;
+        None
+    }
+
     /// Writes all of `buf` to `file` at `offset` (`FileExt::write_all_at`); a short write that
     /// cannot be completed is an error, with an unknown prefix of `buf` written.
     fn write_all_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -65,6 +75,20 @@ impl StoreIo for OsIo {
         // blocking way, which is rare enough not to be worth continuing here.
         let read = preadv2(file, &mut [io::IoSliceMut::new(buf)], offset, ReadWriteFlags::NOWAIT);
         matches!(read, Ok(n) if n == want)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn open_direct(&self, path: &Path) -> Option<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // A file system without O_DIRECT (tmpfs before Linux 6.6, some FUSE ones) refuses the
+        // open: block data then goes through the page cache as before.
+        match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                tracing::info!(path = %path.display(), error = %e, "arena file without O_DIRECT: block data written through the page cache");
+                None
+            }
+        }
     }
 
     fn map(&self, file: &File, len: u64) -> Option<crate::mapped::Mapping> {

@@ -1305,3 +1305,144 @@ fn a_whole_page_cache_read_is_promoted_into_ram_and_a_window_is_not() {
     assert!(store.get_cached(&key(1), None).flatten().is_some());
     assert_eq!(store.get_from_ram(&key(1)), Some(Some(Bytes::from(bytes(1, 0, BLOCK as usize)))));
 }
+
+/// Whether the file system under the test directory takes `O_DIRECT` (tmpfs before Linux 6.6
+/// does not): where it does not, the direct-write tests check the page-cache fallback instead.
+#[cfg(target_os = "linux")]
+fn takes_o_direct(dir: &TestDir) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::create_dir_all(dir.path()).unwrap();
+    let probe = dir.path().join("o-direct-probe");
+    let opened = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    let _ = fs::remove_file(&probe);
+    eprintln!("{}: O_DIRECT {}", dir.path().display(), if opened { "taken" } else { "refused" });
+    opened
+}
+
+/// Block data written around the page cache (`O_DIRECT`, arena's `Writer`) reads back exactly,
+/// through every read path, when it replaces a block whose pages were cached and mapped: a window
+/// answered from the mapping makes the old block's pages resident, then the slot is rewritten
+/// directly, and the window, the whole block, a tail block shorter than its slot (padded on disk)
+/// and a warm reopen all see the new bytes, never the old ones cached before.
+#[cfg(target_os = "linux")]
+#[test]
+fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
+    const SLOT: u64 = 8192;
+    let dir = TestDir::new("direct");
+    let direct = takes_o_direct(&dir);
+    let block = |i: u64, len: usize| -> Vec<u8> {
+        (0..len).map(|j| (i as u8).wrapping_mul(37) ^ (j as u8) ^ ((j >> 8) as u8)).collect()
+    };
+    // Four owned slots: one of them may be held by a mapped answer (`MAPPED_SHARE`).
+    let mut cfg = StoreConfig::new(dir.path(), 5 * SLOT, 0, SLOT);
+    cfg.owned_fraction = Some(4.5 / 5.0);
+    cfg.warm_start = WarmStart::Verify;
+    let owned = BlockClass::Owned;
+    let store = BlockStore::open(cfg.clone()).unwrap();
+    assert_eq!(store.disk.with_arena(owned, |a| a.writes_direct()), direct);
+    let reads = |s: &BlockStore| {
+        let stats = s.stats();
+        (stats.disk_reads_mapped, stats.disk_reads_page_cache, stats.disk_reads_blocking)
+    };
+    assert!(store.put(key(1), &block(1, SLOT as usize), owned).unwrap());
+    let slot1 = store.disk.with_arena(owned, |a| a.slot_of(&key(1))).expect("1 is held");
+    // A direct write leaves no page cached: the first read is a `pread`, which caches them, and
+    // the window after it is answered from the mapping.
+    assert_holds_bytes(&store, 1, &block(1, SLOT as usize));
+    assert_eq!(reads(&store), if direct { (0, 0, 1) } else { (1, 0, 0) });
+    let window = store.get_window(&key(1), 100, 5000, SLOT).expect("1 is held");
+    assert_eq!(&window[..], &block(1, SLOT as usize)[100..5100]);
+    assert_eq!(store.disk.with_arena(owned, |a| a.mapped_out()), Some(1));
+    drop(window);
+    for i in [2, 3, 4] {
+        assert!(store.put(key(i), &block(i, SLOT as usize), owned).unwrap());
+    }
+    // 1 is the least recently used: 5 takes its slot, written directly over cached pages.
+    assert!(store.put(key(5), &block(5, SLOT as usize), owned).unwrap());
+    assert_eq!(store.disk.with_arena(owned, |a| a.slot_of(&key(5))), Some(slot1));
+    assert_eq!(store.get(&key(1)), None);
+    let window = store.get_window(&key(5), 100, 5000, SLOT).expect("5 is held");
+    assert_eq!(&window[..], &block(5, SLOT as usize)[100..5100], "the window of the new block");
+    drop(window);
+    assert_holds_bytes(&store, 5, &block(5, SLOT as usize));
+    let window = store.get_window(&key(5), 100, 5000, SLOT).expect("5 is held");
+    assert_eq!(&window[..], &block(5, SLOT as usize)[100..5100], "mapped or copied, the same");
+    drop(window);
+    // A tail of 5,000 bytes replaces 2 (padded to 8 KiB on disk, 5,000 bytes when read).
+    assert!(store.put(key(6), &block(6, 5000), owned).unwrap());
+    assert_eq!(store.get(&key(2)), None);
+    assert_holds_bytes(&store, 6, &block(6, 5000));
+    assert_eq!(store.get_window(&key(6), 0, 5000, SLOT), None, "not a block of the slot's length");
+    store.check_invariants();
+    store.close();
+    drop(store);
+    let store = BlockStore::open(cfg).unwrap();
+    for i in [3, 4, 5] {
+        assert_holds_bytes(&store, i, &block(i, SLOT as usize));
+    }
+    assert_holds_bytes(&store, 6, &block(6, 5000));
+}
+
+#[cfg(target_os = "linux")]
+fn assert_holds_bytes(store: &BlockStore, i: u64, want: &[u8]) {
+    assert_eq!(store.get(&key(i)).as_deref(), Some(want), "block {i}");
+}
+
+/// The production I/O with its direct writes refused as invalid, as a file system that does not
+/// take this alignment refuses them: counts the refusals.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Default)]
+struct RefusingDirectIo {
+    /// The direct handles' descriptors (one per arena).
+    direct: std::sync::Mutex<Vec<i32>>,
+    refused: AtomicU64,
+}
+
+#[cfg(target_os = "linux")]
+impl StoreIo for RefusingDirectIo {
+    fn open_direct(&self, path: &Path) -> Option<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let file = OsIo.open_direct(path)?;
+        self.direct.lock().unwrap().push(file.as_raw_fd());
+        Some(file)
+    }
+
+    fn write_all_at(&self, file: &std::fs::File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        if self.direct.lock().unwrap().contains(&file.as_raw_fd()) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        OsIo.write_all_at(file, buf, offset)
+    }
+}
+
+/// A direct write refused as invalid is written again through the page cache, nothing is lost and
+/// the store stays healthy, and the arena writes buffered from then on (one refusal per arena).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_refused_direct_write_is_written_through_the_page_cache_and_direct_writes_stop() {
+    const SLOT: u64 = 8192;
+    let dir = TestDir::new("direct-refused");
+    let direct = takes_o_direct(&dir);
+    let io = Arc::new(RefusingDirectIo::default());
+    let mut cfg = StoreConfig::new(dir.path(), 3 * SLOT, 0, SLOT);
+    cfg.owned_fraction = Some(2.5 / 3.0);
+    let store = BlockStore::open_with_io(cfg, io.clone()).unwrap();
+    let owned = BlockClass::Owned;
+    for i in 1..=4u64 {
+        let data = vec![i as u8; SLOT as usize];
+        assert!(store.put(key(i), &data, owned).unwrap(), "put {i}");
+        assert_eq!(store.get(&key(i)).as_deref(), Some(&data[..]), "block {i}");
+    }
+    assert_eq!(io.refused.load(Ordering::Relaxed), u64::from(direct), "once, by the owned arena");
+    assert!(!store.disk.with_arena(owned, |a| a.writes_direct()));
+    assert_eq!(store.health().state, HealthState::Healthy);
+    store.check_invariants();
+}
