@@ -63,10 +63,18 @@ fn class_of(len: usize) -> Option<usize> {
     Some((shift - MIN_SHIFT) as usize)
 }
 
-/// A buffer of `len` bytes to write into; its contents before the write are unspecified.
+/// Where a pooled buffer's bytes start: on this boundary (the page size), so that a block gathered
+/// into one can be written to the disk around the page cache (`O_DIRECT`) without a copy into an
+/// aligned buffer first. A pooled buffer is allocated this much longer than its class.
+pub const ALIGN: usize = 4096;
+
+/// A buffer of `len` bytes to write into; its contents before the write are unspecified. A pooled
+/// one (a class's) starts on an [`ALIGN`] boundary.
 #[derive(Debug)]
 pub struct Buf {
     data: Vec<u8>,
+    /// Where the bytes start in `data` (0 for a plain buffer).
+    start: usize,
     len: usize,
     class: Option<usize>,
 }
@@ -82,16 +90,18 @@ impl Buf {
             Some(data)
         });
         let data = reused.unwrap_or_else(|| match class {
-            Some(c) => vec![0; 1 << (c as u32 + MIN_SHIFT)],
+            Some(c) => vec![0; (1 << (c as u32 + MIN_SHIFT)) + ALIGN],
             None => vec![0; len],
         });
-        debug_assert!(data.len() >= len);
-        Buf { data, len, class }
+        // A `Vec` never moves its bytes while it is not grown: the offset holds for its life.
+        let start = if class.is_some() { data.as_ptr().align_offset(ALIGN) } else { 0 };
+        debug_assert!(data.len() >= start + len);
+        Buf { data, start, len, class }
     }
 
     /// The `len` bytes to write into.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.data[..self.len]
+        &mut self.data[self.start..self.start + self.len]
     }
 
     /// The bytes it hands out: `len` at first.
@@ -123,7 +133,7 @@ impl Buf {
 
 impl AsRef<[u8]> for Buf {
     fn as_ref(&self) -> &[u8] {
-        &self.data[..self.len]
+        &self.data[self.start..self.start + self.len]
     }
 }
 

@@ -304,8 +304,9 @@ const DIRECT_ALIGN: u64 = 4096;
 /// slot runs during its write (the slot is reserved, [`Arena::begin_insert`]). Headers and the
 /// superblock stay buffered: they lie before `data_start`, on pages of their own.
 ///
-/// The buffer is one block (plus alignment) per arena, allocated at the first direct write and
-/// kept. A block shorter than its slot (an object's last) is written padded with zeros to the
+/// Bytes that start on the alignment and fill whole units (a block gathered into a pooled
+/// buffer, `dart_core::bufpool::ALIGN`) are written as they are; others are copied into a buffer
+/// of one block (plus alignment) per arena, allocated at its first use and kept. A block shorter than its slot (an object's last) is written padded with zeros to the
 /// alignment; the slot's header and index keep its true length. A direct write the kernel refuses
 /// as invalid (`EINVAL`: an alignment this file system does not take) is written again through the
 /// page cache, and the arena writes buffered from then on.
@@ -315,6 +316,8 @@ pub(crate) struct Writer {
     direct: Option<File>,
     /// The bytes of a direct write, at an aligned start inside (`Vec` guarantees no alignment).
     buffer: Vec<u8>,
+    /// Direct writes made from the caller's bytes, which were aligned already: no copy.
+    aligned_as_is: u64,
 }
 
 impl Writer {
@@ -328,14 +331,21 @@ impl Writer {
     ) -> io::Result<()> {
         if let Some(direct) = self.direct.as_ref().filter(|_| offset % DIRECT_ALIGN == 0) {
             let align = DIRECT_ALIGN as usize;
-            let padded = data.len().div_ceil(align) * align;
-            if self.buffer.len() < padded + align {
-                self.buffer = vec![0; padded + align];
-            }
-            let start = self.buffer.as_ptr().align_offset(align);
-            let out = &mut self.buffer[start..start + padded];
-            out[..data.len()].copy_from_slice(data);
-            out[data.len()..].fill(0);
+            let out = if data.as_ptr().align_offset(align) == 0 && data.len() % align == 0 {
+                // A whole block gathered into a pooled buffer (`dart_core::bufpool::ALIGN`).
+                self.aligned_as_is += 1;
+                data
+            } else {
+                let padded = data.len().div_ceil(align) * align;
+                if self.buffer.len() < padded + align {
+                    self.buffer = vec![0; padded + align];
+                }
+                let start = self.buffer.as_ptr().align_offset(align);
+                let out = &mut self.buffer[start..start + padded];
+                out[..data.len()].copy_from_slice(data);
+                out[data.len()..].fill(0);
+                out
+            };
             match io.write_all_at(direct, out, offset) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     tracing::warn!(error = %e, "O_DIRECT write refused: block data written through the page cache from now on");
@@ -950,6 +960,12 @@ impl Arena {
     #[cfg(test)]
     pub(crate) fn writes_direct(&self) -> bool {
         lock(&self.writer).direct.is_some()
+    }
+
+    /// Direct writes made from the caller's bytes as they were ([`Writer`]).
+    #[cfg(test)]
+    pub(crate) fn direct_writes_as_is(&self) -> u64 {
+        lock(&self.writer).aligned_as_is
     }
 
     pub(crate) fn mapped_out(&self) -> Option<u32> {

@@ -1333,7 +1333,8 @@ fn takes_o_direct(dir: &TestDir) -> bool {
 #[cfg(target_os = "linux")]
 #[test]
 fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
-    const SLOT: u64 = 8192;
+    // Large enough for a pooled buffer (`dart_core::bufpool`).
+    const SLOT: u64 = 64 << 10;
     let dir = TestDir::new("direct");
     let direct = takes_o_direct(&dir);
     let block = |i: u64, len: usize| -> Vec<u8> {
@@ -1374,16 +1375,26 @@ fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
     let window = store.get_window(&key(5), 100, 5000, SLOT).expect("5 is held");
     assert_eq!(&window[..], &block(5, SLOT as usize)[100..5100], "mapped or copied, the same");
     drop(window);
-    // A tail of 5,000 bytes replaces 2 (padded to 8 KiB on disk, 5,000 bytes when read).
+    assert_eq!(store.disk.with_arena(owned, |a| a.direct_writes_as_is()), 0, "copied: unaligned");
+    // A block in a pooled buffer starts aligned: written as it is, and read back exactly.
+    let mut pooled = dart_core::bufpool::Buf::take(SLOT as usize);
+    pooled.as_mut_slice().copy_from_slice(&block(7, SLOT as usize));
+    let pooled = pooled.freeze();
+    assert!(store.put_bytes(key(7), &pooled, owned).unwrap());
+    let as_is = store.disk.with_arena(owned, |a| a.direct_writes_as_is());
+    assert_eq!(as_is, u64::from(direct), "no copy when aligned");
+    assert_holds_bytes(&store, 7, &block(7, SLOT as usize));
+    // A tail of 5,000 bytes replaces 3 (padded to 8 KiB on disk, 5,000 bytes when read).
+    assert_eq!(store.get(&key(2)), None, "7 took the slot of 2");
     assert!(store.put(key(6), &block(6, 5000), owned).unwrap());
-    assert_eq!(store.get(&key(2)), None);
+    assert_eq!(store.get(&key(3)), None);
     assert_holds_bytes(&store, 6, &block(6, 5000));
     assert_eq!(store.get_window(&key(6), 0, 5000, SLOT), None, "not a block of the slot's length");
     store.check_invariants();
     store.close();
     drop(store);
     let store = BlockStore::open(cfg).unwrap();
-    for i in [3, 4, 5] {
+    for i in [4, 5, 7] {
         assert_holds_bytes(&store, i, &block(i, SLOT as usize));
     }
     assert_holds_bytes(&store, 6, &block(6, 5000));
