@@ -331,7 +331,7 @@ echo
 printf 'cold whole read against the origin read directly (%.1f MB/s), medians of the objects'"'"' ratios (range): dart (RAM tier on) %.2fx (%s), dart (disk tier only) %.2fx (%s), nginx %.2fx (%s)\n' \
   "$c_origin" "$(med "${cd_ram[@]}")" "$(rng "${cd_ram[@]}")" "$(med "${cd_disk[@]}")" "$(rng "${cd_disk[@]}")" \
   "$(med "${cd_nginx[@]}")" "$(rng "${cd_nginx[@]}")"
-echo "page-cache write of ${OBJECT_MIB} MiB beside the caches (dd, bs=4M): ${c_write} MB/s (each cache also writes every cold byte it serves)"
+echo "page-cache write of ${OBJECT_MIB} MiB beside the caches (dd, bs=4M): ${c_write} MB/s (nginx writes every cold byte it serves through the page cache, dart around it with O_DIRECT unless --buffered-writes)"
 echo
 echo "The servers' CPU time (user + system, from /proc; nginx: master and workers), medians of the rounds; lower is better, and a ratio below 1 means dart spent less:"
 echo

@@ -181,7 +181,8 @@ impl BlockCache for crate::store::BlockStore {
 }
 
 /// Opens the disk-backed store for a node: cold (arenas truncated) unless `warm_start`, which
-/// keeps verified blocks and drops torn ones (see [`crate::store`]).
+/// keeps verified blocks and drops torn ones (see [`crate::store`]); block data written around the
+/// page cache unless `buffered_writes` ([`crate::store::StoreConfig::direct_writes`]).
 pub fn open_disk_cache(
     dir: &std::path::Path,
     cache_bytes: u64,
@@ -189,9 +190,11 @@ pub fn open_disk_cache(
     block_bytes: u64,
     owned_fraction: Option<f64>,
     warm_start: bool,
+    buffered_writes: bool,
 ) -> Result<std::sync::Arc<crate::store::BlockStore>, crate::store::StoreError> {
     let mut config = crate::store::StoreConfig::new(dir, cache_bytes, mem_bytes, block_bytes);
     config.owned_fraction = owned_fraction;
+    config.direct_writes = !buffered_writes;
     if warm_start {
         config.warm_start = crate::store::WarmStart::Verify;
     }

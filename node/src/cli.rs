@@ -100,6 +100,11 @@ pub struct NodeFlags {
     /// dropped at first look-up and read afresh.
     #[arg(long)]
     pub warm_start: bool,
+    /// Write cached blocks through the page cache. Off: blocks are written around it (O_DIRECT)
+    /// where the file system takes it, which costs a cold read about half the CPU; a block so
+    /// written is read from the disk, not memory, at its first disk-tier hit.
+    #[arg(long)]
+    pub buffered_writes: bool,
     /// Chunk size (placement unit).
     #[arg(long, default_value = "256MiB", value_parser = size)]
     pub chunk_size: u64,

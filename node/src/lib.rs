@@ -226,6 +226,7 @@ pub async fn start_on<S: Seam>(
             flags.block_size,
             flags.owned_fraction,
             flags.warm_start,
+            flags.buffered_writes,
         )
         .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?,
     };

@@ -329,9 +329,9 @@ impl Writer {
         data: &[u8],
         offset: u64,
     ) -> io::Result<()> {
-        if let Some(direct) = self.direct.as_ref().filter(|_| offset % DIRECT_ALIGN == 0) {
+        if let Some(direct) = self.direct.as_ref().filter(|_| offset.is_multiple_of(DIRECT_ALIGN)) {
             let align = DIRECT_ALIGN as usize;
-            let out = if data.as_ptr().align_offset(align) == 0 && data.len() % align == 0 {
+            let out = if data.as_ptr().align_offset(align) == 0 && data.len().is_multiple_of(align) {
                 // A whole block gathered into a pooled buffer (`dart_core::bufpool::ALIGN`).
                 self.aligned_as_is += 1;
                 data
@@ -495,7 +495,7 @@ impl Arena {
         };
         // Opened only now: `reset` may have replaced the file.
         let direct = arena.io.open_direct(&arena.path);
-        lock(&arena.writer).direct = direct.filter(|_| block_bytes % DIRECT_ALIGN == 0);
+        lock(&arena.writer).direct = direct.filter(|_| block_bytes.is_multiple_of(DIRECT_ALIGN));
         // Mapped only now: the file has its final length, and is never truncated again while
         // this process has it open (`crate::mapped`'s contract).
         if let Some(file) = &arena.file {
@@ -954,12 +954,14 @@ impl Arena {
         self.lru.unlink(slot);
     }
 
-    /// Mapped answers out now ([`SlotRead::try_map`]).
-    #[cfg(test)]
     /// Whether block data is written around the page cache ([`Writer`]).
-    #[cfg(test)]
     pub(crate) fn writes_direct(&self) -> bool {
         lock(&self.writer).direct.is_some()
+    }
+
+    /// Writes block data through the page cache from now on ([`Writer`]).
+    pub(crate) fn write_buffered(&mut self) {
+        lock(&self.writer).direct = None;
     }
 
     /// Direct writes made from the caller's bytes as they were ([`Writer`]).
@@ -968,6 +970,8 @@ impl Arena {
         lock(&self.writer).aligned_as_is
     }
 
+    /// Mapped answers out now ([`SlotRead::try_map`]).
+    #[cfg(test)]
     pub(crate) fn mapped_out(&self) -> Option<u32> {
         self.mapped.as_ref().map(|m| m.out.load(Ordering::Relaxed))
     }

@@ -41,6 +41,9 @@ pub struct StoreConfig {
     pub owned_fraction: Option<f64>,
     /// What to do with the previous run's arena files.
     pub warm_start: WarmStart,
+    /// Write block data around the page cache (`O_DIRECT`) where the file system takes it
+    /// (`arena::Writer`); `false`: through the page cache. `true` by default.
+    pub direct_writes: bool,
 }
 
 impl StoreConfig {
@@ -58,6 +61,7 @@ impl StoreConfig {
             block_bytes,
             owned_fraction: None,
             warm_start: WarmStart::Cold,
+            direct_writes: true,
         }
     }
 }

@@ -179,7 +179,8 @@ impl BlockStore {
     ) -> Result<BlockStore, StoreError> {
         let budgets = Budgets::from_config(&config)?;
         let dir_lock = dirlock::acquire(&config.dir)?;
-        let (disk, [owned, borrowed]) = Tiered::open(&config.dir, &budgets, config.warm_start, io)?;
+        let (disk, [owned, borrowed]) =
+            Tiered::open(&config.dir, &budgets, config.warm_start, config.direct_writes, io)?;
         let block_bytes = usize::try_from(budgets.block_bytes).expect("block size fits in memory");
         let mem = (budgets.mem_slots >= 1)
             .then(|| Mutex::new(MemTier::new(budgets.mem_slots, block_bytes)));
@@ -193,6 +194,7 @@ impl BlockStore {
             kept = owned.kept + borrowed.kept,
             dropped = owned.dropped + borrowed.dropped,
             rebuilt = owned.rebuilt || borrowed.rebuilt,
+            direct_writes = disk.writes_direct(),
             "block store open",
         );
         Ok(BlockStore {

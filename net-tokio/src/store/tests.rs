@@ -1457,3 +1457,21 @@ fn a_refused_direct_write_is_written_through_the_page_cache_and_direct_writes_st
     assert_eq!(store.health().state, HealthState::Healthy);
     store.check_invariants();
 }
+
+/// `direct_writes: false` (the node's `--buffered-writes`) writes block data through the page cache
+/// even where the file system takes `O_DIRECT`: a block just put is a page-cache hit.
+#[cfg(target_os = "linux")]
+#[test]
+fn buffered_writes_leave_the_block_in_the_page_cache() {
+    const SLOT: u64 = 64 << 10;
+    let dir = TestDir::new("buffered");
+    let mut cfg = StoreConfig::new(dir.path(), 5 * SLOT, 0, SLOT);
+    cfg.direct_writes = false;
+    let store = BlockStore::open(cfg).unwrap();
+    assert!(!store.disk.writes_direct());
+    let data = vec![7u8; SLOT as usize];
+    assert!(store.put(key(1), &data, BlockClass::Owned).unwrap());
+    assert_eq!(store.get(&key(1)).as_deref(), Some(&data[..]));
+    let stats = store.stats();
+    assert_eq!(stats.disk_reads_blocking, 0, "read from the page cache, not the disk");
+}

@@ -116,11 +116,13 @@ enum Op {
 
 impl Tiered {
     /// Opens both arena files in `dir` (the caller holds the directory lock), doing their I/O
-    /// through `io`.
+    /// through `io`, their block data written around the page cache if `direct` and the file
+    /// system takes it.
     pub(crate) fn open(
         dir: &Path,
         budgets: &Budgets,
         warm: WarmStart,
+        direct: bool,
         io: Arc<dyn StoreIo>,
     ) -> Result<(Tiered, [LoadReport; 2]), StoreError> {
         let block = budgets.block_bytes;
@@ -140,6 +142,10 @@ impl Tiered {
             warm,
             io.clone(),
         )?;
+        if !direct {
+            owned.write_buffered();
+            borrowed.write_buffered();
+        }
         if budgets.mem_slots == 0 {
             // No RAM tier to keep a whole block after its read: whole blocks may be mapped too.
             owned.map_whole_blocks();
@@ -584,6 +590,11 @@ impl Tiered {
     #[cfg(test)]
     pub(crate) fn pin(&self, class: BlockClass, key: &BlockKey) -> Option<SlotRead> {
         self.with_arena_mut(class, |arena| arena.begin_read(key, None, false))
+    }
+
+    /// Whether the owned arena writes block data around the page cache (both do alike).
+    pub(crate) fn writes_direct(&self) -> bool {
+        lock(&self.owned).writes_direct()
     }
 
     /// Runs `f` on the arena of `class`.
