@@ -331,7 +331,8 @@ impl Writer {
     ) -> io::Result<()> {
         if let Some(direct) = self.direct.as_ref().filter(|_| offset.is_multiple_of(DIRECT_ALIGN)) {
             let align = DIRECT_ALIGN as usize;
-            let out = if data.as_ptr().align_offset(align) == 0 && data.len().is_multiple_of(align) {
+            let out = if data.as_ptr().align_offset(align) == 0 && data.len().is_multiple_of(align)
+            {
                 // A whole block gathered into a pooled buffer (`dart_core::bufpool::ALIGN`).
                 self.aligned_as_is += 1;
                 data

@@ -45,7 +45,9 @@
 //! bytes outside it, and publishes the key under it again; a delete of a key being written wins
 //! (the write is then not published). So reads and writes of one arena overlap. Block writes into
 //! one arena's file are one at a time, behind a leaf lock of their own (the file system serializes
-//! buffered writes of a file anyway, and a writer waiting there spins on a CPU). Inside the lock
+//! buffered writes of a file anyway, and a writer waiting there spins on a CPU); block data goes
+//! to the disk around the page cache (`O_DIRECT`) unless [`StoreConfig::direct_writes`] is off or
+//! the file system refuses it, headers through it (the arena's `Writer`). Inside the lock
 //! stay the bookkeeping, a read answered from the page cache (`preadv2` with `RWF_NOWAIT`, bounded
 //! by a copy) and a 64-byte header invalidation (the read of a borrowed block that an owned put
 //! moves over is pinned too). Whether a key is held can be asked without the arena's lock: each
