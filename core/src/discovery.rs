@@ -289,8 +289,13 @@ pub struct Directory {
     timing: Timing,
     /// Seed addresses last resolved (static seeds: the list).
     resolved: Vec<String>,
-    /// Members met directly, self excluded.
+    /// Members met directly, self excluded. Changed only through [`Directory::record`],
+    /// [`Directory::drop_member`] and [`Directory::forget`], which keep `by_addr` with it.
     members: BTreeMap<String, Known>,
+    /// The member recorded at each address of `members` (one per address): the look-ups of an
+    /// answer by address are O(log members), not a walk of them (a round asks every member, so a
+    /// walk per answer made a round's cost grow with the square of the membership).
+    by_addr: BTreeMap<String, String>,
     /// Addresses heard of (not yet met), with when they were last heard.
     heard: BTreeMap<String, Instant>,
     round: Option<Round>,
@@ -342,6 +347,7 @@ impl Directory {
             timing,
             resolved,
             members: BTreeMap::new(),
+            by_addr: BTreeMap::new(),
             heard: BTreeMap::new(),
             round: None,
             resolving: None,
@@ -514,14 +520,14 @@ impl Directory {
     /// change answers 304 with no body ([`Directory::unchanged`]).
     pub fn tag_for(&self, addr: &str) -> Option<&str> {
         let tag = self.tags.get(addr)?;
-        self.members.values().any(|k| k.addr == addr).then_some(tag.as_str())
+        self.by_addr.contains_key(addr).then_some(tag.as_str())
     }
 
     /// Remembers `tag` as the tag of the whole roster `addr` just answered (its `ETag`; `None`
     /// forgets it: a responder that sent none).
     pub fn note_tag(&mut self, addr: &str, tag: Option<String>) {
         match tag {
-            Some(tag) if self.members.values().any(|k| k.addr == addr) => {
+            Some(tag) if self.by_addr.contains_key(addr) => {
                 self.tags.insert(addr.to_owned(), tag);
             }
             _ => {
@@ -588,7 +594,7 @@ impl Directory {
         if self.departed.len() < MEMBERS_MAX {
             self.departed.insert(id.to_owned(), now.saturating_add(self.timing.interval));
         }
-        self.members.remove(id);
+        self.drop_member(id);
         self.heard.remove(addr);
         self.stats.left += 1;
         self.publish();
@@ -624,21 +630,34 @@ impl Directory {
             return false;
         }
         // Whoever was recorded at this address is not there any more.
-        let stale: Vec<String> = self
-            .members
-            .iter()
-            .filter(|(other, k)| other.as_str() != id && k.addr == addr)
-            .map(|(other, _)| other.clone())
-            .collect();
-        for other in stale {
-            self.members.remove(&other);
+        if let Some(other) = self.by_addr.get(addr).filter(|other| other.as_str() != id).cloned() {
+            self.drop_member(&other);
             self.stats.displaced += 1;
         }
         self.heard.remove(addr);
         let weight = if weight > 0.0 { weight } else { 1.0 };
-        self.members
-            .insert(id.to_owned(), Known { addr: addr.to_owned(), weight, last_contact: now });
+        self.record(id, Known { addr: addr.to_owned(), weight, last_contact: now });
         true
+    }
+
+    /// Records member `id` as `known` (replacing what was recorded for it), keeping `by_addr`: the
+    /// caller has dropped any other member recorded at the same address.
+    fn record(&mut self, id: &str, known: Known) {
+        let addr = known.addr.clone();
+        if let Some(old) = self.members.insert(id.to_owned(), known) {
+            if old.addr != addr {
+                self.by_addr.remove(&old.addr);
+            }
+        }
+        let displaced = self.by_addr.insert(addr, id.to_owned());
+        debug_assert!(displaced.is_none_or(|other| other == id), "one member per address");
+    }
+
+    /// Drops member `id`, and its address from `by_addr`.
+    fn drop_member(&mut self, id: &str) {
+        if let Some(k) = self.members.remove(id) {
+            self.by_addr.remove(&k.addr);
+        }
     }
 
     fn hear(&mut self, addr: &str, now: Instant) {
@@ -652,7 +671,14 @@ impl Directory {
     fn forget(&mut self, now: Instant) {
         let forget_after = self.timing.forget_after;
         let before = self.members.len();
-        self.members.retain(|_, k| now.saturating_duration_since(k.last_contact) <= forget_after);
+        let by_addr = &mut self.by_addr;
+        self.members.retain(|_, k| {
+            let keep = now.saturating_duration_since(k.last_contact) <= forget_after;
+            if !keep {
+                by_addr.remove(&k.addr);
+            }
+            keep
+        });
         self.stats.forgotten += (before - self.members.len()) as u64;
         self.heard.retain(|_, heard| now.saturating_duration_since(*heard) <= forget_after);
     }
@@ -664,8 +690,8 @@ impl Directory {
         let round = self.round.take().expect("a round to end");
         self.forget(now);
         let met = std::mem::take(&mut self.met) + self.publish();
-        let addrs: BTreeSet<&String> = self.members.values().map(|k| &k.addr).collect();
-        self.tags.retain(|addr, _| addrs.contains(addr));
+        let by_addr = &self.by_addr;
+        self.tags.retain(|addr, _| by_addr.contains_key(addr));
         // Alone: no seed answered yet (a boot where this node came up first).
         let alone = self.view.members().len() == 1;
         let far_from_whole = alone || (met > 0 && met * 4 >= self.settled);
@@ -712,9 +738,16 @@ impl Directory {
         assert!(self.members.len() <= MEMBERS_MAX && self.heard.len() <= HEARD_MAX);
         assert!(self.tags.len() <= MEMBERS_MAX + ROUND_ASKS_MAX, "tags past their bound");
         let mut addrs = BTreeSet::new();
-        for k in self.members.values() {
+        for (id, k) in &self.members {
             assert!(addrs.insert(&k.addr), "one member per address");
+            assert_eq!(
+                self.by_addr.get(&k.addr),
+                Some(id),
+                "by_addr names the member at {}",
+                k.addr
+            );
         }
+        assert_eq!(self.by_addr.len(), self.members.len(), "by_addr holds only members' addresses");
         if let Some(r) = &self.round {
             assert!(r.pending.is_subset(&r.asked) && self.resolving.is_none());
         }

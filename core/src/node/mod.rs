@@ -766,6 +766,9 @@ impl Node {
         if let Some(registry) = &self.registry {
             registry.check_invariants();
         }
+        if let Some(directory) = &self.directory {
+            directory.check_invariants();
+        }
         self.flights.check_invariants();
         assert!(self.live_requests() <= REQUESTS_MAX, "requests above their bound");
         // Every record is in the order the bound forgets by (checked by count: a scan per
