@@ -152,7 +152,14 @@ impl Cluster {
                     ..
                 } => {
                     // Peers answer at once here: no hedge is ever due.
-                    let ask = Ask { key, url: &url, held_only, hop, expected: expected_len, told };
+                    let ask = Ask {
+                        key,
+                        url: &url,
+                        held_only,
+                        hop,
+                        expected: expected_len,
+                        told: told.map(|t| *t),
+                    };
                     let answer = self.serve_peer(&peer.addr, ask);
                     if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
                         // The peer's 200 head arrived: commit ours and forward as bytes arrive.

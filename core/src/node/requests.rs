@@ -525,6 +525,7 @@ impl Node {
                 cut_through,
             } => {
                 let expected = expected_len;
+                let told = told.map(|told| *told);
                 let fetch = super::peer::PeerFetch { key, url, hop, expected, held_only, told };
                 self.fetch_peer(
                     rid,
@@ -574,7 +575,7 @@ impl Node {
             }
             Action::StoreWhenConfirmed { key, data, class, told } => {
                 let object = self.requests[&rid].read.object().clone();
-                self.park(super::Parked { object, key, data, class, told });
+                self.park(super::Parked { object, key, data, class, told: *told });
             }
             Action::Emit(data) => {
                 if !req.cancelled {
