@@ -293,29 +293,29 @@ impl Drop for SlotRead {
 const DIRECT_ALIGN: u64 = 4096;
 
 /// An arena's block writer (behind [`Arena::writer`]): the arena file opened a second time with
-/// `O_DIRECT`, when the file system allows it, and the aligned buffer its writes go through.
+/// `O_DIRECT`, when the file system allows it.
 ///
 /// Why around the page cache: a block written through it costs the writer a copy into new
 /// page-cache pages, each zeroed first, and the kernel's dirty-page accounting, the larger part
 /// of a cold read's CPU on our machines (docs/benchmarks.md, "Cold reads write around the page
-/// cache"); a direct write costs a copy into this buffer and the device's transfer. Reads still go
+/// cache"); a direct write costs at most a copy into an aligned buffer and the device's transfer. Reads still go
 /// through the page cache (`pread`, the mapping): the kernel writes back and then drops any cached
 /// page of the range around a direct write, so a later read sees the new bytes, and no read of the
 /// slot runs during its write (the slot is reserved, [`Arena::begin_insert`]). Headers and the
 /// superblock stay buffered: they lie before `data_start`, on pages of their own.
 ///
 /// Bytes that start on the alignment and fill whole units (a block gathered into a pooled
-/// buffer, `dart_core::bufpool::ALIGN`) are written as they are; others are copied into a buffer
-/// of one block (plus alignment) per arena, allocated at its first use and kept. A block shorter than its slot (an object's last) is written padded with zeros to the
-/// alignment; the slot's header and index keep its true length. A direct write the kernel refuses
+/// buffer, `dart_core::bufpool::ALIGN`) are written as they are; others (a block that came in one
+/// piece, an object's last block) are copied into a pooled buffer for the write, which goes back
+/// to the pool after it (below the pool's smallest class, into a buffer of their own). A block
+/// shorter than its slot is written padded with zeros to the alignment; the slot's header and
+/// index keep its true length. A direct write the kernel refuses
 /// as invalid (`EINVAL`: an alignment this file system does not take) is written again through the
 /// page cache, and the arena writes buffered from then on.
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
     /// The `O_DIRECT` handle; `None`: every write goes through the page cache.
     direct: Option<File>,
-    /// The bytes of a direct write, at an aligned start inside (`Vec` guarantees no alignment).
-    buffer: Vec<u8>,
     /// Direct writes made from the caller's bytes, which were aligned already: no copy.
     aligned_as_is: u64,
 }
@@ -331,6 +331,7 @@ impl Writer {
     ) -> io::Result<()> {
         if let Some(direct) = self.direct.as_ref().filter(|_| offset.is_multiple_of(DIRECT_ALIGN)) {
             let align = DIRECT_ALIGN as usize;
+            let (mut copy, mut small);
             let out = if data.as_ptr().align_offset(align) == 0 && data.len().is_multiple_of(align)
             {
                 // A whole block gathered into a pooled buffer (`dart_core::bufpool::ALIGN`).
@@ -338,11 +339,15 @@ impl Writer {
                 data
             } else {
                 let padded = data.len().div_ceil(align) * align;
-                if self.buffer.len() < padded + align {
-                    self.buffer = vec![0; padded + align];
-                }
-                let start = self.buffer.as_ptr().align_offset(align);
-                let out = &mut self.buffer[start..start + padded];
+                copy = Buf::take(padded);
+                let out = if copy.as_mut_slice().as_ptr().align_offset(align) == 0 {
+                    copy.as_mut_slice()
+                } else {
+                    // Below the pool's classes: a plain buffer, aligned by hand.
+                    small = vec![0; padded + align];
+                    let start = small.as_ptr().align_offset(align);
+                    &mut small[start..start + padded]
+                };
                 out[..data.len()].copy_from_slice(data);
                 out[data.len()..].fill(0);
                 out
@@ -409,7 +414,7 @@ pub(crate) struct Arena {
     /// one at a time: the file system serializes buffered writes of one file anyway (the inode's
     /// lock), and a writer that waits there spins on a CPU (4-6 % of a node's CPU during cold
     /// reads, measured); one that waits here sleeps. A leaf lock, taken with no other held. It
-    /// owns the file's `O_DIRECT` handle and its aligned buffer ([`Writer`]).
+    /// owns the file's `O_DIRECT` handle ([`Writer`]).
     writer: Arc<Mutex<Writer>>,
     layout: Layout,
     /// Superblock tag that keeps the owned and borrowed files from being swapped.
