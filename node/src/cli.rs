@@ -101,8 +101,9 @@ pub struct NodeFlags {
     #[arg(long)]
     pub warm_start: bool,
     /// Write cached blocks through the page cache. Off: blocks are written around it (O_DIRECT)
-    /// where the file system takes it, which costs a cold read about half the CPU; a block so
-    /// written is read from the disk, not memory, at its first disk-tier hit.
+    /// where the file system takes it, which cut a cold read's CPU to about a quarter on our
+    /// machines (docs/benchmarks.md); a block so written is read from the disk, not memory, at its
+    /// first disk-tier hit.
     #[arg(long)]
     pub buffered_writes: bool,
     /// Chunk size (placement unit).
