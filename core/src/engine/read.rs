@@ -558,11 +558,11 @@ pub struct Read {
     head_sent: bool,
     /// The client head, held until the first body bytes are in hand (a failure before then is
     /// a clean status; an object that changed before then is read again).
-    pending_head: Option<ResponseHead>,
+    pending_head: Option<Box<ResponseHead>>,
     restarts: u8,
     /// The version of the object this read serves (the validators its head names, or a relay's
     /// when it set out): every block it uses must be of it.
-    version: Option<ObjectMeta>,
+    version: Option<Box<ObjectMeta>>,
     /// This read has probed the origin (it never probes twice for one answer).
     probed: bool,
     /// What this read would use if its revalidating probe finds the origin unavailable
@@ -586,7 +586,7 @@ pub struct Read {
     /// origin.
     origin_only: bool,
     /// For a relay: the object as its requester named it ([`Read::set_told`]).
-    told: Option<Told>,
+    told: Option<Box<Told>>,
     /// The read works under `told`'s size and version, not under what the engine learnt.
     under_told: bool,
     /// A background probe ([`Engine::begin_learn`]): it ends when the probe answered.
@@ -708,7 +708,7 @@ impl Read {
     /// once the probe contradicts it, the relay declines. The requester checks every byte it
     /// gets against its own knowledge, as it does every relay's.
     pub fn set_told(&mut self, told: Option<Told>) {
-        self.told = told;
+        self.told = told.map(Box::new);
     }
 
     /// The object's identity.
@@ -720,7 +720,7 @@ impl Read {
     /// (a relay's: those it knew when it set out). A block of another version must never join
     /// it; the shell refuses peer answers and origin windows that name another.
     pub fn version(&self) -> Option<&ObjectMeta> {
-        self.version.as_ref()
+        self.version.as_deref()
     }
 
     pub(super) fn set_ahead(&mut self) {
@@ -784,7 +784,7 @@ impl Read {
     /// The validators a relay's head names: those of the version it serves.
     fn head_meta(&self, engine: &Engine) -> ObjectMeta {
         match &self.version {
-            Some(v) => v.clone(),
+            Some(v) => ObjectMeta::clone(v),
             None => engine.meta_of(&self.object.id).cloned().unwrap_or_default(),
         }
     }
@@ -885,7 +885,7 @@ impl Read {
         self.content_length = len;
         // A held block is of the version the node reads now.
         let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
-        self.version = Some(meta.clone());
+        self.version = Some(Box::new(meta.clone()));
         self.out.push_back(Action::Respond(ResponseHead {
             status: 200,
             content_length: len,
@@ -1038,7 +1038,6 @@ impl Read {
             Some(true) => self.out.push_back(Action::Store { key, data, class }),
             None => {
                 let told = self.told.clone().expect("a read under a told size was told one");
-                let told = Box::new(told);
                 self.out.push_back(Action::StoreWhenConfirmed { key, data, class, told });
             }
             Some(false) => engine.stats.relay_told_unstored += 1,
@@ -1062,8 +1061,8 @@ impl Read {
         };
         self.content_length = expected;
         self.version = match (&self.told, self.under_told) {
-            (Some(told), true) => Some(told.meta.clone()),
-            _ => engine.meta_of(&self.object.id).cloned(),
+            (Some(told), true) => Some(Box::new(told.meta.clone())),
+            _ => engine.meta_of(&self.object.id).cloned().map(Box::new),
         };
         // The store was already consulted: go straight to the upstreams.
         let upstreams = self.ordered_upstreams(engine, key, now);
@@ -1321,7 +1320,7 @@ impl Read {
             told: (!held_only && self.size > 0).then(|| {
                 Box::new(Told {
                     size: self.size,
-                    meta: self.version.as_ref().map(ObjectMeta::validators).unwrap_or_default(),
+                    meta: self.version.as_deref().map(ObjectMeta::validators).unwrap_or_default(),
                 })
             }),
             cut_through: self.is_relay() && engine.config.cut_through,
@@ -2111,7 +2110,7 @@ impl Read {
         let method = *method;
         self.size = size;
         let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
-        self.version = Some(meta.clone());
+        self.version = Some(Box::new(meta.clone()));
         let validators =
             Validators { etag: meta.etag.as_deref(), last_modified: meta.last_modified.as_deref() };
         let verdict =
@@ -2153,7 +2152,7 @@ impl Read {
             },
         };
         self.content_length = head.content_length;
-        self.pending_head = Some(head);
+        self.pending_head = Some(Box::new(head));
         if method == Method::Head {
             self.segments = None;
             self.content_length = 0;
@@ -2165,7 +2164,7 @@ impl Read {
     fn answer_without_body(&mut self, head: ResponseHead) {
         self.segments = None;
         self.content_length = 0;
-        self.pending_head = Some(head);
+        self.pending_head = Some(Box::new(head));
         self.finish();
     }
 
@@ -2173,7 +2172,7 @@ impl Read {
     fn commit_head(&mut self) {
         if let Some(head) = self.pending_head.take() {
             self.head_sent = true;
-            self.out.push_back(Action::Respond(head));
+            self.out.push_back(Action::Respond(*head));
         }
     }
 
