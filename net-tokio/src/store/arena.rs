@@ -298,20 +298,21 @@ const DIRECT_ALIGN: u64 = 4096;
 /// Why around the page cache: a block written through it costs the writer a copy into new
 /// page-cache pages, each zeroed first, and the kernel's dirty-page accounting, the larger part
 /// of a cold read's CPU on our machines (docs/benchmarks.md, "Cold reads write around the page
-/// cache"); a direct write costs at most a copy into an aligned buffer and the device's transfer. Reads still go
-/// through the page cache (`pread`, the mapping): the kernel writes back and then drops any cached
-/// page of the range around a direct write, so a later read sees the new bytes, and no read of the
-/// slot runs during its write (the slot is reserved, [`Arena::begin_insert`]). Headers and the
-/// superblock stay buffered: they lie before `data_start`, on pages of their own.
+/// cache"); a direct write costs at most a copy into an aligned buffer and the device's transfer.
+/// Reads still go through the page cache (`pread`, the mapping): the kernel writes back and then
+/// drops any cached page of the range around a direct write, so a later read sees the new bytes,
+/// and no read of the slot runs during its write (the slot is reserved, [`Arena::begin_insert`]).
+/// Headers and the superblock stay buffered: they lie before `data_start`, on pages of their own.
 ///
 /// Bytes that start on the alignment and fill whole units (a block gathered into a pooled
 /// buffer, `dart_core::bufpool::ALIGN`) are written as they are; others (a block that came in one
 /// piece, an object's last block) are copied into a pooled buffer for the write, which goes back
 /// to the pool after it (below the pool's smallest class, into a buffer of their own). A block
 /// shorter than its slot is written padded with zeros to the alignment; the slot's header and
-/// index keep its true length. A direct write the kernel refuses
-/// as invalid (`EINVAL`: an alignment this file system does not take) is written again through the
-/// page cache, and the arena writes buffered from then on.
+/// index keep its true length. A direct write the kernel refuses as invalid (`EINVAL`: an
+/// alignment this file system does not take) is written again through the page cache, and the
+/// arena writes buffered from then on. The handle is closed when the arena is dropped, not at
+/// [`Arena::close`] (a write in progress may still hold the writer).
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
     /// The `O_DIRECT` handle; `None`: every write goes through the page cache.
@@ -354,7 +355,10 @@ impl Writer {
             };
             match io.write_all_at(direct, out, offset) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::warn!(error = %e, "O_DIRECT write refused: block data written through the page cache from now on");
+                    tracing::warn!(
+                        error = %e,
+                        "O_DIRECT write refused: block data written through the page cache now"
+                    );
                     self.direct = None;
                 }
                 done => return done,

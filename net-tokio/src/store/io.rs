@@ -85,7 +85,11 @@ impl StoreIo for OsIo {
         match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
             Ok(file) => Some(file),
             Err(e) => {
-                tracing::info!(path = %path.display(), error = %e, "arena file without O_DIRECT: block data written through the page cache");
+                tracing::info!(
+                    path = %path.display(),
+                    error = %e,
+                    "arena file without O_DIRECT: block data written through the page cache"
+                );
                 None
             }
         }
