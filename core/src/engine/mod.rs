@@ -24,8 +24,8 @@ pub use meta::ObjectMeta;
 pub(crate) use read::peer_outcome;
 pub use read::{
     block_verdict, probe_wait, Action, Contender, FetchedBlock, HedgeAgain, Method, PeerAnswer,
-    Preconditions, Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Told, Verdict, Window,
-    PROBE_WAIT_FLOOR, RESTARTS_MAX,
+    PeerAsk, Preconditions, Read, ReadError, ReadFailure, ReadRequest, ResponseHead, Told, Verdict,
+    Window, PROBE_WAIT_FLOOR, RESTARTS_MAX,
 };
 
 use crate::breaker::{Admission, Breaker, Outcome, Permit};

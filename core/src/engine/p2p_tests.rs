@@ -138,19 +138,20 @@ impl Cluster {
                     };
                     read.handle_lookup(&mut self.nodes[at].engine, hit, now);
                 }
-                Action::FetchPeer {
-                    contender,
-                    peer,
-                    key,
-                    url,
-                    held_only,
-                    hop,
-                    expected_len,
-                    permit,
-                    cut_through,
-                    told,
-                    ..
-                } => {
+                Action::FetchPeer(ask) => {
+                    let crate::engine::PeerAsk {
+                        contender,
+                        peer,
+                        key,
+                        url,
+                        held_only,
+                        hop,
+                        expected_len,
+                        permit,
+                        cut_through,
+                        told,
+                        ..
+                    } = *ask;
                     // Peers answer at once here: no hedge is ever due.
                     let ask = Ask {
                         key,
@@ -636,7 +637,8 @@ fn after_its_peers_fail_a_read_looks_in_the_store_again_before_paying_the_origin
     // The head is held until the first body bytes are in hand.
     let Some(Action::Lookup { key, window }) = read.poll_action() else { panic!("lookup") };
     read.handle_lookup(&mut c.nodes[leaf].engine, None, now);
-    let Some(Action::FetchPeer { permit, .. }) = read.poll_action() else { panic!("ask the root") };
+    let Some(Action::FetchPeer(ask)) = read.poll_action() else { panic!("ask the root") };
+    let permit = ask.permit;
     // While the root fails, a sibling read of this node caches the block.
     let sibling_copy = Bytes::from(c.expected(0, 3));
     let dead = PeerAnswer::Failed(Observation::DialFailed);

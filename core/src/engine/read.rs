@@ -211,7 +211,7 @@ pub enum Action {
         url: String,
     },
     /// Send the response head (for a relay: 200 with `X-DART-Node`).
-    Respond(ResponseHead),
+    Respond(Box<ResponseHead>),
     /// Look `key` up in the local store and answer with [`Read::handle_lookup`]: with a
     /// `window`, only those bytes of the block, and only if the stored block has exactly the
     /// window's `block_len` (anything else is answered as a miss); without, the whole block.
@@ -225,41 +225,8 @@ pub enum Action {
     /// `X-DART-Hop: hop`), bounded by the peer client's timeouts, and answer with
     /// [`Read::handle_peer`], handing back `permit`. If the answer never comes (the task is
     /// dropped), the shell must report the permit abandoned ([`Engine::abandon`]).
-    FetchPeer {
-        /// Which contender this fetch is.
-        contender: Contender,
-        /// Hedging is possible for this fetch: when it has not answered (for a cut-through
-        /// fetch: sent its head) this long after it was sent, the shell calls
-        /// [`Read::handle_hedge_due`].
-        hedge_after: Option<std::time::Duration>,
-        /// The peer.
-        peer: PeerRef,
-        /// The block.
-        key: BlockKey,
-        /// Upstream URL, for the peer to relay on our behalf.
-        url: String,
-        /// Ask the peer for a block it holds only (`X-DART-Held-Only`): it must not fetch, and
-        /// its answer is used only if it names the version this read serves (a neighbour's
-        /// ask before the origin).
-        held_only: bool,
-        /// Relay depth to send.
-        hop: u64,
-        /// The block's geometry length; read at most one byte more.
-        expected_len: u64,
-        /// Breaker admission for this request.
-        permit: Permit<String>,
-        /// The object as this read knows it, for a fetch on our behalf: sent with the request
-        /// so that a relay that does not know the object can ask its own upstream at once
-        /// ([`Told`]). `None` for a held-only ask. Boxed, as in
-        /// [`Action::StoreWhenConfirmed`]: every read keeps a queue of actions, and an unboxed
-        /// `Told` made every action of every read 120 bytes larger.
-        told: Option<Box<Told>>,
-        /// A relay's fetch: the shell may stream it through (cut-through). When the peer's
-        /// 200 head arrives the shell calls [`Read::handle_peer_started`], sends the head this
-        /// read then emits, pipes the body to the requester while keeping a copy (at most
-        /// `expected_len + 1` bytes), and finally answers [`Read::handle_peer`] with the copy.
-        cut_through: bool,
-    },
+    /// Boxed ([`PeerAsk`]): the largest action, and every read keeps a queue of actions.
+    FetchPeer(Box<PeerAsk>),
     /// Stop the `contender`'s fetch (another contender won the race) and report its permit
     /// abandoned: a loser is never charged as a failure. No answer is expected for it.
     ///
@@ -332,6 +299,42 @@ pub enum Action {
     Finish,
     /// The read failed. Terminal.
     Fail(ReadFailure),
+}
+
+/// What [`Action::FetchPeer`] asks: a peer, for a block.
+#[derive(Debug)]
+pub struct PeerAsk {
+    /// Which contender this fetch is.
+    pub contender: Contender,
+    /// Hedging is possible for this fetch: when it has not answered (for a cut-through
+    /// fetch: sent its head) this long after it was sent, the shell calls
+    /// [`Read::handle_hedge_due`].
+    pub hedge_after: Option<std::time::Duration>,
+    /// The peer.
+    pub peer: PeerRef,
+    /// The block.
+    pub key: BlockKey,
+    /// Upstream URL, for the peer to relay on our behalf.
+    pub url: String,
+    /// Ask the peer for a block it holds only (`X-DART-Held-Only`): it must not fetch, and
+    /// its answer is used only if it names the version this read serves (a neighbour's
+    /// ask before the origin).
+    pub held_only: bool,
+    /// Relay depth to send.
+    pub hop: u64,
+    /// The block's geometry length; read at most one byte more.
+    pub expected_len: u64,
+    /// Breaker admission for this request.
+    pub permit: Permit<String>,
+    /// The object as this read knows it, for a fetch on our behalf: sent with the request
+    /// so that a relay that does not know the object can ask its own upstream at once
+    /// ([`Told`]). `None` for a held-only ask. Boxed: every read keeps a queue of actions.
+    pub told: Option<Box<Told>>,
+    /// A relay's fetch: the shell may stream it through (cut-through). When the peer's
+    /// 200 head arrives the shell calls [`Read::handle_peer_started`], sends the head this
+    /// read then emits, pipes the body to the requester while keeping a copy (at most
+    /// `expected_len + 1` bytes), and finally answers [`Read::handle_peer`] with the copy.
+    pub cut_through: bool,
 }
 
 /// The object a requester names with its relay request (`X-DART-Object-Size`,
@@ -886,12 +889,12 @@ impl Read {
         // A held block is of the version the node reads now.
         let meta = engine.meta_of(&self.object.id).cloned().unwrap_or_default();
         self.version = Some(Box::new(meta.clone()));
-        self.out.push_back(Action::Respond(ResponseHead {
+        self.out.push_back(Action::Respond(Box::new(ResponseHead {
             status: 200,
             content_length: len,
             content_range: None,
             meta,
-        }));
+        })));
         self.emitted = len;
         self.served = Some(data.clone());
         self.out.push_back(Action::Emit(data));
@@ -1307,7 +1310,7 @@ impl Read {
         permit: Permit<String>,
         held_only: bool,
     ) {
-        self.out.push_back(Action::FetchPeer {
+        self.out.push_back(Action::FetchPeer(Box::new(PeerAsk {
             contender,
             hedge_after,
             peer,
@@ -1324,7 +1327,7 @@ impl Read {
                 })
             }),
             cut_through: self.is_relay() && engine.config.cut_through,
-        });
+        })));
     }
 
     /// The probe of `addr`, the primary's peer, went unanswered (or failed): with another
@@ -1723,12 +1726,12 @@ impl Read {
     fn commit_relay_head(&mut self, engine: &Engine) {
         self.head_sent = true;
         let meta = self.head_meta(engine);
-        self.out.push_back(Action::Respond(ResponseHead {
+        self.out.push_back(Action::Respond(Box::new(ResponseHead {
             status: 200,
             content_length: self.content_length,
             content_range: None,
             meta,
-        }));
+        })));
     }
 
     /// A relay stream ended with the whole block of its length: it is stored, and the response
@@ -2172,7 +2175,7 @@ impl Read {
     fn commit_head(&mut self) {
         if let Some(head) = self.pending_head.take() {
             self.head_sent = true;
-            self.out.push_back(Action::Respond(*head));
+            self.out.push_back(Action::Respond(head));
         }
     }
 

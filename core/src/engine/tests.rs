@@ -159,7 +159,7 @@ impl World {
                     out.end = End::Passthrough;
                     break;
                 }
-                Action::Respond(head) => out.head = Some(head),
+                Action::Respond(head) => out.head = Some(*head),
                 Action::Lookup { key, window } => {
                     let whole = self.cache.get(&key).cloned();
                     let hit = match window {
@@ -172,7 +172,7 @@ impl World {
                     let got = self.origin.fetch(start, end);
                     read.handle_fetch(&mut self.engine, got);
                 }
-                Action::FetchPeer { .. }
+                Action::FetchPeer(_)
                 | Action::CancelPeer { .. }
                 | Action::FillFromOrigin { .. }
                 | Action::Learn { .. }

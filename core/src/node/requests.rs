@@ -124,7 +124,7 @@ pub(super) struct Request {
     /// It joined an origin flight late and asked the origin again when that flight found it
     /// unavailable (`Node::publish`): it does so once.
     pub origin_asked_again: bool,
-    /// When its primary peer fetch may be hedged ([`Action::FetchPeer::hedge_after`]).
+    /// When its primary peer fetch may be hedged ([`crate::engine::PeerAsk::hedge_after`]).
     pub hedge_at: Option<Instant>,
     /// A relay's requester's head budget (`X-DART-Budget-Ms`).
     pub budget: Option<std::time::Duration>,
@@ -460,8 +460,8 @@ impl Node {
             // Nobody waits for this request any more: it ends instead of asking anything else,
             // and leaves what it still races (a relay asked again beside a backup in flight).
             let req = self.take_request(rid).expect("a driven request");
-            if let Action::FetchPeer { permit, .. } = action {
-                self.engine.abandon(permit, now);
+            if let Action::FetchPeer(ask) = action {
+                self.engine.abandon(ask.permit, now);
             }
             if let Wait::Peers(slots) = req.wait {
                 for io in slots.into_iter().flatten() {
@@ -511,19 +511,20 @@ impl Node {
                 self.requests.get_mut(&rid).expect("a driven request").wait = Wait::Store(op);
                 self.emit(Output::StoreGet { op, key, window });
             }
-            Action::FetchPeer {
-                contender,
-                hedge_after,
-                peer,
-                key,
-                url,
-                held_only,
-                hop,
-                expected_len,
-                permit,
-                told,
-                cut_through,
-            } => {
+            Action::FetchPeer(ask) => {
+                let crate::engine::PeerAsk {
+                    contender,
+                    hedge_after,
+                    peer,
+                    key,
+                    url,
+                    held_only,
+                    hop,
+                    expected_len,
+                    permit,
+                    told,
+                    cut_through,
+                } = *ask;
                 let expected = expected_len;
                 let told = told.map(|told| *told);
                 let fetch = super::peer::PeerFetch { key, url, hop, expected, held_only, told };
@@ -1411,7 +1412,7 @@ fn asks(action: &Action) -> bool {
         Action::Probe { .. }
         | Action::Passthrough { .. }
         | Action::Lookup { .. }
-        | Action::FetchPeer { .. }
+        | Action::FetchPeer(_)
         | Action::FetchOrigin { .. } => true,
         // It asks nothing the request waits on; a request nobody waits for starts no fill.
         Action::FillFromOrigin { .. }
