@@ -139,29 +139,20 @@ impl Cluster {
                     read.handle_lookup(&mut self.nodes[at].engine, hit, now);
                 }
                 Action::FetchPeer(ask) => {
-                    let crate::engine::PeerAsk {
-                        contender,
-                        peer,
-                        key,
-                        url,
-                        held_only,
-                        hop,
-                        expected_len,
-                        permit,
-                        cut_through,
-                        told,
-                        ..
-                    } = *ask;
                     // Peers answer at once here: no hedge is ever due.
+                    let (contender, permit, cut_through) =
+                        (ask.contender, ask.permit, ask.cut_through);
+                    let expected_len = ask.expected_len;
+                    let peer = ask.peer.addr.clone();
                     let ask = Ask {
-                        key,
-                        url: &url,
-                        held_only,
-                        hop,
+                        key: ask.key,
+                        url: &ask.url,
+                        held_only: ask.held_only,
+                        hop: ask.hop,
                         expected: expected_len,
-                        told: told.map(|t| *t),
+                        told: ask.told.map(|t| *t),
                     };
-                    let answer = self.serve_peer(&peer.addr, ask);
+                    let answer = self.serve_peer(&peer, ask);
                     if let (true, PeerAnswer::Block(data)) = (cut_through, &answer) {
                         // The peer's 200 head arrived: commit ours and forward as bytes arrive.
                         read.handle_peer_started(&mut self.nodes[at].engine, contender, false, now);

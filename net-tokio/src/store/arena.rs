@@ -457,13 +457,15 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 impl Arena {
     /// Opens or creates the arena file at `path`, sized exactly for `slots` slots of
     /// `block_bytes`, cold (truncated, empty) or warm (verified slots kept); its reads and writes
-    /// go through `io`.
+    /// go through `io`, block data around the page cache if `direct` and `io` opens the file so
+    /// ([`StoreIo::open_direct`]; never asked when `direct` is off).
     pub(crate) fn open(
         path: PathBuf,
         class_tag: u64,
         block_bytes: u64,
         slots: u32,
         warm: WarmStart,
+        direct: bool,
         io: Arc<dyn StoreIo>,
     ) -> Result<(Arena, LoadReport), StoreError> {
         assert!(block_bytes >= 1 && slots >= 1);
@@ -504,8 +506,9 @@ impl Arena {
             WarmStart::Verify => arena.load()?,
         };
         // Opened only now: `reset` may have replaced the file.
-        let direct = arena.io.open_direct(&arena.path);
-        lock(&arena.writer).direct = direct.filter(|_| block_bytes.is_multiple_of(DIRECT_ALIGN));
+        if direct && block_bytes.is_multiple_of(DIRECT_ALIGN) {
+            lock(&arena.writer).direct = arena.io.open_direct(&arena.path);
+        }
         // Mapped only now: the file has its final length, and is never truncated again while
         // this process has it open (`crate::mapped`'s contract).
         if let Some(file) = &arena.file {
@@ -969,11 +972,6 @@ impl Arena {
         lock(&self.writer).direct.is_some()
     }
 
-    /// Writes block data through the page cache from now on ([`Writer`]).
-    pub(crate) fn write_buffered(&mut self) {
-        lock(&self.writer).direct = None;
-    }
-
     /// Direct writes made from the caller's bytes as they were ([`Writer`]).
     #[cfg(test)]
     pub(crate) fn direct_writes_as_is(&self) -> u64 {
@@ -1072,7 +1070,7 @@ mod tests {
         let data = vec![7u8; 3000];
         let open = || {
             let io: Arc<dyn StoreIo> = Arc::new(crate::store::OsIo);
-            Arena::open(path.clone(), 9, 4096, 4, WarmStart::Verify, io).expect("open")
+            Arena::open(path.clone(), 9, 4096, 4, WarmStart::Verify, true, io).expect("open")
         };
         let (mut arena, report) = open();
         assert!(report.rebuilt, "a new file");

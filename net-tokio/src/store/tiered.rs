@@ -132,6 +132,7 @@ impl Tiered {
             block,
             budgets.owned_slots,
             warm,
+            direct,
             io.clone(),
         )?;
         let (mut borrowed, borrowed_report) = Arena::open(
@@ -140,12 +141,9 @@ impl Tiered {
             block,
             budgets.borrowed_slots,
             warm,
+            direct,
             io.clone(),
         )?;
-        if !direct {
-            owned.write_buffered();
-            borrowed.write_buffered();
-        }
         if budgets.mem_slots == 0 {
             // No RAM tier to keep a whole block after its read: whole blocks may be mapped too.
             owned.map_whole_blocks();
