@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use dart_core::engine::{BlockClass, Window};
 use dart_core::hash::BlockKey;
+use dart_core::integrity::BlockDigest;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -47,6 +48,19 @@ pub trait BlockCache: Send + Sync + 'static {
     }
     /// Offers a validated block; best effort (a refusal or an I/O error never fails a read).
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass);
+    /// [`BlockCache::put`] with the block's digest when the node has it
+    /// ([`dart_core::node::Output::StorePut`]): a store that checksums what it writes uses it
+    /// instead of hashing the bytes again. By default the digest is not used.
+    fn put_digested(
+        &self,
+        key: BlockKey,
+        data: &Bytes,
+        class: BlockClass,
+        digest: Option<BlockDigest>,
+    ) {
+        let _ = digest;
+        self.put(key, data, class);
+    }
     /// Drops a block (its object changed); no disk read or write, so callers may do it inline.
     fn delete(&self, key: &BlockKey);
     /// Occupancy.
@@ -157,7 +171,17 @@ impl BlockCache for crate::store::BlockStore {
     }
 
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass) {
-        if let Err(e) = crate::store::BlockStore::put_bytes(self, key, data, class) {
+        self.put_digested(key, data, class, None);
+    }
+
+    fn put_digested(
+        &self,
+        key: BlockKey,
+        data: &Bytes,
+        class: BlockClass,
+        digest: Option<BlockDigest>,
+    ) {
+        if let Err(e) = crate::store::BlockStore::put_bytes(self, key, data, class, digest) {
             // Best effort: the read already has its bytes.
             tracing::warn!(error = %e, block = %key, "cache insert failed");
         }

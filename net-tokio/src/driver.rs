@@ -152,7 +152,12 @@ impl PutLedger {
 
 enum Deferred {
     StoreGet(dart_core::node::StoreOp, BlockKey, Option<Window>),
-    StorePut(BlockKey, Bytes, dart_core::engine::BlockClass),
+    StorePut(
+        BlockKey,
+        Bytes,
+        dart_core::engine::BlockClass,
+        Option<dart_core::integrity::BlockDigest>,
+    ),
     Event(Event),
 }
 
@@ -469,15 +474,15 @@ impl<D: Dialer> NodeDriver<D> {
                         inner.puts.dropped(*key);
                     }
                 }
-                Output::StorePut { key, data, class } => {
+                Output::StorePut { key, data, class, digest } => {
                     if self.store.blocking() {
                         if inner.pending_puts.len() < PENDING_PUTS_MAX {
                             inner.pending_puts.entry(key).or_insert_with(|| data.clone());
                         }
                         inner.puts.started(key);
-                        deferred.push(Deferred::StorePut(key, data, class));
+                        deferred.push(Deferred::StorePut(key, data, class, digest));
                     } else {
-                        self.store.put(key, &data, class);
+                        self.store.put_digested(key, &data, class, digest);
                     }
                 }
                 Output::Respond { id, head } => send(inner, id, Part::Head(head), false),
@@ -540,10 +545,10 @@ impl<D: Dialer> NodeDriver<D> {
                         }
                     }
                 }
-                Deferred::StorePut(key, data, class) => {
+                Deferred::StorePut(key, data, class, digest) => {
                     let driver = self.clone();
                     self.rt.spawn_blocking(move || {
-                        let put = || driver.store.put(key, &data, class);
+                        let put = || driver.store.put_digested(key, &data, class, digest);
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(put));
                         let mut inner = driver.lock();
                         inner.pending_puts.remove(&key);

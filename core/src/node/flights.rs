@@ -464,7 +464,7 @@ impl Node {
                     && self.may_store(&object, Some(meta))
                 {
                     let (key, data, class) = (*key, b.data.clone(), *class);
-                    self.emit(Output::StorePut { key, data, class });
+                    self.store_put(key, data, class);
                 }
             }
             (Ok(_), _) | (Err(_), _) => {}

@@ -580,6 +580,10 @@ pub enum Output {
         data: Bytes,
         /// The budget it is charged to.
         class: BlockClass,
+        /// Its block digest ([`crate::integrity::xxh3_128`] of `data`) when the node hashed it
+        /// for this put, so that a store that checksums what it writes need not hash the bytes
+        /// again; `None` when the node kept the key's digest already (it did not hash again).
+        digest: Option<crate::integrity::BlockDigest>,
     },
     /// Send this response head.
     Respond {

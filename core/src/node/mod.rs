@@ -390,15 +390,33 @@ impl Node {
     }
 
     /// Keeps the digest of `data`, stored as `key` (a store keeps the first bytes put under a
-    /// key, so the first digest stays).
-    fn keep_digest(&mut self, key: crate::hash::BlockKey, data: &bytes::Bytes) {
+    /// key, so the first digest stays); returns it when it was hashed for this put, `None` when
+    /// the key's digest was kept already (then these bytes are not hashed at all).
+    fn keep_digest(
+        &mut self,
+        key: crate::hash::BlockKey,
+        data: &bytes::Bytes,
+    ) -> Option<crate::integrity::BlockDigest> {
         if self.kept_digests.contains_key(&key) {
-            return;
+            return None;
         }
         let digest = self.digest_of(data);
         self.kept_digests.insert(key, digest);
         self.kept_order.push_back(key);
         self.bound_kept_digests();
+        Some(digest)
+    }
+
+    /// Offers block `key` to the store ([`Output::StorePut`]), with the digest of its bytes
+    /// when this put hashed them ([`Node::keep_digest`]).
+    fn store_put(
+        &mut self,
+        key: crate::hash::BlockKey,
+        data: bytes::Bytes,
+        class: crate::engine::BlockClass,
+    ) {
+        let digest = self.keep_digest(key, &data);
+        self.emit(Output::StorePut { key, data, class, digest });
     }
 
     /// Drops the oldest kept digests past [`KEPT_DIGESTS_MAX`].
@@ -600,9 +618,9 @@ impl Node {
     fn emit(&mut self, output: Output) {
         match &output {
             // Written by this process: of the version this process knows.
-            Output::StorePut { key, data, class } => {
+            // Its digest was kept by `store_put`, the only way a put leaves.
+            Output::StorePut { key, data, class, .. } => {
                 self.recovered.remove(key);
-                self.keep_digest(*key, data);
                 self.landed.push((*key, data.clone()));
                 if *class == crate::engine::BlockClass::Borrowed {
                     self.held.retain(|(k, _)| k != key);

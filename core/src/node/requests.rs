@@ -571,7 +571,7 @@ impl Node {
                 // Only the version the node reads now is cached.
                 let read = &self.requests[&rid].read;
                 if self.may_store(read.object(), read.version()) {
-                    self.emit(Output::StorePut { key, data, class });
+                    self.store_put(key, data, class);
                 }
             }
             Action::StoreWhenConfirmed { key, data, class, told } => {
@@ -897,7 +897,7 @@ impl Node {
         for p in mine {
             match self.engine.confirms(&p.object, &p.told) {
                 Some(true) if self.may_store(&p.object, Some(&p.told.meta)) => {
-                    self.emit(Output::StorePut { key: p.key, data: p.data, class: p.class })
+                    self.store_put(p.key, p.data, p.class)
                 }
                 None if !done => self.parked.push_back(p),
                 _ => self.engine.note_told_unstored(),

@@ -165,7 +165,10 @@ impl Harness {
                     };
                     queue.push(Input::Store { op: *op, block })
                 }
-                Output::StorePut { key, data, .. } if !self.refuse_puts => {
+                Output::StorePut { key, data, digest, .. } if !self.refuse_puts => {
+                    if let Some(digest) = digest {
+                        assert_eq!(*digest, crate::integrity::xxh3_128(data), "a put's digest");
+                    }
                     self.store.entry(*key).or_insert_with(|| data.clone());
                 }
                 Output::StoreDrop { keys } => {

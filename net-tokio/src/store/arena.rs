@@ -100,7 +100,11 @@ pub(crate) fn slot_checksum(key: &BlockKey, data: &[u8]) -> u64 {
 }
 
 /// [`slot_checksum`] of `len` bytes whose digest is `digest`.
-fn checksum_of_digest(key: &BlockKey, len: u64, digest: dart_core::integrity::BlockDigest) -> u64 {
+pub(crate) fn checksum_of_digest(
+    key: &BlockKey,
+    len: u64,
+    digest: dart_core::integrity::BlockDigest,
+) -> u64 {
     let mut h = Fnv1a::default();
     h.write(&key.chunk.0.to_le_bytes());
     h.write(&key.block.to_le_bytes());

@@ -109,7 +109,7 @@ pub use faults::{Fault, FaultyIo};
 pub use health::{DegradedReason, HealthState, StoreHealth, PROBE_INTERVAL};
 pub use io::{OsIo, StoreIo};
 
-use arena::slot_checksum;
+use arena::{checksum_of_digest, slot_checksum};
 use config::Budgets;
 use mem::MemTier;
 use tiered::{lock, PutOutcome, Tiered};
@@ -347,16 +347,19 @@ impl BlockStore {
     /// store, or a failed disk write (the block is then neither on disk nor newly in RAM, and the
     /// store is degraded).
     pub fn put(&self, key: BlockKey, data: &[u8], class: BlockClass) -> Result<bool, StoreError> {
-        self.put_bytes(key, &Bytes::copy_from_slice(data), class)
+        self.put_bytes(key, &Bytes::copy_from_slice(data), class, None)
     }
 
     /// [`BlockStore::put`] of a shared buffer: the RAM tier keeps a handle on a block-sized
-    /// `data` instead of a copy (the read path's blocks arrive so).
+    /// `data` instead of a copy (the read path's blocks arrive so). `digest`, when given, must be
+    /// [`dart_core::integrity::xxh3_128`] of `data` (the node's, `Output::StorePut`): under
+    /// `--warm-start` the slot checksum is made from it instead of hashing the bytes again.
     pub fn put_bytes(
         &self,
         key: BlockKey,
         data: &Bytes,
         class: BlockClass,
+        digest: Option<dart_core::integrity::BlockDigest>,
     ) -> Result<bool, StoreError> {
         if self.is_closed() {
             return Err(StoreError::Closed);
@@ -371,7 +374,14 @@ impl BlockStore {
         // Write-once across tiers: a RAM-only copy's bytes are the ones the disk gets.
         let in_ram = self.mem.as_ref().and_then(|mem| lock(mem).get(&key));
         let data = in_ram.as_ref().unwrap_or(data);
-        let data_sum = self.verify.then(|| slot_checksum(&key, data));
+        // The node's digest is of `data` as given, not of a RAM-tier copy put in its place.
+        let data_sum = self.verify.then(|| match digest.filter(|_| in_ram.is_none()) {
+            Some(digest) => {
+                debug_assert_eq!(digest, dart_core::integrity::xxh3_128(data), "a put's digest");
+                checksum_of_digest(&key, len, digest)
+            }
+            None => slot_checksum(&key, data),
+        });
         let outcome = self.disk.put(key, data, data_sum, class)?;
         if outcome == PutOutcome::Refused {
             self.admit_rejected.fetch_add(1, Ordering::Relaxed);

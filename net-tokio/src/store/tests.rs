@@ -1079,6 +1079,37 @@ fn a_verify_open_keeps_intact_blocks_and_drops_corrupted_ones() {
     store.check_invariants();
 }
 
+/// Under `--warm-start` a put that brings the node's digest (`Output::StorePut`) gets the slot
+/// checksum the store would have hashed: a warm open keeps those blocks, with their digests.
+#[test]
+fn a_put_with_the_nodes_digest_verifies_at_a_warm_open_like_a_hashed_one() {
+    use dart_core::integrity::xxh3_128;
+    let dir = TestDir::new("verify-digest");
+    let mut cfg = config(dir.path(), 3, 1, 1);
+    cfg.warm_start = WarmStart::Verify;
+    let store = BlockStore::open(cfg.clone()).unwrap();
+    let full = Bytes::from(bytes(1, 0, BLOCK as usize));
+    assert!(store.put_bytes(key(1), &full, BlockClass::Owned, Some(xxh3_128(&full))).unwrap());
+    let tail = Bytes::from_static(b"short tail");
+    assert!(store.put_bytes(key(2), &tail, BlockClass::Borrowed, Some(xxh3_128(&tail))).unwrap());
+    put(&store, 3, BlockClass::Owned);
+    store.close();
+    let store = BlockStore::open(cfg).unwrap();
+    let mut got = store.loaded_digests();
+    got.sort_by_key(|(k, _)| *k);
+    let mut want = vec![
+        (key(1), xxh3_128(&full)),
+        (key(2), xxh3_128(&tail)),
+        (key(3), xxh3_128(&bytes(3, 0, BLOCK as usize))),
+    ];
+    want.sort_by_key(|(k, _)| *k);
+    assert_eq!(got, want, "every block kept, each with its bytes' digest");
+    assert_eq!(store.get(&key(1)).as_deref(), Some(&full[..]));
+    assert_eq!(store.get(&key(2)).as_deref(), Some(&tail[..]));
+    assert_holds(&store, 3);
+    store.check_invariants();
+}
+
 #[test]
 fn a_verify_open_drops_a_torn_header_and_a_partial_data_write() {
     let dir = TestDir::new("verify-torn");
@@ -1380,7 +1411,7 @@ fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
     let mut pooled = dart_core::bufpool::Buf::take(SLOT as usize);
     pooled.as_mut_slice().copy_from_slice(&block(7, SLOT as usize));
     let pooled = pooled.freeze();
-    assert!(store.put_bytes(key(7), &pooled, owned).unwrap());
+    assert!(store.put_bytes(key(7), &pooled, owned, None).unwrap());
     let as_is = store.disk.with_arena(owned, |a| a.direct_writes_as_is());
     assert_eq!(as_is, u64::from(direct), "no copy when aligned");
     assert_holds_bytes(&store, 7, &block(7, SLOT as usize));

@@ -269,7 +269,7 @@ impl Sim {
                     self.nodes[n].cache.remove(key);
                 }
             }
-            Output::StorePut { key, data, class } => {
+            Output::StorePut { key, data, class, .. } => {
                 if ctx.range_ignored == Some(key) {
                     let what = format!("store: Range-ignored bytes offered for {key}");
                     return self.violate(Some(n), what);
