@@ -590,9 +590,11 @@ impl Tiered {
         self.with_arena_mut(class, |arena| arena.begin_read(key, None, false))
     }
 
-    /// Whether the owned arena writes block data around the page cache (both do alike).
+    /// Whether both arenas write block data around the page cache (they start alike; one whose
+    /// direct write was refused writes buffered from then on).
     pub(crate) fn writes_direct(&self) -> bool {
-        lock(&self.owned).writes_direct()
+        let owned = lock(&self.owned).writes_direct();
+        owned && lock(&self.borrowed).arena.writes_direct()
     }
 
     /// Runs `f` on the arena of `class`.
