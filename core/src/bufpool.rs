@@ -73,7 +73,7 @@ pub const ALIGN: usize = 4096;
 #[derive(Debug)]
 pub struct Buf {
     data: Vec<u8>,
-    /// Where the bytes start in `data` (0 for a plain buffer).
+    /// Where the bytes start in `data` (0 for a plain buffer but one of [`Buf::take_aligned`]).
     start: usize,
     len: usize,
     class: Option<usize>,
@@ -97,6 +97,18 @@ impl Buf {
         let start = if class.is_some() { data.as_ptr().align_offset(ALIGN) } else { 0 };
         debug_assert!(data.len() >= start + len);
         Buf { data, start, len, class }
+    }
+
+    /// A buffer for `len` bytes that starts on an [`ALIGN`] boundary whatever its length: a
+    /// pooled one as [`Buf::take`] gives, else a plain buffer allocated `ALIGN` longer (for a
+    /// write around the page cache of a length outside the pool's classes).
+    pub fn take_aligned(len: usize) -> Buf {
+        if class_of(len).is_some() {
+            return Buf::take(len);
+        }
+        let data = vec![0; len + ALIGN];
+        let start = data.as_ptr().align_offset(ALIGN);
+        Buf { data, start, len, class: None }
     }
 
     /// The `len` bytes to write into.
@@ -124,7 +136,8 @@ impl Buf {
         if self.class.is_none() {
             // A plain buffer: its own allocation, nothing to give back.
             let mut data = std::mem::take(&mut self.data);
-            data.truncate(self.len);
+            data.truncate(self.start + self.len);
+            data.drain(..self.start);
             return Bytes::from(data);
         }
         Bytes::from_owner(self)
@@ -148,6 +161,22 @@ impl Drop for Buf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_aligned_buffer_starts_on_the_boundary_at_every_length_and_freezes_to_its_bytes() {
+        for len in [1, 4096, 12_288, (32 << 10) - 1, 64 << 10, (8 << 20) + 4096] {
+            let mut buf = Buf::take_aligned(len);
+            assert_eq!(buf.len(), len);
+            let bytes = buf.as_mut_slice();
+            assert_eq!(bytes.as_ptr().align_offset(ALIGN), 0, "{len} bytes start aligned");
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = i as u8;
+            }
+            let frozen = buf.freeze();
+            assert_eq!(frozen.len(), len);
+            assert!(frozen.iter().enumerate().all(|(i, &b)| b == i as u8), "{len} bytes kept");
+        }
+    }
 
     #[test]
     fn classes_cover_64_kib_to_8_mib_in_powers_of_two() {

@@ -311,11 +311,11 @@ const DIRECT_ALIGN: u64 = 4096;
 /// Bytes that start on the alignment and fill whole units (a block gathered into a pooled
 /// buffer, `dart_core::bufpool::ALIGN`) are written as they are; others (a block that came in one
 /// piece, an object's last block) are copied into a pooled buffer for the write, which goes back
-/// to the pool after it (below the pool's smallest class, into a buffer of their own). A block
-/// shorter than its slot is written padded with zeros to the alignment; the slot's header and
-/// index keep its true length. A direct write the kernel refuses as invalid (`EINVAL`: an
-/// alignment this file system does not take) is written again through the page cache, and the
-/// arena writes buffered from then on. The handle is closed when the arena is dropped, not at
+/// to the pool after it (below the pool's smallest class, into an aligned buffer of their own,
+/// `Buf::take_aligned`). A block shorter than its slot is written padded with zeros to the
+/// alignment; the slot's header and index keep its true length. A direct write the kernel
+/// refuses as invalid (`EINVAL`: an alignment this file system does not take) is written again
+/// through the page cache, and the arena writes buffered from then on. The handle is closed when the arena is dropped, not at
 /// [`Arena::close`] (a write in progress may still hold the writer).
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
@@ -338,7 +338,7 @@ impl Writer {
     ) -> io::Result<()> {
         if let Some(direct) = self.direct.as_ref().filter(|_| offset.is_multiple_of(DIRECT_ALIGN)) {
             let align = DIRECT_ALIGN as usize;
-            let (mut copy, mut small);
+            let mut copy;
             let out = if data.as_ptr().align_offset(align) == 0 && data.len().is_multiple_of(align)
             {
                 // A whole block gathered into a pooled buffer (`dart_core::bufpool::ALIGN`).
@@ -349,15 +349,8 @@ impl Writer {
                 data
             } else {
                 let padded = data.len().div_ceil(align) * align;
-                copy = Buf::take(padded);
-                let out = if copy.as_mut_slice().as_ptr().align_offset(align) == 0 {
-                    copy.as_mut_slice()
-                } else {
-                    // Below the pool's classes: a plain buffer, aligned by hand.
-                    small = vec![0; padded + align];
-                    let start = small.as_ptr().align_offset(align);
-                    &mut small[start..start + padded]
-                };
+                copy = Buf::take_aligned(padded);
+                let out = copy.as_mut_slice();
                 out[..data.len()].copy_from_slice(data);
                 out[data.len()..].fill(0);
                 out
