@@ -126,6 +126,8 @@ struct Rankings(std::sync::Arc<Memos>);
 struct Memos {
     rankings: std::sync::Mutex<std::collections::BTreeMap<u64, Ranking>>,
     addresses: std::sync::OnceLock<Addresses>,
+    /// The roster wire form of the view and its tag ([`crate::codec::roster::roster_body`]).
+    roster: std::sync::OnceLock<(bytes::Bytes, u64)>,
 }
 
 /// The Ready members by address (their indices in [`View::ready`]).
@@ -244,6 +246,15 @@ impl View {
             });
             Addresses { none, by_addr }
         })
+    }
+
+    /// `make`'s value once per view, shared by every clone: the roster body of the view and its
+    /// tag, for [`crate::codec::roster::roster_body`] (which alone calls it, with one function).
+    pub(crate) fn roster_memo(
+        &self,
+        make: impl FnOnce() -> (bytes::Bytes, u64),
+    ) -> (bytes::Bytes, u64) {
+        self.rankings.0.roster.get_or_init(make).clone()
     }
 
     /// Number of Ready members.

@@ -12,7 +12,7 @@ use super::io::{
 use super::requests::{Requester, Wait};
 use super::{Node, LEARNED_MAX, ROSTER_FETCHES_MAX};
 use crate::breaker::{Observation, Permit};
-use crate::codec::roster::{decode_roster, encode_roster, Roster, ROSTER_BYTES_MAX};
+use crate::codec::roster::{decode_roster, roster_body, Roster, ROSTER_BYTES_MAX};
 use crate::codec::wire::{
     block_path, parse_block_path, parse_hop, BLOCK_PATH_PREFIX, HEADER_EPOCH, HEADER_HELD_ONLY,
     HEADER_HOP, HEADER_NODE, HEADER_OBJECT_ETAG, HEADER_OBJECT_LAST_MODIFIED, HEADER_OBJECT_SIZE,
@@ -804,18 +804,16 @@ impl Node {
         // every member (at 10,000 members a full roster is about 500 KB).
         let query = request.target.split_once('?').map_or("", |(_, q)| q);
         let ping = query.split('&').any(|p| p == ROSTER_SELF_QUERY);
-        let body = if ping {
-            Bytes::from(encode_roster(&crate::membership::View::new(vec![me.clone()]), &me))
-        } else {
-            Bytes::from(encode_roster(view, &me))
-        };
         // The whole roster's tag: the hash of its bytes (members, addresses, weights, epoch).
         // A discovery fetch that offers it back (`If-None-Match`) while it still holds gets a
         // 304 with no body: in a settled cluster nearly every fetch (spec/cluster.md §6 has
         // no such answer; a node that never offers a tag always gets the whole roster).
-        let mut hash = crate::hash::Fnv1a::default();
-        hash.write(&body);
-        let tag = format!("\"{:016x}\"", hash.finish());
+        let (body, hash) = if ping {
+            roster_body(&crate::membership::View::new(vec![me.clone()]), &me)
+        } else {
+            roster_body(view, &me)
+        };
+        let tag = format!("\"{hash:016x}\"");
         let epoch = view.epoch().to_string();
         if !ping && request.headers.get_str("if-none-match") == Some(tag.as_str()) {
             let mut headers =
