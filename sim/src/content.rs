@@ -11,12 +11,14 @@
 use bytes::Bytes;
 use dart_core::hash::fmix64;
 use dart_core::integrity::{xxh3_128, BlockDigest, BlockHasher};
+use dart_core::registry::{DigestAlgorithm, Hasher};
+use std::collections::BTreeMap;
 
 /// Distinct block start positions in the noise buffer; a prime so that consecutive blocks spread.
 const NOISE_SPAN: u64 = (1 << 20) + 7;
 
 /// A simulated object: its size and the salt that makes its bytes its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ObjectShape {
     /// Size in bytes.
     pub size: u64,
@@ -192,11 +194,143 @@ impl Contents {
     }
 }
 
+/// The transport's digest of a response body ([`dart_core::node::Output::Hash`]), as the
+/// simulator computes it: while every part is the generator's bytes of one object, in order (the
+/// simulator checks each delivered part against the generator before it counts it), only the
+/// span is kept, and the seal hashes the span from the generator, once per process for each span
+/// (a registry herd seals the same blob at every node); any other part makes it hash the bytes
+/// as they come. Either way the digest is that of exactly the bytes delivered.
+#[derive(Clone, Debug)]
+pub enum BodyHash {
+    /// Every part so far was the generator's: bytes `from..from + len` of `shape` (`None`: no
+    /// part yet).
+    Span {
+        /// The algorithm.
+        algorithm: DigestAlgorithm,
+        /// The object and the bytes of it delivered.
+        span: Option<(ObjectShape, u64, u64)>,
+    },
+    /// Hashing every byte as it comes.
+    Bytes(Hasher),
+}
+
+/// Digests of generated spans by algorithm, block size, object and span: the bytes of a span
+/// depend on these alone ([`Contents::new`]'s noise is fixed), so runs share them.
+type SpanKey = (bool, u64, ObjectShape, u64, u64);
+static SPAN_DIGESTS: std::sync::Mutex<BTreeMap<SpanKey, Vec<u8>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// Spans remembered before the memo starts again.
+const SPAN_DIGESTS_MAX: usize = 4096;
+
+impl BodyHash {
+    /// A digest of no byte yet.
+    pub fn new(algorithm: DigestAlgorithm) -> Self {
+        BodyHash::Span { algorithm, span: None }
+    }
+
+    /// The next part is `len` bytes of `shape` from `start`, checked against `contents`.
+    pub fn generated(&mut self, contents: &Contents, shape: ObjectShape, start: u64, data: &[u8]) {
+        let len = data.len() as u64;
+        if let BodyHash::Span { span, .. } = self {
+            match span {
+                None => {
+                    *span = Some((shape, start, len));
+                    return;
+                }
+                Some((s, from, n)) if *s == shape && *from + *n == start => {
+                    *n += len;
+                    return;
+                }
+                Some(_) => {}
+            }
+        }
+        self.bytes(contents, data);
+    }
+
+    /// The next part is `data`, whatever it is.
+    pub fn bytes(&mut self, contents: &Contents, data: &[u8]) {
+        if let BodyHash::Span { algorithm, span } = self {
+            let mut hasher = Hasher::new(*algorithm);
+            if let Some((shape, from, len)) = *span {
+                hasher.update(&contents.window(shape, from, len));
+            }
+            *self = BodyHash::Bytes(hasher);
+        }
+        let BodyHash::Bytes(hasher) = self else { unreachable!("hashing bytes now") };
+        hasher.update(data);
+    }
+
+    /// The digest of every byte.
+    pub fn finish(self, contents: &Contents) -> Vec<u8> {
+        match self {
+            BodyHash::Bytes(hasher) => hasher.finish(),
+            BodyHash::Span { algorithm, span: None } => Hasher::new(algorithm).finish(),
+            BodyHash::Span { algorithm, span: Some((shape, from, len)) } => {
+                let key =
+                    (algorithm == DigestAlgorithm::Sha256, contents.block_bytes, shape, from, len);
+                let memo =
+                    || SPAN_DIGESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(digest) = memo().get(&key) {
+                    return digest.clone();
+                }
+                let mut hasher = Hasher::new(algorithm);
+                hasher.update(&contents.window(shape, from, len));
+                let digest = hasher.finish();
+                let mut memo = memo();
+                if memo.len() >= SPAN_DIGESTS_MAX {
+                    memo.clear();
+                }
+                memo.insert(key, digest.clone());
+                digest
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const OBJ: ObjectShape = ObjectShape { size: 1000, salt: 7 };
+
+    #[test]
+    fn a_body_hash_is_the_digest_of_the_bytes_delivered_however_they_came() {
+        let contents = Contents::new(64);
+        let shape = ObjectShape { size: 1000, salt: 99 };
+        let sha = |parts: &[&[u8]]| {
+            let mut h = Hasher::new(DigestAlgorithm::Sha256);
+            parts.iter().for_each(|p| h.update(p));
+            h.finish()
+        };
+        let part = |from: u64, len: u64| contents.window(shape, from, len);
+        let (a, b, c) = (part(0, 100), part(100, 250), part(350, 650));
+        // The generator's bytes in order: a span, hashed at the seal (twice: the memo).
+        for _ in 0..2 {
+            let mut h = BodyHash::new(DigestAlgorithm::Sha256);
+            for (at, p) in [(0, &a), (100, &b), (350, &c)] {
+                h.generated(&contents, shape, at, p);
+            }
+            assert!(matches!(h, BodyHash::Span { .. }));
+            assert_eq!(h.finish(&contents), sha(&[&a, &b, &c]));
+        }
+        // A gap, another object, or bytes of no span: hashed as they come, the same digest.
+        let mut gap = BodyHash::new(DigestAlgorithm::Sha256);
+        gap.generated(&contents, shape, 0, &a);
+        gap.generated(&contents, shape, 350, &c);
+        assert!(matches!(gap, BodyHash::Bytes(_)));
+        assert_eq!(gap.finish(&contents), sha(&[&a, &c]));
+        let other = ObjectShape { size: 1000, salt: 100 };
+        let d = contents.window(other, 100, 250);
+        let mut mixed = BodyHash::new(DigestAlgorithm::Sha512);
+        mixed.generated(&contents, shape, 0, &a);
+        mixed.generated(&contents, other, 100, &d);
+        mixed.bytes(&contents, b"error text");
+        let mut want = Hasher::new(DigestAlgorithm::Sha512);
+        [&a[..], &d[..], b"error text"].iter().for_each(|p| want.update(p));
+        assert_eq!(mixed.finish(&contents), want.finish());
+        assert_eq!(BodyHash::new(DigestAlgorithm::Sha256).finish(&contents), sha(&[]));
+    }
 
     #[test]
     fn windows_inside_one_block_alias_the_noise_and_check_in_constant_time() {

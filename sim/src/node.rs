@@ -128,7 +128,7 @@ pub struct ClientRequest {
     /// The digest of its body so far, when the machine asked the transport to hash it
     /// ([`dart_core::node::Output::Hash`]). The simulator checks every byte itself, so it
     /// delivers parts at once instead of holding the last back.
-    pub hasher: Option<dart_core::registry::Hasher>,
+    pub hasher: Option<crate::content::BodyHash>,
 }
 
 /// A peer's request (simulated call `call`) handed to this node's machine, and its answer so far.

@@ -312,7 +312,7 @@ impl Sim {
                 pending.push_back((Input::Drained { id }, Context::default()));
             }
             Output::Hash { id, algorithm } => match self.nodes[n].clients.get_mut(&id) {
-                Some(c) => c.hasher = Some(dart_core::registry::Hasher::new(algorithm)),
+                Some(c) => c.hasher = Some(crate::content::BodyHash::new(algorithm)),
                 None => self.unknown_request(n, id, "a hash"),
             },
             Output::Seal { id } => {
@@ -322,7 +322,7 @@ impl Sim {
                 let Some(hasher) = c.hasher.take() else {
                     return self.violate(Some(n), format!("{id} sealed but never hashed"));
                 };
-                let digest = hasher.finish();
+                let digest = hasher.finish(&self.contents);
                 pending.push_back((Input::Sealed { id, digest }, Context::default()));
             }
             Output::End { id } | Output::Abort { id } => {
@@ -554,12 +554,12 @@ impl Sim {
 
     fn client_body(&mut self, n: usize, id: RequestId, data: Bytes) {
         let c = self.nodes[n].clients.get_mut(&id).expect("a live client");
-        if let Some(hasher) = &mut c.hasher {
-            hasher.update(&data);
-        }
         match &mut c.head {
             ClientHead::Block if c.method == Method::Get => {}
             ClientHead::Error { text, .. } => {
+                if let Some(hasher) = &mut c.hasher {
+                    hasher.bytes(&self.contents, &data);
+                }
                 text.extend_from_slice(&data);
                 return;
             }
@@ -590,6 +590,11 @@ impl Sim {
                 None => format!("{id} delivered a wrong byte at offset {}", m.offset),
             };
             return self.violate(Some(n), what);
+        }
+        // Checked: the generator's bytes (the digest of a span of them is computed at the seal).
+        let c = self.nodes[n].clients.get_mut(&id).expect("a live client");
+        if let Some(hasher) = &mut c.hasher {
+            hasher.generated(&self.contents, shape, at, &data);
         }
         let r = &mut self.records[record];
         r.first_byte_at.get_or_insert(self.now);
