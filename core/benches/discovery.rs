@@ -3,15 +3,17 @@
 //! the steady state of a large cluster. What grows here with the membership is the cost per
 //! answer: each ask looks its address's tag up and each answer credits a member by address.
 //!
+//! Also: answering a roster fetch at the cap, encoded every time against the view's memo.
+//!
 //! Quick run: `cargo bench -p dart-core --bench discovery`.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use dart_core::codec::roster::Roster;
+use dart_core::codec::roster::{encode_roster, roster_body, Roster};
 use dart_core::discovery::{Directory, Seeds, Start, Timing, MEMBERS_MAX};
-use dart_core::membership::Member;
+use dart_core::membership::{Member, View};
 use dart_core::time::Instant;
 
 fn addr(i: usize) -> String {
@@ -64,5 +66,31 @@ fn steady_round(c: &mut Criterion) {
     assert_eq!(dir.contacts(now).len(), n, "every member still known");
 }
 
-criterion_group!(benches, steady_round);
+/// Answering a roster fetch at the membership cap: the roster of a view of `MEMBERS_MAX` members
+/// encoded and hashed for the answer (what every fetch cost before the memo), against the
+/// answer from the view's memo (what every fetch after the first of a view costs).
+fn roster_answer(c: &mut Criterion) {
+    let n = MEMBERS_MAX;
+    let members: Vec<Member> =
+        (0..n).map(|i| Member::ready(&format!("node-{i}"), &addr(i))).collect();
+    let me = members[0].clone();
+    let view = View::new(members);
+    let mut group = c.benchmark_group("discovery");
+    group.sample_size(20).measurement_time(Duration::from_secs(5));
+    group.bench_function(format!("roster_encode/{n}_members"), |bench| {
+        bench.iter(|| {
+            let body = encode_roster(&view, &me);
+            let mut hash = dart_core::hash::Fnv1a::default();
+            hash.write(body.as_bytes());
+            black_box((body, hash.finish()))
+        })
+    });
+    group.bench_function(format!("roster_memo/{n}_members"), |bench| {
+        bench.iter(|| black_box(roster_body(&view, &me)))
+    });
+    group.finish();
+    assert_eq!(roster_body(&view, &me).0, encode_roster(&view, &me).as_bytes());
+}
+
+criterion_group!(benches, steady_round, roster_answer);
 criterion_main!(benches);
