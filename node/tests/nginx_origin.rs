@@ -826,6 +826,13 @@ async fn an_object_replaced_during_a_read_through_a_peer_never_mixes_versions_an
     assert_eq!(g.status, 206);
     assert_bytes(&g.body, &v[0][..BLOCK as usize], "block 0 through the root");
     assert!(stats(&reader).block_source_peer >= 1, "block 0 came from the root");
+    // The root relayed block 0 on what the reader told it and probes nginx beside it; a probe
+    // still in flight when the object is replaced would teach it the new version first, and it
+    // would then never see a change. Its own read of block 0 waits for that probe: afterwards
+    // the root knows the old version, before the replacement.
+    let g = get(&c, &via(&root, &upstream), &[("range", first.as_str())]).await;
+    assert_eq!(g.status, 206);
+    assert_bytes(&g.body, &v[0][..BLOCK as usize], "block 0 read at the root");
     ngx.put("obj.txt", &v[1], mtime(1));
     // The whole read meets the replacement at block 1 (through the root, then nginx).
     let g = get(&c, &via(&reader, &upstream), &[]).await;
@@ -844,7 +851,11 @@ async fn an_object_replaced_during_a_read_through_a_peer_never_mixes_versions_an
     assert_eq!(g.header(ETAG), new_etag.as_deref());
     let (r, o) = (stats(&root), stats(&reader));
     assert!(o.object_changes + o.peer_version_mismatch >= 1, "the reader saw the change: {o:?}");
-    assert!(r.object_changes >= 1, "the root saw the change: {r:?}");
+    // The root saw the change, or (if its probe of the old version was still in flight when
+    // the object was replaced, which the read above makes unlikely) it learnt the new version
+    // first and stored no block of the old one.
+    let first_new = r.object_changes == 0 && r.relay_told_unstored >= 1;
+    assert!(r.object_changes >= 1 || first_new, "the root saw the change: {r:?}");
     println!("root stats {r:?}\nreader stats {o:?}");
 }
 
