@@ -51,6 +51,7 @@
 use crate::codec::roster::Roster;
 use crate::membership::{validate_member_id, Member, MemberIdError, MemberState, View};
 use crate::time::Instant;
+use crate::walk_gate::WalkGate;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -279,12 +280,10 @@ struct Round {
     started: Instant,
     asked: BTreeSet<String>,
     pending: BTreeSet<String>,
-    /// Addresses added to `asked` and `pending` since the round began, and the count at which
-    /// [`Directory::check_invariants`] last found `pending` within `asked`: only an addition can
-    /// break that (`asked` never loses one, and `pending` only loses them otherwise), so the
-    /// walk is made again only after one.
-    added: u64,
-    checked: std::cell::Cell<Option<u64>>,
+    /// Counts the addresses added to `asked` and `pending` since the round began, for
+    /// [`Directory::check_invariants`]'s `pending` within `asked`: only an addition can break
+    /// that (`asked` never loses one, and `pending` only loses them otherwise).
+    added: WalkGate,
 }
 
 /// The membership a node has learned, and its refresh loop; see the module doc.
@@ -302,13 +301,11 @@ pub struct Directory {
     /// answer by address are O(log members), not a walk of them (a round asks every member, so a
     /// walk per answer made a round's cost grow with the square of the membership).
     by_addr: BTreeMap<String, String>,
-    /// Changes made to which members `members` holds at which addresses, and so to `by_addr`
-    /// (counted by the three functions that make them; a contact's time is not one),
-    /// and the count [`Directory::check_invariants`] last walked them at: their agreement is
-    /// checked again only after a change (the walk is O(members log members) of string
-    /// compares, and the simulator checks after every event).
-    index_changes: u64,
-    index_checked: std::cell::Cell<Option<u64>>,
+    /// Counts the changes to which member `members` holds at which address, and so to
+    /// `by_addr` (made by `record`, `drop_member` and `forget`; a contact's time is not one),
+    /// for [`Directory::check_invariants`]'s walk of their agreement (O(members log members)
+    /// string compares).
+    index: WalkGate,
     /// Addresses heard of (not yet met), with when they were last heard.
     heard: BTreeMap<String, Instant>,
     round: Option<Round>,
@@ -361,8 +358,7 @@ impl Directory {
             resolved,
             members: BTreeMap::new(),
             by_addr: BTreeMap::new(),
-            index_changes: 0,
-            index_checked: std::cell::Cell::new(None),
+            index: WalkGate::default(),
             heard: BTreeMap::new(),
             round: None,
             resolving: None,
@@ -467,13 +463,8 @@ impl Directory {
         targets.remove(&self.me.addr);
         let asked: BTreeSet<String> = targets.into_iter().take(ROUND_ASKS_MAX).collect();
         let ask: Vec<String> = asked.iter().cloned().collect();
-        self.round = Some(Round {
-            started: now,
-            pending: asked.clone(),
-            asked,
-            added: 0,
-            checked: std::cell::Cell::new(None),
-        });
+        self.round =
+            Some(Round { started: now, pending: asked.clone(), asked, added: WalkGate::default() });
         if ask.is_empty() {
             self.end_round(now);
         }
@@ -524,7 +515,7 @@ impl Directory {
                         break;
                     }
                     if round.asked.insert(a.clone()) {
-                        round.added += 1;
+                        round.added.changed();
                         round.pending.insert(a.clone());
                         out.ask.push(a.clone());
                     }
@@ -670,7 +661,7 @@ impl Directory {
             *old = known;
             return;
         }
-        self.index_changes += 1;
+        self.index.changed();
         let addr = known.addr.clone();
         if let Some(old) = self.members.insert(id.to_owned(), known) {
             self.by_addr.remove(&old.addr);
@@ -682,7 +673,7 @@ impl Directory {
     /// Drops member `id`, and its address from `by_addr`.
     fn drop_member(&mut self, id: &str) {
         if let Some(k) = self.members.remove(id) {
-            self.index_changes += 1;
+            self.index.changed();
             self.by_addr.remove(&k.addr);
         }
     }
@@ -707,7 +698,9 @@ impl Directory {
             keep
         });
         let forgotten = before - self.members.len();
-        self.index_changes += forgotten as u64;
+        if forgotten > 0 {
+            self.index.changed();
+        }
         self.stats.forgotten += forgotten as u64;
         self.heard.retain(|_, heard| now.saturating_duration_since(*heard) <= forget_after);
     }
@@ -770,7 +763,7 @@ impl Directory {
         // One member per address follows: `by_addr` names one member per address, every
         // member is named at its own, and there are as many addresses as members. (Checked
         // without a set of its own, and walked again only after a change.)
-        if self.index_checked.get() != Some(self.index_changes) {
+        self.index.walk(|| {
             for (id, k) in &self.members {
                 assert_eq!(
                     self.by_addr.get(&k.addr),
@@ -779,14 +772,12 @@ impl Directory {
                     k.addr
                 );
             }
-            self.index_checked.set(Some(self.index_changes));
-        }
+        });
         if let Some(r) = &self.round {
             assert!(r.pending.len() <= r.asked.len() && self.resolving.is_none());
-            if r.checked.get() != Some(r.added) {
+            r.added.walk(|| {
                 assert!(r.pending.is_subset(&r.asked), "a pending address was not asked");
-                r.checked.set(Some(r.added));
-            }
+            });
         }
     }
 }

@@ -34,3 +34,4 @@ pub mod rng;
 pub mod time;
 pub mod tracker;
 pub mod tree;
+mod walk_gate;

@@ -39,10 +39,10 @@ pub struct SimHasher {
 /// Digests of noise slices by offset and length, shared by every [`SimHasher`] of the process:
 /// byte `i` of the noise is the same whatever the buffer's length ([`Contents::new`] extends one
 /// fixed sequence), so a slice's bytes, and its digest, depend on its offset and length alone.
-static MEMO: std::sync::Mutex<std::collections::BTreeMap<(usize, usize), BlockDigest>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
+static MEMO: std::sync::Mutex<BTreeMap<(usize, usize), BlockDigest>> =
+    std::sync::Mutex::new(BTreeMap::new());
 
-/// Slices remembered before the memo starts again (bounds its memory in a long run).
+/// Slices remembered before the memo starts again ([`remembered`]).
 const MEMO_MAX: usize = 1 << 20;
 
 impl SimHasher {
@@ -59,20 +59,30 @@ impl BlockHasher for SimHasher {
         if block.is_empty() || at < base || at + block.len() > base + self.noise.len() {
             return xxh3_128(block);
         }
-        let key = (at - base, block.len());
-        let memo = || MEMO.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(&digest) = memo().get(&key) {
-            return digest;
-        }
-        // Hashed outside the lock: runs on other threads look up their own slices meanwhile.
-        let digest = xxh3_128(block);
-        let mut memo = memo();
-        if memo.len() >= MEMO_MAX {
-            memo.clear();
-        }
-        memo.insert(key, digest);
-        digest
+        remembered(&MEMO, MEMO_MAX, (at - base, block.len()), || xxh3_128(block))
     }
+}
+
+/// `memo`'s value for `key`, computed by `make` (outside the lock: runs on other threads look up
+/// their own keys meanwhile) and remembered when absent; past `max` entries the memo starts
+/// again, which bounds its memory in a long sweep.
+fn remembered<K: Ord, V: Clone>(
+    memo: &std::sync::Mutex<BTreeMap<K, V>>,
+    max: usize,
+    key: K,
+    make: impl FnOnce() -> V,
+) -> V {
+    let lock = || memo.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(value) = lock().get(&key) {
+        return value.clone();
+    }
+    let value = make();
+    let mut memo = lock();
+    if memo.len() >= max {
+        memo.clear();
+    }
+    memo.insert(key, value.clone());
+    value
 }
 
 /// Where a delivered slice first differs from the generator.
@@ -269,20 +279,11 @@ impl BodyHash {
             BodyHash::Span { algorithm, span: Some((shape, from, len)) } => {
                 let key =
                     (algorithm == DigestAlgorithm::Sha256, contents.block_bytes, shape, from, len);
-                let memo =
-                    || SPAN_DIGESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if let Some(digest) = memo().get(&key) {
-                    return digest.clone();
-                }
-                let mut hasher = Hasher::new(algorithm);
-                hasher.update(&contents.window(shape, from, len));
-                let digest = hasher.finish();
-                let mut memo = memo();
-                if memo.len() >= SPAN_DIGESTS_MAX {
-                    memo.clear();
-                }
-                memo.insert(key, digest.clone());
-                digest
+                remembered(&SPAN_DIGESTS, SPAN_DIGESTS_MAX, key, || {
+                    let mut hasher = Hasher::new(algorithm);
+                    hasher.update(&contents.window(shape, from, len));
+                    hasher.finish()
+                })
             }
         }
     }

@@ -264,12 +264,10 @@ pub struct Engine {
     /// sized for eleven entries, 2 KB a node unboxed.
     objects: BTreeMap<String, Box<ObjectEntry>>,
     object_order: BTreeMap<u64, String>,
-    /// Changes made to `objects` and `object_order` (by [`Engine::insert`] and
-    /// [`Engine::forget`], the only two that make them), and the count at which
-    /// [`Engine::check_invariants`] last found them in step: walked again only after a change
-    /// (the walk is O(objects log objects), and the simulator checks after every event).
-    objects_changes: u64,
-    objects_checked: std::cell::Cell<Option<u64>>,
+    /// Counts the changes to `objects` and `object_order` (made by [`Engine::insert`] and
+    /// [`Engine::forget`] only), for [`Engine::check_invariants`]'s O(objects log objects) walk
+    /// of their agreement.
+    objects_gate: crate::walk_gate::WalkGate,
     next_seq: u64,
     stats: EngineStats,
     p2p: Option<P2p>,
@@ -341,8 +339,7 @@ impl Engine {
             config,
             objects: BTreeMap::new(),
             object_order: BTreeMap::new(),
-            objects_changes: 0,
-            objects_checked: std::cell::Cell::new(None),
+            objects_gate: crate::walk_gate::WalkGate::default(),
             next_seq: 0,
             stats: EngineStats::default(),
             p2p: None,
@@ -832,7 +829,7 @@ impl Engine {
         meta: ObjectMeta,
         fresh_until: Option<Instant>,
     ) {
-        self.objects_changes += 1;
+        self.objects_gate.changed();
         if let Some(old) = self.objects.remove(&id.id) {
             self.object_order.remove(&old.seq);
         }
@@ -886,7 +883,7 @@ impl Engine {
     /// size it had, for the caller to drop from the store.
     pub fn forget(&mut self, id: &ObjectId) -> Vec<BlockKey> {
         let Some(entry) = self.objects.remove(&id.id) else { return Vec::new() };
-        self.objects_changes += 1;
+        self.objects_gate.changed();
         self.object_order.remove(&entry.seq);
         match entry.info {
             ObjectInfo::Sized(size) => {
@@ -912,11 +909,10 @@ impl Engine {
         }
         assert!(self.objects.len() <= OBJECTS_MAX);
         assert_eq!(self.objects.len(), self.object_order.len());
-        if self.objects_checked.get() != Some(self.objects_changes) {
+        self.objects_gate.walk(|| {
             for (seq, id) in &self.object_order {
                 assert_eq!(self.objects.get(id).map(|e| e.seq), Some(*seq));
             }
-            self.objects_checked.set(Some(self.objects_changes));
-        }
+        });
     }
 }

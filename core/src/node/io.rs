@@ -83,19 +83,7 @@ impl Headers {
 
     /// The first value of `name` (case-insensitive).
     pub fn get(&self, name: &str) -> Option<&[u8]> {
-        // A plain walk over the ends, lengths first: this runs several times per exchange.
-        let name = name.as_bytes();
-        let mut start = 0;
-        for &(name_end, end) in &self.ends {
-            let (name_end, end) = (name_end as usize, end as usize);
-            if name_end - start == name.len()
-                && self.bytes[start..name_end].eq_ignore_ascii_case(name)
-            {
-                return Some(&self.bytes[name_end..end]);
-            }
-            start = end;
-        }
-        None
+        self.fields().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
     }
 
     /// The first value of `name` as text, if it is UTF-8.
@@ -110,10 +98,12 @@ impl Headers {
 
     /// Every field as bytes, in order.
     fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        let starts = std::iter::once(0).chain(self.ends.iter().map(|&(_, end)| end));
-        starts.zip(&self.ends).map(|(start, &(name_end, end))| {
-            let (start, name_end, end) = (start as usize, name_end as usize, end as usize);
-            (&self.bytes[start..name_end], &self.bytes[name_end..end])
+        // A plain walk over the ends (each field starts where the one before it ended): a look-up
+        // runs several times per exchange.
+        self.ends.iter().scan(0, |start, &(name_end, end)| {
+            let (from, name_end, end) = (*start, name_end as usize, end as usize);
+            *start = end;
+            Some((&self.bytes[from..name_end], &self.bytes[name_end..end]))
         })
     }
 
