@@ -27,7 +27,9 @@
 //! nginx's `sendfile` does without its thread pool; a failing disk then fails the write with
 //! `EFAULT`, while a reader in user space, such as a peer response's signature, would take
 //! `SIGBUS`. `pread` turns all of these into errors before the answer exists; the residency check
-//! before every mapped answer keeps the window for the last two small.
+//! before a mapped answer keeps the window for the last two short (the store takes a window
+//! found resident as still so for at most 10 ms, `RESIDENT_FOR` in `crate::store`'s arena, so
+//! that a hot window is not checked at every answer).
 //!
 //! # Why the bytes are copied into the socket, not sent with `sendfile`
 //! `sendfile` from the arena file would skip the copy into the socket (measured: hot 64 KiB

@@ -31,6 +31,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dart_core::hash::{fnv1a64, BlockKey, ChunkKey, Fnv1a};
@@ -208,6 +209,81 @@ struct Mapped {
     out: AtomicU32,
     /// The most `out` may reach.
     cap: u32,
+    /// Windows found resident lately, so that a hot window is not checked at every answer.
+    recent: Mutex<Recent>,
+}
+
+impl Mapped {
+    fn new(mapping: Mapping, cap: u32) -> Mapped {
+        Mapped { mapping, out: AtomicU32::new(0), cap, recent: Mutex::new(Recent::default()) }
+    }
+
+    /// Whether every page of the file's `offset..offset + len` is in the page cache: known from a
+    /// check of a window covering it at most [`RESIDENT_FOR`] before `now`, else checked now
+    /// (`mincore`) and, if so, remembered.
+    fn resident(&self, offset: u64, len: u64, now: Instant) -> bool {
+        if lock(&self.recent).covers(offset, len, now) {
+            return true;
+        }
+        let resident = self.mapping.resident(offset, len);
+        if resident {
+            lock(&self.recent).remember(offset, len, now);
+        }
+        resident
+    }
+}
+
+/// How long a window found resident is taken to stay so ([`Recent`]).
+pub(crate) const RESIDENT_FOR: Duration = Duration::from_millis(10);
+
+/// The last [`Recent::WINDOWS`] windows of an arena file found resident, with when. The residency
+/// check before a mapped answer keeps the answer's bytes from waiting for the disk on an async
+/// worker, and shortens the time in which a page evicted and failing to read back would fault a
+/// reader in user space (`crate::mapped`); taking a check [`RESIDENT_FOR`] old as still true
+/// widens that time by at most that much, and spares a hot window (one range read by many
+/// clients) a system call per answer, made under the node's lock. A slot's windows are forgotten
+/// before the slot is rewritten ([`Arena::begin_insert`]): a direct write drops the old bytes'
+/// pages.
+#[derive(Debug, Default)]
+struct Recent {
+    /// `(offset, len, when)`, the oldest replaced first.
+    windows: [Option<(u64, u64, Instant)>; Recent::WINDOWS],
+    next: usize,
+}
+
+impl Recent {
+    const WINDOWS: usize = 8;
+
+    /// Whether a window found resident at most [`RESIDENT_FOR`] before `now` covers
+    /// `offset..offset + len`.
+    fn covers(&self, offset: u64, len: u64, now: Instant) -> bool {
+        self.windows.iter().flatten().any(|&(at, n, when)| {
+            at <= offset
+                && offset + len <= at + n
+                && now.saturating_duration_since(when) <= RESIDENT_FOR
+        })
+    }
+
+    /// Notes `offset..offset + len` found resident at `now`.
+    fn remember(&mut self, offset: u64, len: u64, now: Instant) {
+        if let Some(same) =
+            self.windows.iter_mut().flatten().find(|(at, n, _)| (*at, *n) == (offset, len))
+        {
+            same.2 = now;
+            return;
+        }
+        self.windows[self.next] = Some((offset, len, now));
+        self.next = (self.next + 1) % Self::WINDOWS;
+    }
+
+    /// Forgets every window that overlaps `offset..offset + len`.
+    fn forget(&mut self, offset: u64, len: u64) {
+        for window in &mut self.windows {
+            if window.is_some_and(|(at, n, _)| at < offset + len && offset < at + n) {
+                *window = None;
+            }
+        }
+    }
 }
 
 /// The owner of a mapped answer's bytes: its pinned read, and the mapping.
@@ -275,7 +351,7 @@ impl SlotRead {
             return Err(self);
         };
         if mapped.out.fetch_add(1, Ordering::Relaxed) >= mapped.cap
-            || !mapped.mapping.resident(self.offset, self.len)
+            || !mapped.resident(self.offset, self.len, Instant::now())
         {
             mapped.out.fetch_sub(1, Ordering::Relaxed);
             return Err(self);
@@ -514,10 +590,10 @@ impl Arena {
         // Mapped only now: the file has its final length, and is never truncated again while
         // this process has it open (`crate::mapped`'s contract).
         if let Some(file) = &arena.file {
-            arena.mapped = arena.io.map(file, arena.layout.file_len).map(|mapping| {
-                let cap = slots / MAPPED_SHARE;
-                Arc::new(Mapped { mapping, out: AtomicU32::new(0), cap })
-            });
+            arena.mapped = arena
+                .io
+                .map(file, arena.layout.file_len)
+                .map(|mapping| Arc::new(Mapped::new(mapping, slots / MAPPED_SHARE)));
         }
         arena.check_invariants();
         Ok((arena, report))
@@ -840,6 +916,10 @@ impl Arena {
             self.next_seq += 1;
             SlotHeader { key, len, seq, data_sum }.encode()
         });
+        if let Some(mapped) = &self.mapped {
+            // No read pins the slot, so no mapped answer notes its windows until it is published.
+            lock(&mapped.recent).forget(self.layout.data_offset(slot), self.layout.block_bytes);
+        }
         let state = &mut self.slots[slot as usize];
         debug_assert!(state.live.is_none());
         let zero_header = state.header_on_disk;
@@ -1033,6 +1113,70 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_found_resident_is_trusted_for_a_bounded_time_and_forgotten_when_overlapped() {
+        let t0 = Instant::now();
+        let mut recent = Recent::default();
+        assert!(!recent.covers(0, 10, t0), "nothing known yet");
+        recent.remember(100, 50, t0);
+        assert!(recent.covers(100, 50, t0 + RESIDENT_FOR), "the same window, at the bound");
+        assert!(recent.covers(120, 10, t0), "a window inside it");
+        assert!(!recent.covers(90, 20, t0) && !recent.covers(140, 20, t0), "past either end");
+        assert!(!recent.covers(100, 50, t0 + RESIDENT_FOR + Duration::from_nanos(1)), "too old");
+        // Found again: the one entry is renewed, not a second one taken.
+        recent.remember(100, 50, t0 + RESIDENT_FOR);
+        assert!(recent.covers(100, 50, t0 + 2 * RESIDENT_FOR));
+        assert_eq!(recent.windows.iter().flatten().count(), 1);
+        // The oldest entry makes room.
+        for i in 0..Recent::WINDOWS as u64 {
+            recent.remember(1000 * (i + 1), 10, t0);
+        }
+        assert!(!recent.covers(100, 50, t0), "replaced");
+        assert!(recent.covers(1000, 10, t0) && recent.covers(8000, 10, t0));
+        // Forgetting a range drops every window it touches, and no other.
+        recent.forget(1005, 2000);
+        assert!(!recent.covers(1000, 10, t0) && !recent.covers(2000, 10, t0));
+        assert!(!recent.covers(3000, 10, t0), "overlaps at its first byte");
+        assert!(recent.covers(4000, 10, t0));
+    }
+
+    #[test]
+    fn a_rewritten_slot_is_checked_again_before_a_mapped_answer() {
+        let dir = crate::store::tests::TestDir::new("arena-recent");
+        std::fs::create_dir_all(dir.path()).expect("temp dir");
+        let io: Arc<dyn StoreIo> = Arc::new(crate::store::OsIo);
+        // Four slots: one mapped answer may be out (`MAPPED_SHARE`).
+        let (mut arena, _) =
+            Arena::open(dir.path().join("arena"), 9, 8192, 4, WarmStart::Cold, false, io)
+                .expect("open");
+        let put = |arena: &mut Arena, block: u64, byte: u8| {
+            let key = BlockKey { chunk: ChunkKey(5), block };
+            let write = arena.begin_insert(key, 8192, None).expect("begin");
+            let written = write.write(&[byte; 8192]);
+            assert!(matches!(arena.finish_insert(key, 8192, write, written), Ok(true)));
+            key
+        };
+        let a = put(&mut arena, 0, 1);
+        let slot = arena.slot_of(&a).expect("published");
+        let offset = arena.layout().data_offset(slot);
+        let window = Some((4096, 4096, 8192));
+        let answer = arena.read_mapped(&a, window).expect("buffered writes leave the bytes cached");
+        assert_eq!(&answer[..], &[1u8; 4096][..]);
+        drop(answer);
+        let mapped = arena.mapped.clone().expect("mapped");
+        assert!(lock(&mapped.recent).covers(offset + 4096, 4096, Instant::now()), "remembered");
+        // The slot is freed and taken again for another block: its windows are forgotten before
+        // the new bytes are written.
+        assert!(matches!(arena.remove(&a), Some(Ok(()))));
+        let mut b = put(&mut arena, 1, 2);
+        while arena.slot_of(&b) != Some(slot) {
+            b = put(&mut arena, b.block + 1, 2);
+        }
+        assert!(!lock(&mapped.recent).covers(offset + 4096, 4096, Instant::now()), "forgotten");
+        let answer = arena.read_mapped(&b, window).expect("cached");
+        assert_eq!(&answer[..], &[2u8; 4096][..], "the new block's bytes");
+    }
 
     #[test]
     fn slot_header_round_trips_and_a_torn_header_is_detected() {
