@@ -1057,16 +1057,19 @@ impl<D: Dialer> NodeDriver<D> {
         let mut resp = Response::new(body::empty());
         *resp.status_mut() = http::StatusCode::from_u16(head.status)
             .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-        for (name, value) in head.headers.iter() {
-            if let (Ok(n), Ok(v)) =
-                (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_bytes(value))
-            {
+        let remaining = head.content_length();
+        // The values are slices of the head's one buffer, not a copy each.
+        let (fields, spans) = head.headers.into_shared();
+        for (name, value) in spans {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(&fields[name]),
+                HeaderValue::from_maybe_shared(fields.slice(value)),
+            ) {
                 resp.headers_mut().append(n, v);
             }
         }
         let driver = guard.disarm();
         if head.body {
-            let remaining = head.content_length();
             let body = NodeBody {
                 rx,
                 driver,

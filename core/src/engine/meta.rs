@@ -3,6 +3,7 @@
 //! (`Content-Type`, `Cache-Control`, `Content-Disposition`), learnt at the size probe; and how
 //! long they are trusted before a revalidating probe.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Longest header value kept (longer ones are dropped: they are not validators we can trust).
@@ -11,29 +12,32 @@ pub const META_VALUE_MAX: usize = 1024;
 pub const FRESHNESS_MAX: Duration = Duration::from_secs(86_400);
 
 /// An object's validators and entity header fields, as the origin sent them.
+///
+/// The values are shared (`Arc<str>`): every answer of an object carries its fields, so a copy of
+/// them is a count raised, not an allocation per field per answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObjectMeta {
     /// `ETag`.
-    pub etag: Option<String>,
+    pub etag: Option<Arc<str>>,
     /// `Last-Modified`.
-    pub last_modified: Option<String>,
+    pub last_modified: Option<Arc<str>>,
     /// `Content-Type`.
-    pub content_type: Option<String>,
+    pub content_type: Option<Arc<str>>,
     /// `Cache-Control`.
-    pub cache_control: Option<String>,
+    pub cache_control: Option<Arc<str>>,
     /// `Content-Disposition`.
-    pub content_disposition: Option<String>,
+    pub content_disposition: Option<Arc<str>>,
 }
 
 /// The header fields [`ObjectMeta`] keeps, by name (lower case).
 pub const META_FIELDS: [&str; 5] =
     ["etag", "last-modified", "content-type", "cache-control", "content-disposition"];
 
-fn field(value: Option<&[u8]>) -> Option<String> {
+fn field(value: Option<&[u8]>) -> Option<Arc<str>> {
     let value = value?;
     let ok = value.len() <= META_VALUE_MAX
         && value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
-    ok.then(|| String::from_utf8_lossy(value).trim().to_owned()).filter(|v| !v.is_empty())
+    ok.then(|| Arc::from(String::from_utf8_lossy(value).trim())).filter(|v: &Arc<str>| !v.is_empty())
 }
 
 impl ObjectMeta {

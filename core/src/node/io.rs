@@ -8,6 +8,7 @@ use crate::engine::BlockClass;
 use crate::hash::BlockKey;
 use bytes::Bytes;
 use std::fmt;
+use std::ops::Range;
 use std::time::Duration;
 
 /// Most header fields a node looks at in one request or response; the rest are ignored.
@@ -98,13 +99,7 @@ impl Headers {
 
     /// Every field as bytes, in order.
     fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        // A plain walk over the ends (each field starts where the one before it ended): a look-up
-        // runs several times per exchange.
-        self.ends.iter().scan(0, |start, &(name_end, end)| {
-            let (from, name_end, end) = (*start, name_end as usize, end as usize);
-            *start = end;
-            Some((&self.bytes[from..name_end], &self.bytes[name_end..end]))
-        })
+        spans(self.ends.iter().copied()).map(|(n, v)| (&self.bytes[n], &self.bytes[v]))
     }
 
     /// Every field, in order.
@@ -113,6 +108,13 @@ impl Headers {
             // A name is a `&str` lower-cased byte by byte in ASCII: still UTF-8.
             (std::str::from_utf8(n).expect("a header name is UTF-8"), v)
         })
+    }
+
+    /// The fields' bytes as one shared buffer, and each field's name and value as ranges of it,
+    /// in order: a shell hands the values on as slices of the one buffer (no copy, no allocation
+    /// per field).
+    pub fn into_shared(self) -> (Bytes, impl Iterator<Item = (Range<usize>, Range<usize>)>) {
+        (Bytes::from(self.bytes), spans(self.ends.into_iter()))
     }
 
     /// How many fields.
@@ -124,6 +126,19 @@ impl Headers {
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
+}
+
+/// Each field's name and value as ranges of a [`Headers`] buffer, from the fields' ends: a plain
+/// walk (each field starts where the one before it ended), since a look-up runs several times per
+/// exchange.
+fn spans(
+    ends: impl Iterator<Item = (u32, u32)>,
+) -> impl Iterator<Item = (Range<usize>, Range<usize>)> {
+    ends.scan(0, |start, (name_end, end)| {
+        let (from, name_end, end) = (*start, name_end as usize, end as usize);
+        *start = end;
+        Some((from..name_end, name_end..end))
+    })
 }
 
 /// Bytes of fields a set of fields makes room for at its first field.
@@ -636,7 +651,8 @@ pub enum Output {
 mod tests {
     use super::*;
 
-    /// The one-buffer fields answer as the list of pairs they replaced, over random fields.
+    /// The one-buffer fields answer as the list of pairs they replaced, over random fields, and
+    /// so do their spans in the shared buffer.
     #[test]
     fn headers_answer_as_a_list_of_lower_cased_pairs() {
         use rand::{Rng as _, SeedableRng as _};
@@ -670,6 +686,13 @@ mod tests {
                 assert_eq!(headers.get(&name.to_ascii_uppercase()), want);
             }
             assert_eq!(format!("{headers:?}"), format!("Headers({model:?})"), "prints as before");
+            let (buf, spans) = headers.into_shared();
+            let shared: Vec<(String, Vec<u8>)> = spans
+                .map(|(n, v)| {
+                    (String::from_utf8(buf[n].to_vec()).expect("a name"), buf.slice(v).to_vec())
+                })
+                .collect();
+            assert_eq!(shared, model, "case {case}: the shared buffer's spans are the fields");
         }
         let h = Headers::new().with("Content-Length", "42").with("x", b"\xff");
         assert_eq!((h.get_u64("content-length"), h.get_str("x")), (Some(42), None));

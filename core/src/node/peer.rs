@@ -60,7 +60,7 @@ fn parse_told(headers: &Headers) -> Result<Option<Told>, &'static str> {
     let validator = |name| match headers.get(name) {
         None => Ok(None),
         Some(v) if !v.is_empty() && v.len() <= META_VALUE_MAX && header_safe(v) => {
-            Ok(Some(String::from_utf8(v.to_vec()).expect("visible ASCII is UTF-8")))
+            Ok(Some(std::str::from_utf8(v).expect("visible ASCII is UTF-8").into()))
         }
         Some(_) => Err("dart: bad object validator (visible ASCII, at most 1024 bytes)"),
     };

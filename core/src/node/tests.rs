@@ -2937,6 +2937,34 @@ fn content_addressed_and_public_objects_skip_the_check() {
     assert_eq!(h.sends()[0].purpose, Purpose::Probe, "a public upstream is not checked");
 }
 
+/// A public pattern names hosts without regard to case or a trailing dot, a suffix only what
+/// ends in it past its start; everything else is checked.
+#[test]
+fn public_patterns_match_hosts_without_regard_to_case() {
+    let cases = [
+        ("http://ORIGIN/o", true),
+        ("http://origin./o", true),
+        ("http://Blobs.Example.COM/o", true),
+        ("http://example.com/o", false),
+        ("http://xexample.com/o", false),
+        ("http://10.1.2.3/o", true),
+        ("http://origin2/o", false),
+    ];
+    for (i, (url, public)) in cases.into_iter().enumerate() {
+        let access = Access {
+            public: ["origin", "*.example.com", "10.0.0.0/8"]
+                .iter()
+                .map(|p| p.parse().expect("pattern"))
+                .collect(),
+            ..Access::default()
+        };
+        let mut h = Harness::new(node_with_access(engine(), "", access));
+        read_url(&mut h, i as u64 + 1, url, Headers::new());
+        let want = if public { Purpose::Probe } else { Purpose::Check };
+        assert_eq!(h.sends()[0].purpose, want, "{url}");
+    }
+}
+
 fn secret() -> ClusterSecret {
     ClusterSecret::from_bytes(b"a-cluster-secret-of-32-bytes-ok!").expect("secret")
 }
