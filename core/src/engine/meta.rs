@@ -37,7 +37,8 @@ fn field(value: Option<&[u8]>) -> Option<Arc<str>> {
     let value = value?;
     let ok = value.len() <= META_VALUE_MAX
         && value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
-    ok.then(|| Arc::from(String::from_utf8_lossy(value).trim())).filter(|v: &Arc<str>| !v.is_empty())
+    ok.then(|| Arc::from(String::from_utf8_lossy(value).trim()))
+        .filter(|v: &Arc<str>| !v.is_empty())
 }
 
 impl ObjectMeta {
