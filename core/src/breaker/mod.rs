@@ -32,6 +32,7 @@ use table::PeerTable;
 
 use crate::rng::{self, Rng};
 use crate::time::Instant;
+use crate::walk_gate::WalkGate;
 
 /// Per-peer circuit breaker: remembers which peers are failing so that requests to them fail
 /// fast instead of paying a dial timeout each, while probing so a recovered peer is used again
@@ -105,6 +106,10 @@ pub struct Breaker<K> {
     next_permit: u64,
     events: VecDeque<BreakerEvent<K>>,
     counters: BreakerCounters,
+    /// Counts calls of the writers (`begin_data`, `begin_roster`, `complete`, `handle_timeout`,
+    /// the only `&mut self` methods besides `poll_event`, which only pops an event): the peer
+    /// walk of [`Breaker::check_invariants`] runs again only after one.
+    walk_gate: WalkGate,
 }
 
 impl<K: Ord + Clone> Breaker<K> {
@@ -129,6 +134,7 @@ impl<K: Ord + Clone> Breaker<K> {
             next_permit: 0,
             events: VecDeque::new(),
             counters: BreakerCounters::default(),
+            walk_gate: WalkGate::default(),
         })
     }
 
@@ -141,6 +147,7 @@ impl<K: Ord + Clone> Breaker<K> {
     /// an open circuit whose cooldown elapsed half-open; a half-open admission reserves a probe
     /// slot until the permit is completed or reclaimed at its deadline.
     pub fn begin_data(&mut self, addr: &K, now: Instant) -> Admission<K> {
+        self.walk_gate.changed();
         if !self.config.enabled() {
             return Admission::Admitted(self.untracked(addr));
         }
@@ -173,6 +180,7 @@ impl<K: Ord + Clone> Breaker<K> {
     /// Starts a roster fetch to `addr`: never rejected (discovery has no alternative source) and
     /// never holds a probe slot, but its outcome is recorded like any other.
     pub fn begin_roster(&mut self, addr: &K, now: Instant) -> Permit<K> {
+        self.walk_gate.changed();
         if !self.config.enabled() {
             return self.untracked(addr);
         }
@@ -193,6 +201,7 @@ impl<K: Ord + Clone> Breaker<K> {
     /// generation are still current; a stale report changes nothing and never recreates an
     /// evicted entry.
     pub fn complete(&mut self, permit: Permit<K>, outcome: Outcome, now: Instant) -> Disposition {
+        self.walk_gate.changed();
         let Permit { slot, incarnation, generation, kind, id, .. } = permit;
         match kind {
             PermitKind::Untracked => return Disposition::Untracked,
@@ -225,6 +234,7 @@ impl<K: Ord + Clone> Breaker<K> {
     /// Reclaims every probe whose deadline is at or before `now` as a soft failure (which
     /// reopens its circuit). Afterwards `poll_timeout()` is `None` or later than `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.walk_gate.changed();
         let budget = self.config.tracked_peers_max * HALF_OPEN_PROBES_MAX as usize;
         for _ in 0..budget {
             let Some((&(deadline, id), &slot)) = self.deadlines.first_key_value() else {
@@ -304,25 +314,29 @@ impl<K: Ord + Clone> Breaker<K> {
         assert!(cfg.tracked_peers_max <= TRACKED_PEERS_MAX);
         assert!(self.peers.len() <= cfg.tracked_peers_max, "map above its cap");
         assert!(self.events.len() <= EVENTS_MAX);
-        self.peers.check(cfg.tracked_peers_max);
         if !cfg.enabled() {
             assert!(self.peers.len() == 0 && self.deadlines.is_empty());
         }
-        let mut clean = 0;
-        let mut probes = 0;
-        for (slot, _, entry) in self.peers.iter() {
-            assert!(entry.last_active < self.next_tick);
-            assert!(entry.incarnation > 0 && entry.incarnation < self.next_incarnation);
-            self.check_entry(entry);
-            for probe in entry.probes() {
-                assert!(probe.id < self.next_permit);
-                assert!(self.deadlines.get(&(probe.deadline, probe.id)) == Some(&slot));
+        // The walk of every peer: only after a writer ran (the simulator checks after every
+        // event, most of which touch no breaker).
+        self.walk_gate.walk(|| {
+            self.peers.check(cfg.tracked_peers_max);
+            let mut clean = 0;
+            let mut probes = 0;
+            for (slot, _, entry) in self.peers.iter() {
+                assert!(entry.last_active < self.next_tick);
+                assert!(entry.incarnation > 0 && entry.incarnation < self.next_incarnation);
+                self.check_entry(entry);
+                for probe in entry.probes() {
+                    assert!(probe.id < self.next_permit);
+                    assert!(self.deadlines.get(&(probe.deadline, probe.id)) == Some(&slot));
+                }
+                probes += entry.probes().len();
+                clean += usize::from(entry.is_clean());
             }
-            probes += entry.probes().len();
-            clean += usize::from(entry.is_clean());
-        }
-        assert_eq!(clean, self.clean, "clean count drifted");
-        assert_eq!(probes, self.deadlines.len(), "deadline index drifted");
+            assert_eq!(clean, self.clean, "clean count drifted");
+            assert_eq!(probes, self.deadlines.len(), "deadline index drifted");
+        });
     }
 
     fn check_entry(&self, entry: &Entry) {
