@@ -9,8 +9,9 @@
 
 use std::cell::Cell;
 
-/// Changes counted, and the count the last passing walk saw; see the module doc.
-#[derive(Debug, Default)]
+/// Changes counted, and the count the last passing walk saw; see the module doc. A clone is a
+/// gate of a clone of the structure, in the same state.
+#[derive(Clone, Debug, Default)]
 pub(crate) struct WalkGate {
     changes: u64,
     walked: Cell<Option<u64>>,

@@ -75,6 +75,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::time::Instant;
+use crate::walk_gate::WalkGate;
 
 /// Default number of targets a round looks for.
 pub const KEEP_DEFAULT: usize = 5;
@@ -232,6 +233,11 @@ pub struct BroadcastTargets<K> {
     published: Vec<K>,
     changed: bool,
     last_completed: Option<RoundToken>,
+    /// Counts calls of the writers (every `&mut self` method but [`Self::take_changed`], which
+    /// only clears `changed`, and [`Self::poll_ping`] when it hands out nothing): the check runs
+    /// again only after one (the simulator checks the touched node after every event, and most
+    /// events touch no broadcast round).
+    walk_gate: WalkGate,
 }
 
 impl<K: Ord + Clone> BroadcastTargets<K> {
@@ -249,6 +255,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
             published: Vec::new(),
             changed: false,
             last_completed: None,
+            walk_gate: WalkGate::default(),
         };
         targets.check_invariants();
         Ok(targets)
@@ -314,6 +321,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
         set: impl IntoIterator<Item = (K, Instant)>,
         now: Instant,
     ) -> bool {
+        self.walk_gate.changed();
         self.tick(now);
         let mut next: BTreeMap<K, Instant> = BTreeMap::new();
         for (peer, seen) in set.into_iter().take(DESIGNATED_MAX) {
@@ -348,6 +356,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
     /// Moves `peer`'s last contact to `last_seen` if it is designated and that is later; returns
     /// whether it is designated. The running round keeps its snapshot; the next one sees it.
     pub fn refresh_contact(&mut self, peer: &K, last_seen: Instant) -> bool {
+        self.walk_gate.changed();
         match self.designated.get_mut(peer) {
             Some(at) => {
                 *at = (*at).max(last_seen);
@@ -361,6 +370,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
     /// and the running round (a ping in flight to it is replaced). Returns whether it was
     /// designated. The epoch does not change: the round's other answers stay valid.
     pub fn forget(&mut self, peer: &K, now: Instant) -> bool {
+        self.walk_gate.changed();
         self.tick(now);
         if self.designated.remove(peer).is_none() {
             self.check_invariants();
@@ -399,6 +409,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
     /// Times out pings whose deadline has come (replacing them) and starts a round when one is
     /// due, shuffling its candidates with `rng`. An early or repeated call does nothing.
     pub fn handle_timeout<R: Rng + ?Sized>(&mut self, now: Instant, rng: &mut R) {
+        self.walk_gate.changed();
         self.tick(now);
         let due = match &self.round {
             Round::Idle { next_at } => next_at.is_some_and(|at| at <= self.clock),
@@ -418,6 +429,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
     /// The next ping to send, if any.
     pub fn poll_ping(&mut self) -> Option<Ping<K>> {
         let ping = self.outbox.pop_front()?;
+        self.walk_gate.changed();
         assert_eq!(Some(ping.token), self.current_round(), "only pings of the running round");
         Some(ping)
     }
@@ -426,6 +438,7 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
     /// wrong one or an error. Returns whether it resolved a ping in flight; an answer of another
     /// round or epoch, a repeated one, or one at or after the ping's deadline is ignored.
     pub fn ping_answered(&mut self, token: RoundToken, peer: &K, ok: bool, now: Instant) -> bool {
+        self.walk_gate.changed();
         self.tick(now);
         let mut publish_early = None;
         let counted = match &mut self.round {
@@ -457,6 +470,10 @@ impl<K: Ord + Clone> BroadcastTargets<K> {
 
     /// Panics if an internal invariant is broken.
     pub fn check_invariants(&self) {
+        self.walk_gate.walk(|| self.check_all());
+    }
+
+    fn check_all(&self) {
         assert_eq!(self.config.validate(), Ok(()));
         let keep = self.config.keep;
         assert!(self.designated.len() <= DESIGNATED_MAX);
