@@ -246,7 +246,7 @@ pub(crate) const RESIDENT_FOR: Duration = Duration::from_millis(10);
 /// pages.
 #[derive(Debug, Default)]
 struct Recent {
-    /// `(offset, len, when)`, the oldest replaced first.
+    /// `(offset, len, when)`, replaced in turn (a window found again renews its entry).
     windows: [Option<(u64, u64, Instant)>; Recent::WINDOWS],
     next: usize,
 }
@@ -1128,7 +1128,7 @@ mod tests {
         recent.remember(100, 50, t0 + RESIDENT_FOR);
         assert!(recent.covers(100, 50, t0 + 2 * RESIDENT_FOR));
         assert_eq!(recent.windows.iter().flatten().count(), 1);
-        // The oldest entry makes room.
+        // Entries are replaced in turn: the first is the next to go.
         for i in 0..Recent::WINDOWS as u64 {
             recent.remember(1000 * (i + 1), 10, t0);
         }
