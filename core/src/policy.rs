@@ -51,6 +51,22 @@ pub struct PatternError {
     pub reason: &'static str,
 }
 
+impl Pattern {
+    /// Whether host name `name` (without a trailing dot) is this host, or ends in this suffix past
+    /// its start, compared without regard to ASCII case (patterns are lower case); an address
+    /// pattern names no host.
+    pub fn matches_name(&self, name: &str) -> bool {
+        match self {
+            Pattern::Host(h) => h.eq_ignore_ascii_case(name),
+            Pattern::Suffix(s) => {
+                let (name, s) = (name.as_bytes(), s.as_bytes());
+                name.len() > s.len() && name[name.len() - s.len()..].eq_ignore_ascii_case(s)
+            }
+            Pattern::Net(_) => false,
+        }
+    }
+}
+
 impl FromStr for Pattern {
     type Err = PatternError;
 
@@ -271,11 +287,7 @@ impl UpstreamPolicy {
     }
 
     fn name_allowed(&self, name: &str) -> bool {
-        self.allow.iter().any(|p| match p {
-            Pattern::Host(h) => h == name,
-            Pattern::Suffix(s) => name.len() > s.len() && name.ends_with(s.as_str()),
-            Pattern::Net(_) => false,
-        })
+        self.allow.iter().any(|p| p.matches_name(name))
     }
 
     /// The check before any connection, by the URL's host and port: a literal address is judged

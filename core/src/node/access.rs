@@ -287,15 +287,10 @@ impl Node {
             return false;
         }
         let Some((host, _)) = crate::policy::url_host_port(url) else { return true };
-        // Compared without case (the patterns are lower case), without a lower-cased copy.
         let host = host.trim_end_matches('.');
         let public = access.public.iter().any(|p| match p {
-            Pattern::Host(h) => h.eq_ignore_ascii_case(host),
-            Pattern::Suffix(s) => {
-                let (host, s) = (host.as_bytes(), s.as_bytes());
-                host.len() > s.len() && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
-            }
             Pattern::Net(n) => host.parse::<std::net::IpAddr>().is_ok_and(|ip| n.contains(&ip)),
+            name => name.matches_name(host),
         });
         !public
     }
