@@ -6,6 +6,7 @@
 //! and served without a copy, and blocks that alias one buffer stay shared.
 
 use crate::bufpool::Buf;
+use crate::integrity::{BlockDigest, DigestStream};
 use bytes::Bytes;
 use std::ops::Range;
 
@@ -19,12 +20,24 @@ pub(super) struct BodyBuf {
     many: Option<(Buf, usize)>,
     /// Bytes to reserve when a second part makes a buffer necessary.
     reserve: usize,
+    /// The digest of the bytes copied into `many` so far, once [`BodyBuf::digesting`] asked for
+    /// one (unused while the body is one part).
+    digest: Option<DigestStream>,
 }
 
 impl BodyBuf {
     /// An empty body that reserves `reserve` bytes if it ever needs a buffer.
     pub fn with_reserve(reserve: usize) -> Self {
-        BodyBuf { one: None, many: None, reserve }
+        BodyBuf { one: None, many: None, reserve, digest: None }
+    }
+
+    /// Hashes the body's bytes as they are copied into one buffer, so that
+    /// [`BodyBuf::take_digested`] has their digest without reading them again (a body kept as
+    /// the one part it came in is not hashed here: the node's hasher may know its digest). For a
+    /// body whose digest will be needed: a block to store or to check. Call before the first part.
+    pub fn digesting(&mut self) {
+        debug_assert_eq!(self.len(), 0, "digesting starts before the first part");
+        self.digest = Some(DigestStream::new());
     }
 
     /// Sets how much a buffer reserves, if one is ever needed.
@@ -78,13 +91,28 @@ impl BodyBuf {
         }
         buf.as_mut_slice()[*filled..end].copy_from_slice(data);
         *filled = end;
+        if let Some(digest) = &mut self.digest {
+            // The part was just read: hashed from the cache, not from memory.
+            digest.update(data);
+        }
     }
 
-    /// Bytes `range` (a handle on the part when there is one, a copy otherwise).
+    /// Bytes `range` (a handle on the part when there is one, a copy otherwise: into a pooled
+    /// buffer when it is large, whose pages were touched before, so that a reader that lagged
+    /// behind a gathered body, such as a client whose response window was full, does not make
+    /// the process fault in fresh pages for its copy).
     pub fn slice(&self, range: Range<usize>) -> Bytes {
         match &self.one {
             Some(b) if self.many.is_none() => b.slice(range),
-            _ => Bytes::copy_from_slice(&self.held()[range]),
+            _ => {
+                let held = &self.held()[range];
+                if !crate::bufpool::pooled(held.len()) {
+                    return Bytes::copy_from_slice(held);
+                }
+                let mut copy = Buf::take(held.len());
+                copy.as_mut_slice().copy_from_slice(held);
+                copy.freeze()
+            }
         }
     }
 
@@ -96,15 +124,24 @@ impl BodyBuf {
     }
 
     /// Every byte, leaving the body empty.
+    #[cfg(test)]
     pub fn take(&mut self) -> Bytes {
-        match (self.one.take(), self.many.take()) {
+        self.take_digested().0
+    }
+
+    /// Every byte, leaving the body empty, and their digest when it was computed as they were
+    /// gathered ([`BodyBuf::digesting`], a body that came in more than one part).
+    pub fn take_digested(&mut self) -> (Bytes, Option<BlockDigest>) {
+        let digest = self.digest.take().filter(|_| self.many.is_some()).map(|d| d.finish());
+        let data = match (self.one.take(), self.many.take()) {
             (_, Some((mut buf, filled))) => {
                 buf.truncate(filled);
                 buf.freeze()
             }
             (Some(b), None) => b,
             (None, None) => Bytes::new(),
-        }
+        };
+        (data, digest)
     }
 }
 
@@ -128,6 +165,39 @@ mod tests {
         }
         assert_eq!((many.len(), &many.slice(1..5)[..]), (6, &b"bcde"[..]));
         assert_eq!(&many.take()[..], b"abcdef");
+    }
+
+    #[test]
+    fn a_gathered_body_is_digested_as_it_comes_in_and_a_body_in_one_part_is_not() {
+        let parts = [&b"abc"[..], b"", b"defgh", b"ijklmnopqrstuvwxyz"];
+        let mut gathered = BodyBuf::with_reserve(4);
+        gathered.digesting();
+        for part in parts {
+            gathered.push(Bytes::copy_from_slice(part));
+        }
+        let (data, digest) = gathered.take_digested();
+        assert_eq!(&data[..], b"abcdefghijklmnopqrstuvwxyz");
+        assert_eq!(digest, Some(crate::integrity::xxh3_128(&data)), "across a larger buffer too");
+        let mut one = BodyBuf::default();
+        one.digesting();
+        one.push(Bytes::from_static(b"whole"));
+        assert_eq!(one.take_digested(), (Bytes::from_static(b"whole"), None), "left to the hasher");
+        let mut plain = BodyBuf::default();
+        plain.push(Bytes::from_static(b"ab"));
+        plain.push(Bytes::from_static(b"cd"));
+        assert_eq!(plain.take_digested(), (Bytes::from_static(b"abcd"), None), "not asked for");
+    }
+
+    #[test]
+    fn a_large_lagging_copy_comes_from_the_pool_and_holds_the_bytes() {
+        let mut body = BodyBuf::with_reserve(300_000);
+        let whole: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        for part in whole.chunks(70_000) {
+            body.push(Bytes::copy_from_slice(part));
+        }
+        assert!(crate::bufpool::pooled(200_000) && !crate::bufpool::pooled(100));
+        assert_eq!(&body.slice(50_000..250_000)[..], &whole[50_000..250_000]);
+        assert_eq!(&body.slice(10..110)[..], &whole[10..110]);
     }
 
     #[test]

@@ -232,7 +232,11 @@ impl Node {
                         match plan_range_response(*start, *end, status, cr, cl) {
                             Ok(plan) => {
                                 let reserve = plan.read_max.min(BODY_RESERVE_MAX) as usize;
-                                let buf = BodyBuf::with_reserve(reserve);
+                                let mut buf = BodyBuf::with_reserve(reserve);
+                                if plan.honours_range() {
+                                    // A block the node may store: hashed as it is gathered.
+                                    buf.digesting();
+                                }
                                 let meta = ObjectMeta::from_fields(|n| headers.get(n));
                                 let meta = Box::new(meta);
                                 *body = OriginBody::Reading { plan, skip: plan.skip, buf, meta };
@@ -406,9 +410,12 @@ impl Node {
         else {
             unreachable!("a block window being read");
         };
-        let data = buf.take();
+        let (data, digest) = buf.take_digested();
         let body = finish_range_body(plan, *skip == 0, data.len() as u64)?;
         let meta = *std::mem::take(meta);
+        if let Some(digest) = digest {
+            self.remember_digest(&data, digest);
+        }
         Ok(Judged::Block(FetchedBlock { data, body, coalesced: false }, meta))
     }
 

@@ -377,11 +377,21 @@ impl Node {
             return *digest;
         }
         let digest = self.hasher.digest(block);
+        self.remember_digest(block, digest);
+        digest
+    }
+
+    /// Remembers that `block` (this handle) has `digest`, which [`Node::digest_of`] then answers
+    /// without hashing: for a block whose digest was computed as it was gathered.
+    pub(super) fn remember_digest(
+        &mut self,
+        block: &bytes::Bytes,
+        digest: crate::integrity::BlockDigest,
+    ) {
         if self.recent_digests.len() == RECENT_DIGESTS {
             self.recent_digests.pop_front();
         }
         self.recent_digests.push_back((block.clone(), digest));
-        digest
     }
 
     /// The digest block `key` had when this process stored it, while kept.

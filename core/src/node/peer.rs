@@ -491,6 +491,8 @@ impl Node {
                 }
                 let reserve = expected.min(BODY_RESERVE_MAX) as usize;
                 job.copy.reserve(reserve);
+                // Checked against its footer at the end: hashed as it is gathered.
+                job.copy.digesting();
                 self.start_streams(io, now);
             }
             IoEvent::Body(data) => self.peer_body(io, data, now),
@@ -507,8 +509,11 @@ impl Node {
     fn checked_block(&mut self, io: IoId) -> Result<Bytes, Observation> {
         let x = self.exchanges.get_mut(&io).expect("a live exchange");
         let Job::Peer(job) = &mut x.job else { unreachable!("a peer job") };
-        let (block, footer, expected) =
-            (job.copy.take(), std::mem::take(&mut job.footer), job.expected);
+        let ((block, digest), footer, expected) =
+            (job.copy.take_digested(), std::mem::take(&mut job.footer), job.expected);
+        if let Some(digest) = digest {
+            self.remember_digest(&block, digest);
+        }
         match check_block(block, &footer, expected, |b| self.digest_of(b)) {
             Ok(block) => {
                 self.engine.note_peer_digest(true);
