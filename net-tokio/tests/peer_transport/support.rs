@@ -173,9 +173,9 @@ pub struct CountingListener {
 }
 
 impl Listener for CountingListener {
-    type Io = TcpStream;
+    type Io = <TcpListener as Listener>::Io;
 
-    async fn accept(&mut self) -> io::Result<(TcpStream, SocketAddr)> {
+    async fn accept(&mut self) -> io::Result<(Self::Io, SocketAddr)> {
         let accepted = Listener::accept(&mut self.inner).await?;
         self.accepts.fetch_add(1, Ordering::SeqCst);
         Ok(accepted)
