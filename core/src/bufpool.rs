@@ -54,12 +54,6 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
     POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Whether a buffer of `len` bytes comes from the pool ([`Buf::take`]; smaller and larger ones
-/// are plain allocations).
-pub fn pooled(len: usize) -> bool {
-    class_of(len).is_some()
-}
-
 /// The class of a read of `len` bytes, if it takes a pooled buffer.
 fn class_of(len: usize) -> Option<usize> {
     if !((1 << MIN_SHIFT) / 2..=1 << MAX_SHIFT).contains(&len) {

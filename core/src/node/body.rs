@@ -97,22 +97,11 @@ impl BodyBuf {
         }
     }
 
-    /// Bytes `range` (a handle on the part when there is one, a copy otherwise: into a pooled
-    /// buffer when it is large, whose pages were touched before, so that a reader that lagged
-    /// behind a gathered body, such as a client whose response window was full, does not make
-    /// the process fault in fresh pages for its copy).
+    /// Bytes `range` (a handle on the part when there is one, a copy otherwise).
     pub fn slice(&self, range: Range<usize>) -> Bytes {
         match &self.one {
             Some(b) if self.many.is_none() => b.slice(range),
-            _ => {
-                let held = &self.held()[range];
-                if !crate::bufpool::pooled(held.len()) {
-                    return Bytes::copy_from_slice(held);
-                }
-                let mut copy = Buf::take(held.len());
-                copy.as_mut_slice().copy_from_slice(held);
-                copy.freeze()
-            }
+            _ => Bytes::copy_from_slice(&self.held()[range]),
         }
     }
 
@@ -186,18 +175,6 @@ mod tests {
         plain.push(Bytes::from_static(b"ab"));
         plain.push(Bytes::from_static(b"cd"));
         assert_eq!(plain.take_digested(), (Bytes::from_static(b"abcd"), None), "not asked for");
-    }
-
-    #[test]
-    fn a_large_lagging_copy_comes_from_the_pool_and_holds_the_bytes() {
-        let mut body = BodyBuf::with_reserve(300_000);
-        let whole: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
-        for part in whole.chunks(70_000) {
-            body.push(Bytes::copy_from_slice(part));
-        }
-        assert!(crate::bufpool::pooled(200_000) && !crate::bufpool::pooled(100));
-        assert_eq!(&body.slice(50_000..250_000)[..], &whole[50_000..250_000]);
-        assert_eq!(&body.slice(10..110)[..], &whole[10..110]);
     }
 
     #[test]
