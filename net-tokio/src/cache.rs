@@ -46,14 +46,6 @@ pub trait BlockCache: Send + Sync + 'static {
     fn blocking(&self) -> bool {
         false
     }
-    /// Whether the store has work that [`BlockCache::upkeep`] does (cheap: the driver asks after
-    /// every look-up it carries out).
-    fn upkeep_due(&self) -> bool {
-        false
-    }
-    /// Does the store's deferred work (for the disk store: sealing blocks the RAM tier reads
-    /// often, [`crate::sealed`]); may copy blocks, so the driver runs it on the blocking pool.
-    fn upkeep(&self) {}
     /// Offers a validated block; best effort (a refusal or an I/O error never fails a read).
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass);
     /// [`BlockCache::put`] with the block's digest when the node has it
@@ -176,14 +168,6 @@ impl BlockCache for crate::store::BlockStore {
 
     fn blocking(&self) -> bool {
         true
-    }
-
-    fn upkeep_due(&self) -> bool {
-        crate::store::BlockStore::upkeep_due(self)
-    }
-
-    fn upkeep(&self) {
-        crate::store::BlockStore::upkeep(self);
     }
 
     fn put(&self, key: BlockKey, data: &Bytes, class: BlockClass) {

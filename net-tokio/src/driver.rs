@@ -565,14 +565,6 @@ impl<D: Dialer> NodeDriver<D> {
                 Deferred::Event(e) => self.record(e),
             }
         }
-        if self.store.upkeep_due() {
-            // Copies (a block sealed for answers without a copy): off the lock and the workers.
-            let driver = self.clone();
-            self.rt.spawn_blocking(move || {
-                let upkeep = || driver.store.upkeep();
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(upkeep));
-            });
-        }
     }
 
     fn record(&self, event: Event) {

@@ -22,7 +22,6 @@ pub mod mapped;
 pub mod metrics;
 pub mod origin_server;
 pub mod registry_auth;
-pub mod sealed;
 pub mod seam;
 pub mod server;
 pub mod store;

@@ -1,5 +1,4 @@
-//! Read-only shared mappings of the store's arena files (with `crate::sealed`, the workspace's only
-//! `unsafe` code).
+//! Read-only shared mappings of the store's arena files: the workspace's only `unsafe` code.
 //!
 //! A disk-tier hit whose bytes the page cache holds can be answered with a [`bytes::Bytes`] that
 //! points into the arena file's mapping, so the client's socket write copies the page cache's
@@ -42,9 +41,7 @@
 //! `crate::guard`'s `bytes_written_from_a_mapping_are_the_bytes_at_write_time`. Punching the slot
 //! out of the file before its rewrite would not make `sendfile` safe: the kernel zeroes in place
 //! the part of a page-cache folio that straddles the punched range's edge (docs/benchmarks.md,
-//! "Where the rest of the gap is"). RAM-tier blocks read often are sent with `sendfile` instead
-//! ([`crate::sealed`]): a sealed memory file is never rewritten, by anyone, which is the
-//! invariant the arena's slots cannot keep.
+//! "Where the rest of the gap is").
 #![allow(unsafe_code)]
 
 use std::fs::File;

@@ -487,12 +487,6 @@ impl prometheus_client::collector::Collector for Collected {
             "how",
             &reads,
         )?;
-        let help = "Sealed memory files alive (crate sealed: RAM-tier blocks read often, copied \
-                    once so that answers leave without a copy into the socket), including those \
-                    only answers in flight still hold.";
-        plain_gauge(&mut enc, "dart_sealed_blocks", help, crate::sealed::live())?;
-        let help = "Answer bytes written to sockets with sendfile from sealed blocks, not copied.";
-        plain_counter(&mut enc, "dart_sent_without_copy_bytes", help, crate::sealed::sent().0)?;
         let health = self.cache.health();
         let degraded = ConstGauge::new(i64::from(health.is_degraded()));
         let m = enc.encode_descriptor(

@@ -111,105 +111,16 @@ pub async fn dial_checked<D: Dialer>(
 }
 
 impl Listener for tokio::net::TcpListener {
-    type Io = TcpConn;
+    type Io = tokio::net::TcpStream;
 
     async fn accept(&mut self) -> io::Result<(Self::Io, SocketAddr)> {
         let (s, a) = tokio::net::TcpListener::accept(self).await?;
         s.set_nodelay(true)?;
-        Ok((TcpConn(s), a))
+        Ok((s, a))
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         tokio::net::TcpListener::local_addr(self)
-    }
-}
-
-/// An accepted TCP connection on tokio. Its vectored writes send a slice that lies in a sealed
-/// block ([`crate::sealed`]) with `sendfile` from the block's memory file instead of copying it
-/// into the socket (the bytes before it go first, with `MSG_MORE`, so that they leave in one
-/// packet with the block's); everything else is tokio's own write. Under madsim, whose sockets
-/// are simulated, it is tokio's stream alone.
-#[derive(Debug)]
-pub struct TcpConn(pub tokio::net::TcpStream);
-
-impl TcpConn {
-    /// Writes `bufs` if one of them is a sealed block's slice worth a `sendfile`
-    /// ([`crate::sealed::SEND_MIN`]): the bytes before it, or else its own. `None` when none is.
-    #[cfg(not(madsim))]
-    fn poll_write_sealed(
-        &mut self,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Option<Poll<io::Result<usize>>> {
-        use std::os::fd::AsRawFd as _;
-        let sealed = bufs
-            .iter()
-            .position(|b| b.len() >= crate::sealed::SEND_MIN && crate::sealed::is_sealed(b))?;
-        let socket = self.0.as_raw_fd();
-        let send = || match sealed {
-            0 => crate::sealed::send_sealed(socket, &bufs[0])
-                .unwrap_or_else(|| Err(io::Error::other("a sealed slice is no longer sealed"))),
-            _ => crate::sealed::send_more(socket, &bufs[..sealed]),
-        };
-        loop {
-            match self.0.poll_write_ready(cx) {
-                Poll::Pending => return Some(Poll::Pending),
-                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
-                Poll::Ready(Ok(())) => {}
-            }
-            match self.0.try_io(tokio::io::Interest::WRITABLE, send) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                done => return Some(Poll::Ready(done)),
-            }
-        }
-    }
-}
-
-impl AsyncRead for TcpConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TcpConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        #[cfg(not(madsim))]
-        if let Some(polled) = self.poll_write_sealed(cx, &[io::IoSlice::new(buf)]) {
-            return polled;
-        }
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        #[cfg(not(madsim))]
-        if let Some(polled) = self.poll_write_sealed(cx, bufs) {
-            return polled;
-        }
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 

@@ -219,20 +219,16 @@ pub async fn start_on<S: Seam>(
     let (p2p, seeds) = p2p_setup(flags)?;
     let store: Arc<dyn BlockCache> = match store {
         Some(store) => store,
-        None => {
-            let store = open_disk_cache(
-                &flags.cache_dir,
-                flags.cache_size,
-                flags.mem_size,
-                flags.block_size,
-                flags.owned_fraction,
-                flags.warm_start,
-                flags.buffered_writes,
-            )
-            .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?;
-            store.set_sealed_max(limits::sealed_budget(limits::open_file_limit()));
-            store
-        }
+        None => open_disk_cache(
+            &flags.cache_dir,
+            flags.cache_size,
+            flags.mem_size,
+            flags.block_size,
+            flags.owned_fraction,
+            flags.warm_start,
+            flags.buffered_writes,
+        )
+        .with_context(|| format!("opening cache in {}", flags.cache_dir.display()))?,
     };
     let layout = if flags.oci_digest_only { IdLayout::OciOnly } else { IdLayout::Distribution };
     let cut_through = !flags.store_and_forward;

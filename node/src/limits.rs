@@ -44,22 +44,13 @@ pub fn open_file_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
-/// Most RAM-tier blocks sealed at once (`dart_net_tokio::sealed`: each holds a descriptor): the
-/// store's default, or an eighth of `soft_limit`'s descriptors if that is fewer.
-pub fn sealed_budget(soft_limit: Option<u64>) -> usize {
-    let default = dart_net_tokio::store::SEALED_MAX_DEFAULT;
-    soft_limit.map_or(default, |limit| default.min(usize::try_from(limit / 8).unwrap_or(default)))
-}
-
 /// Most connections each of `data_listeners` listeners (client, peer) may serve so that the
 /// process stays under `soft_limit` descriptors: every inbound request may hold one outbound
-/// exchange (an origin or peer fetch, a passthrough), so each connection counts twice, after
-/// [`FD_RESERVE`] and the sealed blocks' descriptors ([`sealed_budget`]).
+/// exchange (an origin or peer fetch, a passthrough), so each connection counts twice.
 pub fn connection_budget(soft_limit: Option<u64>, data_listeners: usize) -> usize {
     assert!(data_listeners > 0, "at least the client listener");
     let Some(limit) = soft_limit else { return usize::MAX };
-    let reserve = FD_RESERVE + sealed_budget(soft_limit) as u64;
-    let per_listener = limit.saturating_sub(reserve) / (2 * data_listeners as u64);
+    let per_listener = limit.saturating_sub(FD_RESERVE) / (2 * data_listeners as u64);
     usize::try_from(per_listener).unwrap_or(usize::MAX).max(CONNECTIONS_FLOOR)
 }
 
@@ -69,15 +60,10 @@ mod tests {
 
     #[test]
     fn the_budget_leaves_the_reserve_and_a_descriptor_per_exchange() {
-        // 1,024 descriptors: 128 reserved, 128 for sealed blocks.
-        assert_eq!(connection_budget(Some(1024), 1), 384);
-        assert_eq!(connection_budget(Some(1024), 2), 192);
-        assert_eq!(connection_budget(Some(1 << 20), 1), ((1 << 20) - 128 - 256) / 2);
+        assert_eq!(connection_budget(Some(1024), 1), 448);
+        assert_eq!(connection_budget(Some(1024), 2), 224);
+        assert_eq!(connection_budget(Some(1 << 20), 1), ((1 << 20) - 128) / 2);
         assert_eq!(connection_budget(None, 2), usize::MAX);
-        assert_eq!(sealed_budget(Some(1024)), 128);
-        assert_eq!(sealed_budget(Some(1 << 20)), 256);
-        assert_eq!(sealed_budget(Some(0)), 0, "no descriptors to spare: nothing sealed");
-        assert_eq!(sealed_budget(None), 256);
     }
 
     #[test]

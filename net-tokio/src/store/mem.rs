@@ -15,25 +15,9 @@ use super::lru::SlotList;
 /// is reused, because reuse replaces the slot's buffer instead of writing into it.
 /// [`MemTier::len`] is the index length: O(1) and exact on every path by construction
 /// (issue #18 A1).
-///
-/// A block read a second time while held ([`SEAL_AFTER`] hits) is due to be sealed: copied into a
-/// sealed memory file ([`crate::sealed`]) whose pages a socket can take without a copy. The tier
-/// only names the blocks due ([`MemTier::take_due`]); the store copies them outside its lock and
-/// swaps each in where the slab still holds the same buffer ([`MemTier::replace`]).
 #[derive(Debug)]
 pub(crate) struct MemTier {
     block_bytes: usize,
-    /// Whether blocks read often are sealed ([`MemTier::stop_sealing`] turns it off for good).
-    sealing: bool,
-    /// Most slabs sealed at once (each is a descriptor: [`MemTier::set_sealed_max`]).
-    sealed_max: usize,
-    /// Which slabs hold a sealed block, and how many do.
-    sealed: Vec<bool>,
-    sealed_count: usize,
-    /// Hits of each slab's block since it was put, up to [`SEAL_AFTER`].
-    hits: Vec<u8>,
-    /// Keys due to be sealed, at most [`DUE_MAX`].
-    due: Vec<BlockKey>,
     slabs: Vec<Bytes>,
     keys: Vec<Option<BlockKey>>,
     index: HashMap<BlockKey, u32>,
@@ -43,29 +27,12 @@ pub(crate) struct MemTier {
     closed: bool,
 }
 
-/// Hits after which a held block is due to be sealed: a block read again is likely read more.
-pub(crate) const SEAL_AFTER: u8 = 2;
-
-/// Most blocks sealed at once unless [`MemTier::set_sealed_max`] says otherwise.
-pub const SEALED_MAX_DEFAULT: usize = 256;
-
-/// Most keys due to be sealed at once; a hit that finds the list full leaves its block as it is
-/// (its next hits do not ask again: it is sealed only if a later put brings it back).
-const DUE_MAX: usize = 16;
-
 impl MemTier {
     /// An empty tier of `slots >= 1` slabs.
     pub(crate) fn new(slots: u32, block_bytes: usize) -> Self {
         assert!(slots >= 1 && block_bytes >= 1);
         MemTier {
             block_bytes,
-            // madsim's sockets are simulated: nothing there could send from a sealed block.
-            sealing: cfg!(not(madsim)),
-            sealed_max: SEALED_MAX_DEFAULT,
-            sealed: vec![false; slots as usize],
-            sealed_count: 0,
-            hits: vec![0; slots as usize],
-            due: Vec::new(),
             slabs: vec![Bytes::new(); slots as usize],
             keys: vec![None; slots as usize],
             index: HashMap::with_capacity(slots as usize),
@@ -94,70 +61,7 @@ impl MemTier {
     pub(crate) fn get(&mut self, key: &BlockKey) -> Option<Bytes> {
         let slot = *self.index.get(key)?;
         self.lru.touch(slot);
-        let hits = &mut self.hits[slot as usize];
-        if *hits < SEAL_AFTER {
-            *hits += 1;
-            let room = self.sealed_count + self.due.len() < self.sealed_max;
-            if *hits == SEAL_AFTER && self.sealing && room && self.due.len() < DUE_MAX {
-                self.due.push(*key);
-            }
-        }
         Some(self.slabs[slot as usize].clone())
-    }
-
-    /// Whether a block is due to be sealed.
-    pub(crate) fn has_due(&self) -> bool {
-        !self.due.is_empty()
-    }
-
-    /// The blocks due to be sealed that are still held and not sealed yet, leaving none due.
-    pub(crate) fn take_due(&mut self) -> Vec<(BlockKey, Bytes)> {
-        let due = std::mem::take(&mut self.due);
-        due.into_iter()
-            .filter_map(|key| {
-                let slab = &self.slabs[*self.index.get(&key)? as usize];
-                (!crate::sealed::is_sealed(slab)).then(|| (key, slab.clone()))
-            })
-            .collect()
-    }
-
-    /// Puts `sealed`, a copy of `old` (the caller's to check), in `key`'s slab if it still holds
-    /// `old` (the same buffer): readers holding `old` keep it. Returns whether it did.
-    pub(crate) fn replace(&mut self, key: &BlockKey, old: &Bytes, sealed: Bytes) -> bool {
-        let Some(&slot) = self.index.get(key) else { return false };
-        let slab = &mut self.slabs[slot as usize];
-        if slab.as_ptr() != old.as_ptr() || slab.len() != old.len() || sealed.len() != old.len() {
-            return false;
-        }
-        *slab = sealed;
-        if !std::mem::replace(&mut self.sealed[slot as usize], true) {
-            self.sealed_count += 1;
-        }
-        true
-    }
-
-    /// Seals at most `max` slabs at once: each sealed block holds a descriptor, which the node
-    /// budgets against its open-file limit. 0 seals none.
-    pub(crate) fn set_sealed_max(&mut self, max: usize) {
-        self.sealed_max = max;
-    }
-
-    /// Slabs holding a sealed block.
-    pub(crate) fn sealed_count(&self) -> usize {
-        self.sealed_count
-    }
-
-    /// Slot `slot` no longer holds its block: it is not sealed any more.
-    fn unseal(&mut self, slot: u32) {
-        if std::mem::replace(&mut self.sealed[slot as usize], false) {
-            self.sealed_count -= 1;
-        }
-    }
-
-    /// Seals no more blocks (the system refused a memory file); drops the keys due.
-    pub(crate) fn stop_sealing(&mut self) {
-        self.sealing = false;
-        self.due.clear();
     }
 
     /// Stores `data` under `key`, evicting the LRU slab if full. Write-once: a held key keeps its
@@ -190,9 +94,7 @@ impl MemTier {
         } else {
             Bytes::copy_from_slice(data)
         };
-        self.unseal(slot);
         self.keys[slot as usize] = Some(key);
-        self.hits[slot as usize] = 0;
         self.index.insert(key, slot);
         self.lru.push_front(slot);
         true
@@ -204,7 +106,6 @@ impl MemTier {
             return false;
         };
         self.unlink(slot);
-        self.unseal(slot);
         self.slabs[slot as usize] = Bytes::new();
         self.free.push(slot);
         true
@@ -221,9 +122,6 @@ impl MemTier {
         self.index.clear();
         self.lru.clear();
         self.keys.fill(None);
-        self.due.clear();
-        self.sealed.fill(false);
-        self.sealed_count = 0;
         self.slabs.iter_mut().for_each(|s| *s = Bytes::new());
         self.free = (0..self.slots()).rev().collect();
     }
@@ -246,10 +144,7 @@ impl MemTier {
         }
         for &slot in &self.free {
             assert!(self.keys[slot as usize].is_none() && !self.lru.contains(slot));
-            assert!(!self.sealed[slot as usize], "a free slab holds no sealed block");
         }
-        let sealed = self.sealed.iter().filter(|&&s| s).count();
-        assert_eq!(sealed, self.sealed_count);
     }
 }
 
@@ -291,73 +186,6 @@ mod tests {
         check(&m, 0);
         assert!(!m.put(key(4), &Bytes::from_static(b"late")), "a closed tier keeps nothing");
         check(&m, 0);
-    }
-
-    #[test]
-    fn a_block_read_twice_is_due_to_be_sealed_once_and_swapped_only_while_still_held() {
-        // Blocks of at least half a slab are kept as the caller's handles.
-        let mut m = MemTier::new(2, 6);
-        let one = Bytes::from(b"one".to_vec());
-        m.put(key(1), &one);
-        m.put(key(2), &Bytes::from(b"two".to_vec()));
-        assert!(m.get(&key(1)).is_some() && !m.has_due(), "one hit is not enough");
-        assert!(m.get(&key(1)).is_some() && m.has_due(), "the second hit makes it due");
-        m.get(&key(1));
-        let due = m.take_due();
-        assert_eq!(due.len(), 1, "due once, however often it is read");
-        assert!(!m.has_due() && m.take_due().is_empty());
-        let (k, old) = &due[0];
-        assert_eq!((*k, old.as_ptr()), (key(1), one.as_ptr()));
-        let sealed = crate::sealed::seal(old).expect("memfd");
-        assert!(!m.replace(k, &Bytes::from(b"one".to_vec()), sealed.clone()), "another buffer");
-        assert!(m.replace(k, old, sealed.clone()));
-        assert_eq!(m.get(&key(1)).map(|b| b.as_ptr()), Some(sealed.as_ptr()));
-        assert!(!m.replace(k, old, sealed.clone()), "it no longer holds the old buffer");
-        m.check_invariants();
-
-        // A key put again after an eviction is a new block: its hits start again, and a block
-        // due whose slab was reused meanwhile is not sealed.
-        m.get(&key(2));
-        m.get(&key(2));
-        m.put(key(3), &Bytes::from(b"three".to_vec()));
-        m.put(key(4), &Bytes::from(b"four".to_vec()));
-        assert!(m.take_due().is_empty(), "key 2 left before its turn");
-        m.get(&key(4));
-        assert!(!m.has_due());
-        m.stop_sealing();
-        m.get(&key(4));
-        assert!(!m.has_due(), "a tier that stopped sealing names nothing");
-    }
-
-    #[test]
-    fn sealed_blocks_stay_within_their_cap_and_leave_it_with_their_slab() {
-        let mut m = MemTier::new(3, 4);
-        m.set_sealed_max(1);
-        let blocks: Vec<Bytes> = (0..3).map(|i| Bytes::from(vec![i as u8; 4])).collect();
-        for (i, b) in blocks.iter().enumerate() {
-            m.put(key(i as u64), b);
-            m.get(&key(i as u64));
-            m.get(&key(i as u64));
-        }
-        let due = m.take_due();
-        assert_eq!(due.len(), 1, "the cap leaves room for one");
-        let (k, old) = &due[0];
-        assert!(m.replace(k, old, crate::sealed::seal(old).expect("memfd")));
-        assert_eq!(m.sealed_count(), 1);
-        m.check_invariants();
-        m.get(&key(1));
-        m.get(&key(2));
-        assert!(!m.has_due(), "full: nothing more is due");
-        assert!(m.remove(k));
-        assert_eq!(m.sealed_count(), 0, "its slab let it go");
-        m.put(key(7), &Bytes::from_static(b"new!"));
-        m.get(&key(7));
-        m.get(&key(7));
-        assert!(m.has_due(), "room again");
-        m.check_invariants();
-        m.close();
-        assert_eq!(m.sealed_count(), 0);
-        m.check_invariants();
     }
 
     #[test]

@@ -112,7 +112,6 @@ pub use io::{OsIo, StoreIo};
 use arena::{checksum_of_digest, slot_checksum};
 use config::Budgets;
 use mem::MemTier;
-pub use mem::SEALED_MAX_DEFAULT;
 use tiered::{lock, PutOutcome, Tiered};
 
 /// Which disk budget a block is put into; the core decides (`Engine::class_of`).
@@ -159,8 +158,6 @@ pub struct BlockStore {
     /// `None` when the RAM budget is below one block.
     mem: Option<Mutex<MemTier>>,
     mem_slots: u32,
-    /// Set when a RAM-tier hit made a block due to be sealed ([`BlockStore::upkeep`]).
-    seal_due: AtomicBool,
     admit_rejected: AtomicU64,
     closed: AtomicBool,
     /// The held directory lock; dropped by [`BlockStore::close`].
@@ -209,7 +206,6 @@ impl BlockStore {
             disk,
             mem,
             mem_slots: budgets.mem_slots,
-            seal_due: AtomicBool::new(false),
             admit_rejected: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             dir_lock: Mutex::new(Some(dir_lock)),
@@ -252,7 +248,7 @@ impl BlockStore {
         if self.is_closed() {
             return Some(None);
         }
-        if let Some(bytes) = self.mem.as_ref().and_then(|mem| self.mem_get(mem, key)) {
+        if let Some(bytes) = self.mem.as_ref().and_then(|mem| lock(mem).get(key)) {
             self.disk.try_touch(key);
             return Some(Some(bytes));
         }
@@ -338,69 +334,9 @@ impl BlockStore {
     /// or does not hold it.
     fn ram_hit(&self, key: &BlockKey) -> Option<Bytes> {
         // The tier's lock is released before the disk's is taken.
-        let bytes = self.mem_get(self.mem.as_ref()?, key)?;
+        let bytes = lock(self.mem.as_ref()?).get(key)?;
         self.disk.touch(key);
         Some(bytes)
-    }
-
-    /// A RAM-tier hit, noting when it made a block due to be sealed.
-    fn mem_get(&self, mem: &Mutex<MemTier>, key: &BlockKey) -> Option<Bytes> {
-        let mut mem = lock(mem);
-        let bytes = mem.get(key);
-        if mem.has_due() {
-            self.seal_due.store(true, Ordering::Relaxed);
-        }
-        bytes
-    }
-
-    /// Seals at most `max` RAM-tier blocks at once ([`BlockStore::upkeep`]; each holds a
-    /// descriptor while it lives, which the caller budgets against its open-file limit); 0 seals
-    /// none. [`SEALED_MAX_DEFAULT`] until set.
-    pub fn set_sealed_max(&self, max: usize) {
-        if let Some(mem) = &self.mem {
-            lock(mem).set_sealed_max(max);
-        }
-    }
-
-    /// RAM-tier blocks sealed now.
-    pub fn sealed_blocks(&self) -> usize {
-        self.mem.as_ref().map_or(0, |mem| lock(mem).sealed_count())
-    }
-
-    /// Whether a RAM-tier block is due to be sealed ([`BlockStore::upkeep`]).
-    pub fn upkeep_due(&self) -> bool {
-        self.seal_due.load(Ordering::Relaxed)
-    }
-
-    /// Seals the RAM-tier blocks due ([`crate::sealed`]: a block read a second time while held
-    /// is copied into a sealed memory file, so that its answers leave without a copy into the
-    /// socket). The copies are made outside the tier's lock; each is checked against the block
-    /// and swapped in only while the tier still holds that block. Where the system refuses a
-    /// memory file the tier stops sealing (logged once) and keeps its blocks as they are.
-    pub fn upkeep(&self) {
-        let Some(mem) = &self.mem else { return };
-        if !self.seal_due.swap(false, Ordering::Relaxed) {
-            return;
-        }
-        let due = lock(mem).take_due();
-        for (key, old) in due {
-            match crate::sealed::seal(&old) {
-                Ok(sealed) if sealed[..] == old[..] => {
-                    lock(mem).replace(&key, &old, sealed);
-                }
-                Ok(_) => {
-                    tracing::error!(block = %key, "a sealed copy differs from its block: not used");
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        error = %e,
-                        "no sealed memory files: RAM-tier answers are copied into the socket"
-                    );
-                    lock(mem).stop_sealing();
-                    return;
-                }
-            }
-        }
     }
 
     /// Stores `data` under `key` in the budget of `class`, and mirrors it into RAM.

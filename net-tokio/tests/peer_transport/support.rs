@@ -173,9 +173,9 @@ pub struct CountingListener {
 }
 
 impl Listener for CountingListener {
-    type Io = <TcpListener as Listener>::Io;
+    type Io = TcpStream;
 
-    async fn accept(&mut self) -> io::Result<(Self::Io, SocketAddr)> {
+    async fn accept(&mut self) -> io::Result<(TcpStream, SocketAddr)> {
         let accepted = Listener::accept(&mut self.inner).await?;
         self.accepts.fetch_add(1, Ordering::SeqCst);
         Ok(accepted)
