@@ -1232,27 +1232,9 @@ impl crate::integrity::BlockHasher for CountingHasher {
     }
 }
 
-#[test]
-fn a_relayed_block_is_hashed_once_for_its_check_its_kept_digest_and_its_footer() {
-    let hasher = std::sync::Arc::new(CountingHasher::default());
-    let mut h = Harness::new(reader_of("p:9000"));
-    h.node.set_block_hasher(hasher.clone());
-    size_known(&mut h);
-    relay_request(&mut h, 7, 1);
-    let up = h.take_sends().remove(0);
-    h.io(up.id, IoEvent::Connected);
-    h.io(up.id, block_head());
-    h.io(up.id, IoEvent::Body(content(BLOCK, BLOCK)));
-    h.io(up.id, IoEvent::End);
-    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
-    assert_eq!(h.store.len(), 1);
-    assert_eq!(hasher.0.load(std::sync::atomic::Ordering::Relaxed), 1);
-}
-
-/// A block that arrives in parts is hashed as it is gathered, not by the node's hasher after:
-/// from the origin (stored, its footer and its kept digest right) and from a peer (checked).
-#[test]
-fn a_block_gathered_from_parts_is_hashed_as_it_comes_in_and_not_again() {
+/// A relay (the tree's root for block 1) that reads the block from the origin in `parts` parts,
+/// with a hasher that counts what it hashes.
+fn relayed_from_origin_in(parts: usize) -> (Harness, std::sync::Arc<CountingHasher>) {
     let hasher = std::sync::Arc::new(CountingHasher::default());
     let mut h = Harness::new(reader_of("p:9000"));
     h.node.set_block_hasher(hasher.clone());
@@ -1262,10 +1244,27 @@ fn a_block_gathered_from_parts_is_hashed_as_it_comes_in_and_not_again() {
     h.io(up.id, IoEvent::Connected);
     h.io(up.id, block_head());
     let block = content(BLOCK, BLOCK);
-    for part in block.chunks(BLOCK as usize / 5) {
-        h.io(up.id, IoEvent::Body(Bytes::copy_from_slice(part)));
+    for part in block.chunks((BLOCK as usize).div_ceil(parts)) {
+        h.io(up.id, IoEvent::Body(block.slice_ref(part)));
     }
     h.io(up.id, IoEvent::End);
+    (h, hasher)
+}
+
+#[test]
+fn a_relayed_block_is_hashed_once_for_its_check_its_kept_digest_and_its_footer() {
+    let (h, hasher) = relayed_from_origin_in(1);
+    assert_eq!(h.relay_block_of(7), content(BLOCK, BLOCK).to_vec());
+    assert_eq!(h.store.len(), 1);
+    assert_eq!(hasher.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+/// A block that arrives in parts is hashed as it is gathered, not by the node's hasher after:
+/// from the origin (stored, its footer and its kept digest right) and from a peer (checked).
+#[test]
+fn a_block_gathered_from_parts_is_hashed_as_it_comes_in_and_not_again() {
+    let (mut h, hasher) = relayed_from_origin_in(5);
+    let block = content(BLOCK, BLOCK);
     assert_eq!(h.relay_block_of(7), block.to_vec(), "the footer is the block's digest");
     assert_eq!(h.store.len(), 1);
     relay_request(&mut h, 8, 1);
