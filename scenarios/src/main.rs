@@ -106,7 +106,8 @@ enum Command {
         #[arg(long)]
         small: bool,
     },
-    /// Measure simulated seconds per wall second and events per second of `reference`.
+    /// Measure simulated seconds per wall second and events per second of `reference` (each run,
+    /// then their median).
     Bench {
         /// Small scale.
         #[arg(long)]
@@ -538,6 +539,7 @@ fn herds(sizes: &[usize]) -> Result<bool, String> {
 fn bench(scale: Scale, runs: u64, check_every: Option<u64>) -> Result<bool, String> {
     let s = catalogue::find("reference").ok_or("no reference scenario")?;
     let mut ok = true;
+    let (mut speeds, mut rates) = (Vec::new(), Vec::new());
     for seed in 1..=runs {
         let mut spec = s.spec(seed, scale);
         if let Some(every) = check_every {
@@ -555,12 +557,30 @@ fn bench(scale: Scale, runs: u64, check_every: Option<u64>) -> Result<bool, Stri
             r.events as f64 / wall,
             r.trace_hash
         );
+        speeds.push(sim / wall);
+        rates.push(r.events as f64 / wall);
         ok &= outcome.passed();
         if !outcome.passed() {
             println!("{}", outcome.describe());
         }
     }
+    if let (Some(speed), Some(rate)) = (median(&mut speeds), median(&mut rates)) {
+        println!(
+            "reference, median of {runs} runs: {speed:.0}x real time, {rate:.0} events/s (targets: 1000x, 1000000 events/s; docs/simulation.md)"
+        );
+    }
     Ok(ok)
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 /// `run`'s closing lines: the counts and speed, a replay line per failed run, and one per run
@@ -603,6 +623,13 @@ const GAPS_LISTED: usize = 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bench_median_is_the_middle_run_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [86.0, 93.0, 92.0]), Some(92.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
 
     #[test]
     fn the_summary_counts_and_names_runs_that_passed_with_a_known_gap() {
