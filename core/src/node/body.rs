@@ -18,17 +18,20 @@ pub(super) struct BodyBuf {
     /// The bytes, once a second part came: a pooled buffer ([`crate::bufpool`]) and how much of
     /// it is written.
     many: Option<(Buf, usize)>,
-    /// Bytes to reserve when a second part makes a buffer necessary.
-    reserve: usize,
-    /// The digest of the bytes copied into `many` so far, once [`BodyBuf::digesting`] asked for
-    /// one (unused while the body is one part).
+    /// Bytes to reserve when a second part makes a buffer necessary (a hint, held in 32 bits so
+    /// that the digest flag below costs the buffer no room: callers cap it at a few MiB).
+    reserve: u32,
+    /// Whether [`BodyBuf::digesting`] asked for the digest of a gathered body.
+    wants_digest: bool,
+    /// The digest of the bytes copied into `many` so far: made with `many`, when a body that
+    /// wants one comes in a second part (a body kept as its one part never needs it).
     digest: Option<DigestStream>,
 }
 
 impl BodyBuf {
     /// An empty body that reserves `reserve` bytes if it ever needs a buffer.
     pub fn with_reserve(reserve: usize) -> Self {
-        BodyBuf { one: None, many: None, reserve, digest: None }
+        BodyBuf { one: None, many: None, reserve: hint(reserve), wants_digest: false, digest: None }
     }
 
     /// Hashes the body's bytes as they are copied into one buffer, so that
@@ -37,12 +40,12 @@ impl BodyBuf {
     /// body whose digest will be needed: a block to store or to check. Call before the first part.
     pub fn digesting(&mut self) {
         debug_assert_eq!(self.len(), 0, "digesting starts before the first part");
-        self.digest = Some(DigestStream::new());
+        self.wants_digest = true;
     }
 
     /// Sets how much a buffer reserves, if one is ever needed.
     pub fn reserve(&mut self, reserve: usize) {
-        self.reserve = reserve;
+        self.reserve = hint(reserve);
     }
 
     /// Bytes held.
@@ -73,8 +76,11 @@ impl BodyBuf {
                 self.one = Some(data);
                 return;
             };
-            let buf = Buf::take(self.reserve.max(first.len() + data.len()));
+            let buf = Buf::take((self.reserve as usize).max(first.len() + data.len()));
             self.many = Some((buf, 0));
+            if self.wants_digest {
+                self.digest = Some(DigestStream::new());
+            }
             self.append(&first);
         }
         self.append(&data);
@@ -121,7 +127,7 @@ impl BodyBuf {
     /// Every byte, leaving the body empty, and their digest when it was computed as they were
     /// gathered ([`BodyBuf::digesting`], a body that came in more than one part).
     pub fn take_digested(&mut self) -> (Bytes, Option<BlockDigest>) {
-        let digest = self.digest.take().filter(|_| self.many.is_some()).map(|d| d.finish());
+        let digest = self.digest.take().map(|d| d.finish());
         let data = match (self.one.take(), self.many.take()) {
             (_, Some((mut buf, filled))) => {
                 buf.truncate(filled);
@@ -132,6 +138,11 @@ impl BodyBuf {
         };
         (data, digest)
     }
+}
+
+/// A reserve as [`BodyBuf`] holds it (a larger one only reserves less: the buffer still grows).
+fn hint(reserve: usize) -> u32 {
+    u32::try_from(reserve).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
