@@ -1184,10 +1184,15 @@ impl Node {
         if unversioned && block.is_some() {
             let object = &self.requests.get(&rid).expect("a store op's request is live").read;
             if !self.engine.is_immutable(object.object()) {
-                // Kept from an earlier process, of a version nobody can vouch for.
+                // Kept from an earlier process, of a version nobody can vouch for. Another
+                // look-up in flight beside this one may have dropped it already (its answer
+                // left the store before the drop reached it): withheld all the same, dropped
+                // and counted once.
                 block = None;
-                self.counters.unversioned_dropped += 1;
-                self.emit(Output::StoreDrop { keys: vec![key] });
+                if self.recovered.contains(&key) {
+                    self.counters.unversioned_dropped += 1;
+                    self.emit(Output::StoreDrop { keys: vec![key] });
+                }
             }
         }
         let block = match block {

@@ -650,6 +650,22 @@ fn blocks_a_warm_start_kept_are_not_served_for_an_object_that_may_have_changed()
 }
 
 #[test]
+fn a_kept_block_two_reads_find_at_once_is_dropped_and_counted_once() {
+    let h = warmed_on_version_1();
+    let mut h = warm_restart(h, engine());
+    h.publish(2);
+    // Two reads wait on one size probe, so both look up every kept block before the store
+    // answers either: each answer is dropped unserved, and each block is counted once.
+    h.read(2, None);
+    h.read(3, None);
+    h.serve_origin();
+    for id in [2, 3] {
+        assert_eq!(h.body_of(id), content_of(2, 0, SIZE).to_vec(), "read {id}");
+    }
+    assert_eq!(h.node.counters().unversioned_dropped, 4, "one per kept block");
+}
+
+#[test]
 fn blocks_a_warm_start_kept_are_served_for_an_immutable_object() {
     let immutable = || {
         let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
