@@ -9,8 +9,11 @@
 # It prints one table row per phase:
 #   solo   one node reads object A alone, cold (the time a herd reader is compared with);
 #   herd   every node reads object B at once, cold: slowest, median, fastest;
-# with origin body bytes per object (from the origin's access log) and the herd / solo ratio. Every
-# downloaded body is checked against the file's sha256; a wrong or short body fails the run.
+#   direct object C read straight from the origin by a client in node 0's namespace, over the
+#          same link, no cache between (what the solo read through the cache is compared with);
+# with origin body bytes per object (from the origin's access log), the herd / solo ratio and the
+# solo / direct ratio (the cache's cost to one cold reader). Every downloaded body is checked
+# against the file's sha256; a wrong or short body fails the run.
 # Extra dart flags can be passed in DART_FLAGS (e.g. DART_FLAGS="--read-ahead 0").
 set -euo pipefail
 
@@ -76,11 +79,13 @@ attach "$TAG-o" "$NET.2" o
 mkdir -p "$WORK/www" "$WORK/nginx"
 head -c "$((SIZE_MIB << 20))" /dev/urandom >"$WORK/www/a.bin"
 head -c "$((SIZE_MIB << 20))" /dev/urandom >"$WORK/www/b.bin"
+head -c "$((SIZE_MIB << 20))" /dev/urandom >"$WORK/www/c.bin"
 # nginx's workers run unprivileged: they must be able to read the files.
 chmod 755 "$WORK" "$WORK/www"
-chmod 644 "$WORK/www/a.bin" "$WORK/www/b.bin"
+chmod 644 "$WORK/www/a.bin" "$WORK/www/b.bin" "$WORK/www/c.bin"
 sum_a=$(sha256sum "$WORK/www/a.bin" | cut -d' ' -f1)
 sum_b=$(sha256sum "$WORK/www/b.bin" | cut -d' ' -f1)
+sum_c=$(sha256sum "$WORK/www/c.bin" | cut -d' ' -f1)
 cat >"$WORK/nginx/nginx.conf" <<EOF
 worker_processes 2;
 daemon off;
@@ -139,13 +144,14 @@ done
 # Body bytes the origin has sent so far (its access log holds one line per response).
 origin_tx() { awk '{s += $1} END {print s + 0}' "$WORK/nginx/body.log" 2>/dev/null || echo 0; }
 
-# One read of `object` through node `i`; writes "seconds" to $WORK/t.<tag>.<i>.
+# One read of `object` through node `i` (or straight from the origin, from node `i`'s namespace,
+# when DIRECT=1); writes "seconds" to $WORK/t.<tag>.<i>.
 read_one() {
   local i=$1 object=$2 want=$3 tag=$4
   local out="$WORK/body.$tag.$i"
-  local t
-  t=$(ip netns exec "$TAG-$i" curl -sS --fail -o "$out" -w '%{time_total}' \
-    "http://127.0.0.1:8080/dart/http://$NET.2:8080/$object")
+  local t url="http://127.0.0.1:8080/dart/http://$NET.2:8080/$object"
+  [ "${DIRECT:-0}" = 1 ] && url="http://$NET.2:8080/$object"
+  t=$(ip netns exec "$TAG-$i" curl -sS --fail -o "$out" -w '%{time_total}' "$url")
   local got
   got=$(sha256sum "$out" | cut -d' ' -f1)
   rm -f "$out"
@@ -157,6 +163,9 @@ before=$(origin_tx)
 read_one 0 a.bin "$sum_a" solo || fail "the solo read failed"
 solo=$(cat "$WORK/t.solo.0")
 solo_origin=$(($(origin_tx) - before))
+
+DIRECT=1 read_one 0 c.bin "$sum_c" direct || fail "the direct read failed"
+direct=$(cat "$WORK/t.direct.0")
 
 before=$(origin_tx)
 herd=()
@@ -175,9 +184,10 @@ fastest=$(echo "$times" | head -n 1)
 median=$(echo "$times" | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
 size=$((SIZE_MIB << 20))
 awk -v n="$NODES" -v mib="$SIZE_MIB" -v rate="$RATE" -v solo="$solo" -v so="$solo_origin" \
-  -v s="$slowest" -v m="$median" -v f="$fastest" -v ho="$herd_origin" -v size="$size" -v flags="${DART_FLAGS:-}" 'BEGIN {
-  printf "| nodes | object | link | flags | one node alone, cold | herd slowest | herd median | herd fastest | slowest / alone | origin bytes / object |\n"
-  printf "|---|---|---|---|---|---|---|---|---|---|\n"
-  printf "| %d | %d MiB | %s | %s | %.1f s | %.1f s | %.1f s | %.1f s | %.2f | %.2f (solo %.2f) |\n",
-    n, mib, rate, (flags == "" ? "defaults" : flags), solo, s, m, f, s / solo, ho / size, so / size
+  -v s="$slowest" -v m="$median" -v f="$fastest" -v ho="$herd_origin" -v size="$size" -v flags="${DART_FLAGS:-}" \
+  -v d="$direct" 'BEGIN {
+  printf "| nodes | object | link | flags | one node alone, cold | herd slowest | herd median | herd fastest | slowest / alone | origin bytes / object | direct from the origin | alone / direct |\n"
+  printf "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+  printf "| %d | %d MiB | %s | %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f | %.2f (solo %.2f) | %.2f s | %.2f |\n",
+    n, mib, rate, (flags == "" ? "defaults" : flags), solo, s, m, f, s / solo, ho / size, so / size, d, solo / d
 }'
