@@ -141,8 +141,9 @@ for _ in $(seq 100); do
 done
 [ "$ok" = 1 ] || fail "nodes or origin did not come up (logs in $WORK)"
 
-# Body bytes the origin has sent so far (its access log holds one line per response).
-origin_tx() { awk '{s += $1} END {print s + 0}' "$WORK/nginx/body.log" 2>/dev/null || echo 0; }
+# Body bytes the origin has sent so far (its access log holds one line per response), as an integer
+# (awk prints a sum past 2^31 in exponent form, which bash arithmetic refuses: objects of 1 GiB).
+origin_tx() { awk '{s += $1} END {printf "%.0f\n", s}' "$WORK/nginx/body.log" 2>/dev/null || echo 0; }
 
 # One read of `object` through node `i` (or straight from the origin, from node `i`'s namespace,
 # when DIRECT=1); writes "seconds" to $WORK/t.<tag>.<i>.
