@@ -655,7 +655,7 @@ fn a_kept_block_two_reads_find_at_once_is_dropped_and_counted_once() {
     let mut h = warm_restart(h, engine());
     h.publish(2);
     // Two reads wait on one size probe, so both look up every kept block before the store
-    // answers either: each answer is dropped unserved, and each block is counted once.
+    // answers either: every answer is withheld, and each block is dropped and counted once.
     h.read(2, None);
     h.read(3, None);
     h.serve_origin();
