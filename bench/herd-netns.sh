@@ -145,13 +145,13 @@ done
 # (awk prints a sum past 2^31 in exponent form, which bash arithmetic refuses: objects of 1 GiB).
 origin_tx() { awk '{s += $1} END {printf "%.0f\n", s}' "$WORK/nginx/body.log" 2>/dev/null || echo 0; }
 
-# One read of `object` through node `i` (or straight from the origin, from node `i`'s namespace,
-# when DIRECT=1); writes "seconds" to $WORK/t.<tag>.<i>.
+# One read of `object` through node `i` (or, with a fifth argument `direct`, straight from the
+# origin from node `i`'s namespace); writes "seconds" to $WORK/t.<tag>.<i>.
 read_one() {
-  local i=$1 object=$2 want=$3 tag=$4
+  local i=$1 object=$2 want=$3 tag=$4 via=${5:-dart}
   local out="$WORK/body.$tag.$i"
   local t url="http://127.0.0.1:8080/dart/http://$NET.2:8080/$object"
-  [ "${DIRECT:-0}" = 1 ] && url="http://$NET.2:8080/$object"
+  [ "$via" = direct ] && url="http://$NET.2:8080/$object"
   t=$(ip netns exec "$TAG-$i" curl -sS --fail -o "$out" -w '%{time_total}' "$url")
   local got
   got=$(sha256sum "$out" | cut -d' ' -f1)
@@ -165,7 +165,7 @@ read_one 0 a.bin "$sum_a" solo || fail "the solo read failed"
 solo=$(cat "$WORK/t.solo.0")
 solo_origin=$(($(origin_tx) - before))
 
-DIRECT=1 read_one 0 c.bin "$sum_c" direct || fail "the direct read failed"
+read_one 0 c.bin "$sum_c" direct direct || fail "the direct read failed"
 direct=$(cat "$WORK/t.direct.0")
 
 before=$(origin_tx)
