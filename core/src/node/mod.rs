@@ -829,13 +829,13 @@ impl Node {
             let req = self.requests.get(rid).expect("a store op of no request");
             assert_eq!(req.wait, Wait::Store(op), "store op and request disagree");
         }
-        // The timer index holds exactly each exchange's deadline: each one is in it, and it
-        // holds no more entries than that (checked in the one walk of the exchanges below).
-        let mut deadlines = 0;
+        // The timer index holds exactly each exchange's deadline: the two agree by size and by
+        // an order-free digest, each walked once instead of a look-up per exchange (this runs
+        // after every simulated event); on a disagreement the slow walk names the exchange.
+        let mut deadlines = PairSet::default();
         for (&io, x) in &self.exchanges {
             if let Some(at) = x.deadline() {
-                deadlines += 1;
-                assert!(self.timers.contains(&(at, io)), "timer index out of step for {io}");
+                deadlines.add(at, io.0);
             }
             // Checked without allocating: this runs after every simulated event.
             let (peer_readers, other) = match &x.job {
@@ -864,7 +864,14 @@ impl Node {
                 assert!(self.flight_state.contains_key(&fid), "an exchange of no flight");
             }
         }
-        assert_eq!(self.timers.len(), deadlines, "a timer of no exchange, or a stale one");
+        if deadlines != PairSet::of(self.timers.iter().map(|&(at, io)| (at, io.0))) {
+            for (&io, x) in &self.exchanges {
+                if let Some(at) = x.deadline() {
+                    assert!(self.timers.contains(&(at, io)), "timer index out of step for {io}");
+                }
+            }
+            panic!("a timer of no exchange, or a stale one");
+        }
         for ((key, addr), io) in &self.shared_fetches {
             let x = self.exchanges.get(io).expect("a shared fetch that ended");
             assert!(
@@ -872,6 +879,7 @@ impl Node {
                 "shared fetch {io} indexed under another block or peer"
             );
         }
+        let (mut answer_by, mut hedge_at) = (PairSet::default(), PairSet::default());
         for (rid, req) in &self.requests {
             req.check(*rid);
             if let Some(at) = req.stalled_at {
@@ -907,21 +915,69 @@ impl Node {
                 ),
             }
             if let Some(at) = req.answer_by {
-                assert!(self.answer_timers.contains(&(at, *rid)), "{rid}: answer-by not armed");
+                answer_by.add(at, rid.0);
             }
             if let Some(at) = req.hedge_at {
-                assert!(self.hedge_timers.contains(&(at, *rid)), "{rid}: hedge timer not armed");
+                hedge_at.add(at, rid.0);
             }
         }
-        // And no timer outlives what it bounds (it would wake the node for nothing).
-        for &(at, rid) in &self.answer_timers {
-            let armed = self.requests.get(&rid).is_some_and(|r| r.answer_by == Some(at));
-            assert!(armed, "{rid}: a stale answer-by timer at {at}");
+        // Every answer-by and hedge bound is armed, and no timer outlives what it bounds (it
+        // would wake the node for nothing): each index holds exactly the requests' bounds,
+        // compared as the exchanges' deadlines are above.
+        if answer_by != PairSet::of(self.answer_timers.iter().map(|&(at, r)| (at, r.0))) {
+            self.timers_disagree(&self.answer_timers, |r| r.answer_by, "answer-by");
         }
-        for &(at, rid) in &self.hedge_timers {
-            let armed = self.requests.get(&rid).is_some_and(|r| r.hedge_at == Some(at));
-            assert!(armed, "{rid}: a stale hedge timer at {at}");
+        if hedge_at != PairSet::of(self.hedge_timers.iter().map(|&(at, r)| (at, r.0))) {
+            self.timers_disagree(&self.hedge_timers, |r| r.hedge_at, "hedge");
         }
+    }
+
+    /// The slow walk behind a disagreement [`Node::check_invariants`] found between the timer
+    /// index `index` and the requests' `bound`s: panics naming the request whose bound is not
+    /// armed, or the stale timer.
+    fn timers_disagree(
+        &self,
+        index: &BTreeSet<(Instant, RequestId)>,
+        bound: impl Fn(&Request) -> Option<Instant>,
+        what: &str,
+    ) -> ! {
+        for (rid, req) in &self.requests {
+            if let Some(at) = bound(req) {
+                assert!(index.contains(&(at, *rid)), "{rid}: {what} timer not armed");
+            }
+        }
+        for &(at, rid) in index {
+            let armed = self.requests.get(&rid).is_some_and(|r| bound(r) == Some(at));
+            assert!(armed, "{rid}: a stale {what} timer at {at}");
+        }
+        unreachable!("{what} timers and requests disagree, yet every entry matches")
+    }
+}
+
+/// A set of `(instant, id)` pairs kept as its size and an order-free digest (the wrapping sum of
+/// each pair mixed), so that two indexes that must hold the same pairs are compared by walking
+/// each once ([`Node::check_invariants`]). The mix is not linear, so pairs that trade instants
+/// (two timers swapped) change the sum; two different sets of one size agree by chance with a
+/// probability of about 2^-64.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct PairSet {
+    len: usize,
+    sum: u64,
+}
+
+impl PairSet {
+    fn add(&mut self, at: Instant, id: u64) {
+        let mixed = crate::hash::fmix64(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ at.as_nanos());
+        self.len += 1;
+        self.sum = self.sum.wrapping_add(mixed);
+    }
+
+    fn of(pairs: impl Iterator<Item = (Instant, u64)>) -> Self {
+        let mut set = PairSet::default();
+        for (at, id) in pairs {
+            set.add(at, id);
+        }
+        set
     }
 }
 

@@ -5345,3 +5345,53 @@ fn a_ranged_registry_read_is_served_unchecked_and_a_head_names_the_digest() {
     assert_eq!(h.head_of(1).expect("head").status, 206);
     assert_eq!(h.node.counters().blob_digest_mismatches, 0);
 }
+
+// ---- The invariant check compares the timer indexes with what they bound ----
+
+/// The panic message of `check` on `node`, if it panicked.
+fn check_fails(node: &Node) -> Option<String> {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.check_invariants()));
+    run.err().map(|p| super::panic_message(&*p))
+}
+
+#[test]
+fn the_invariant_check_catches_a_timer_index_out_of_step_with_its_exchanges_and_requests() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, ask) = hedge_probe_of_the_root(&mut h);
+    h.io(ask.id, IoEvent::Connected);
+    assert_eq!(check_fails(&h.node), None);
+    let timers = h.node.timers.clone();
+    let deadline = |io: IoId| timers.iter().find(|t| t.1 == io).expect("a deadline").0;
+    let (a, b) = (deadline(peer.id), deadline(ask.id));
+    assert_ne!(a, b, "two exchanges due at different instants");
+    // The two exchanges' deadlines swapped in the index: same size, same instants, same ids.
+    h.node.timers.remove(&(a, peer.id));
+    h.node.timers.remove(&(b, ask.id));
+    h.node.timers.insert((b, peer.id));
+    h.node.timers.insert((a, ask.id));
+    let message = check_fails(&h.node).expect("swapped deadlines are caught");
+    assert!(message.contains("timer index out of step for"), "{message}");
+    // A deadline missing, and a stale one beside the right ones.
+    h.node.timers = timers.clone();
+    h.node.timers.remove(&(a, peer.id));
+    assert!(check_fails(&h.node).is_some_and(|m| m.contains("timer index out of step")));
+    h.node.timers = timers.clone();
+    h.node.timers.insert((a + Duration::from_millis(1), peer.id));
+    assert!(check_fails(&h.node).is_some_and(|m| m.contains("a stale one")));
+    h.node.timers = timers;
+    assert_eq!(check_fails(&h.node), None);
+    // A request's bound not armed, and a timer for a request that has no such bound.
+    let rid = RequestId(1);
+    let hedges = h.node.hedge_timers.clone();
+    let answers = h.node.answer_timers.clone();
+    let first = *hedges.iter().next().expect("the read's next hedge is armed");
+    h.node.hedge_timers.remove(&first);
+    let message = check_fails(&h.node).expect("an unarmed hedge is caught");
+    assert!(message.contains("hedge timer not armed"), "{message}");
+    h.node.hedge_timers = hedges;
+    h.node.answer_timers.insert((h.now + Duration::from_secs(9), rid));
+    let message = check_fails(&h.node).expect("a stale answer-by timer is caught");
+    assert!(message.contains("answer-by timer"), "{message}");
+    h.node.answer_timers = answers;
+    assert_eq!(check_fails(&h.node), None);
+}
