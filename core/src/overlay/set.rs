@@ -62,6 +62,7 @@ use rand::Rng;
 
 use super::{NeighbourStats, ScoreBook, DEFAULT_ROUND_TRIP, NEIGHBOURS_MAX, SCORE_INITIAL};
 use crate::time::Instant;
+use crate::walk_gate::WalkGate;
 
 /// Default number of neighbours kept.
 pub const KEEP_DEFAULT: usize = 5;
@@ -140,6 +141,11 @@ pub struct NeighbourSet<K> {
     book: ScoreBook<K>,
     /// Incremented on every single join or departure.
     generation: u64,
+    /// Gates [`NeighbourSet::check_invariants`]' walk of the members and the book
+    /// ([`crate::walk_gate`]): counted by every `&mut self` method that can change them
+    /// ([`NeighbourSet::stats_mut`], [`NeighbourSet::refresh`], [`NeighbourSet::remove`],
+    /// [`NeighbourSet::update`]; the private helpers run only under those).
+    walk_gate: WalkGate,
 }
 
 impl<K: Ord + Clone> NeighbourSet<K> {
@@ -155,6 +161,7 @@ impl<K: Ord + Clone> NeighbourSet<K> {
             members: BTreeMap::new(),
             book: ScoreBook::new(config.default_round_trip),
             generation: 0,
+            walk_gate: WalkGate::default(),
         };
         set.check_invariants();
         set
@@ -197,6 +204,7 @@ impl<K: Ord + Clone> NeighbourSet<K> {
 
     /// Stats of a neighbour, to report a request's or a ping's outcome on.
     pub fn stats_mut(&mut self, peer: &K) -> Option<&mut NeighbourStats> {
+        self.walk_gate.changed();
         self.book.get_mut(peer)
     }
 
@@ -220,6 +228,7 @@ impl<K: Ord + Clone> NeighbourSet<K> {
     /// Extends `peer`'s expiry to `expires_at` if it is a neighbour and that is later; returns
     /// whether it is a neighbour. An earlier expiry is ignored (never moves state backwards).
     pub fn refresh(&mut self, peer: &K, expires_at: Instant) -> bool {
+        self.walk_gate.changed();
         match self.members.get_mut(peer) {
             Some(at) => {
                 *at = (*at).max(expires_at);
@@ -232,6 +241,7 @@ impl<K: Ord + Clone> NeighbourSet<K> {
     /// The membership layer removed `peer`: it leaves the set and a low score is remembered.
     /// Returns whether it was a neighbour.
     pub fn remove(&mut self, peer: &K, now: Instant) -> bool {
+        self.walk_gate.changed();
         let was = self.depart(peer, now);
         self.check_invariants();
         was
@@ -266,6 +276,7 @@ impl<K: Ord + Clone> NeighbourSet<K> {
         now: Instant,
         rng: &mut R,
     ) -> Update<K> {
+        self.walk_gate.changed();
         let offered = self.take_candidates(candidates, now);
         let no_candidates = offered.is_empty();
         let mut departed = self.remove_unfit(now);
@@ -287,11 +298,15 @@ impl<K: Ord + Clone> NeighbourSet<K> {
         assert!((1..=KEEP_MAX).contains(&self.config.keep));
         assert!(self.members.len() <= self.config.keep, "at most keep members");
         assert_eq!(self.members.len(), self.book.len(), "every member has stats, and only they");
-        for peer in self.members.keys() {
-            assert!(self.book.get(peer).is_some(), "a member has stats in the book");
-            assert!(!self.book.remembers(peer), "a member is not also remembered");
-        }
-        self.book.check_invariants();
+        // The walk: only after a writer ran (the simulator checks after every event, most of
+        // which change no neighbour).
+        self.walk_gate.walk(|| {
+            for peer in self.members.keys() {
+                assert!(self.book.get(peer).is_some(), "a member has stats in the book");
+                assert!(!self.book.remembers(peer), "a member is not also remembered");
+            }
+            self.book.check_invariants();
+        });
     }
 
     /// The distinct live candidates outside the set (the latest expiry of each), after refreshing
