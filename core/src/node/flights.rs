@@ -66,9 +66,23 @@ pub(super) struct Flight {
     pub io: IoId,
     /// When its exchange was sent.
     pub started: Instant,
-    /// Leader first, then joiners in arrival order (requests that went away are removed).
+    /// Leader first, then joiners in arrival order (requests that went away are removed, the
+    /// leader too: the first waiter is not always the leader).
     pub waiters: Vec<Waiter>,
     pub fill: Fill,
+    /// The request that led it.
+    pub leader: RequestId,
+    /// The credential its exchange went out under: the leader's URL and `Authorization`.
+    pub url: String,
+    pub auth: Option<Vec<u8>>,
+}
+
+impl Flight {
+    /// Whether `w` asked with the credential the flight's exchange went out under: a refusal
+    /// judged it, and asking again under it would be refused again.
+    fn sent_under(&self, w: &Waiter) -> bool {
+        w.url == self.url && w.auth == self.auth
+    }
 }
 
 /// How the last block window the origin sent (or the last block a peer sent, [`Node::peer_ahead`])
@@ -154,8 +168,9 @@ impl Node {
             Role::Lead(fid) => {
                 let owner = Owner::Flight(fid);
                 let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
-                let waiters = vec![Waiter::new(rid, url, auth, now)];
-                let flight = Flight { key, io, started: now, waiters, fill };
+                let waiters = vec![Waiter::new(rid, url.clone(), auth.clone(), now)];
+                let flight =
+                    Flight { key, io, started: now, waiters, fill, leader: rid, url, auth };
                 self.flight_state.insert(fid, flight);
                 Wait::Flight(fid)
             }
@@ -450,7 +465,7 @@ impl Node {
     }
 
     fn publish(&mut self, fid: FlightId, result: Result<Judged, OriginError>, now: Instant) {
-        let flight = self.flight_state.remove(&fid).expect("a flight's state");
+        let mut flight = self.flight_state.remove(&fid).expect("a flight's state");
         match (&result, &flight.fill) {
             (Ok(Judged::Probe(outcome, meta)), Fill::Probe(object)) => {
                 self.learn_probe(object, *outcome, meta.clone(), now);
@@ -479,10 +494,17 @@ impl Node {
         // Out of the table before anyone hears the result.
         self.flights.finish(&flight.key, fid);
         let flew = now.saturating_duration_since(flight.started);
-        for (i, w) in flight.waiters.into_iter().enumerate() {
-            let joiner = i > 0;
+        for w in std::mem::take(&mut flight.waiters) {
+            // Not by place: the leader may have left, and the first waiter be a joiner.
+            let joiner = w.request != flight.leader;
+            // A refusal judged the credential the exchange went out under, whoever asked with
+            // it: a waiter with another one (a joiner's own URL or `Authorization`) asks alone
+            // under it, once; one with the refused credential takes the refusal.
             let retry = match &result {
-                Err(e) => joiner && joiner_action(Some(e), true) == JoinerAction::RetryAlone,
+                Err(e) => {
+                    joiner_action(Some(e), true) == JoinerAction::RetryAlone
+                        && !flight.sent_under(&w)
+                }
                 Ok(_) => false,
             };
             // A joiner that came in the flight's second half and hears that the origin is

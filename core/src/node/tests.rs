@@ -2875,6 +2875,45 @@ fn an_origin_refusal_of_an_unchecked_read_is_passed_through() {
     assert_eq!(head.headers.get_str("www-authenticate"), Some("Bearer realm=\"o\""));
 }
 
+/// A refusal judges the credential the flight's exchange was sent under, not the flight's
+/// waiters: a reader that joined it with another credential retries alone with its own, also
+/// when the one that led it left before the refusal came (found by `expired-credential` seed
+/// 47895323: a relay that led a flight under a leaf's expired URL took its block from a peer
+/// and left; the client read that had joined with a valid URL was first in line then and took
+/// the 403 as its own). A joiner with the refused credential takes the refusal without asking
+/// again: the origin would refuse it again.
+#[test]
+fn a_refusal_is_retried_by_every_waiter_with_another_credential_even_after_the_leader_left() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.origin.secret = Some("s");
+    let (good, expired) = (format!("{URL}?sig=s"), format!("{URL}?sig=old"));
+    // The size is known (a good read of block 0), so the next reads go straight to block 1.
+    read_url(&mut h, 1, &good, Headers::new().with("range", "bytes=0-9"));
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    h.outputs.clear();
+    let block_1 = || Headers::new().with("range", format!("bytes={BLOCK}-{}", BLOCK + 9));
+    read_url(&mut h, 2, &expired, block_1());
+    let window = h.take_sends().remove(0);
+    assert_eq!((window.purpose, window.url.as_str()), (Purpose::Window, expired.as_str()));
+    read_url(&mut h, 3, &good, block_1());
+    read_url(&mut h, 4, &expired, block_1());
+    assert!(h.sends().is_empty(), "both joined the leader's flight");
+    h.feed(Input::Cancel { id: RequestId(2) });
+    assert!(!h.cancelled(window.id), "the joiners still wait for it");
+    h.answer_origin(&window);
+    assert_eq!(status_of(&h, 4), Some(403), "the refused credential takes the refusal");
+    assert_eq!(status_of(&h, 3), None, "the other credential is not judged yet");
+    let again = h.take_sends();
+    assert_eq!(again.len(), 1, "one retry: {again:?}");
+    assert_eq!((again[0].purpose, again[0].url.as_str()), (Purpose::Window, good.as_str()));
+    h.answer_origin(&again[0]);
+    assert_eq!(status_of(&h, 3), Some(206));
+    assert_eq!(h.body_of(3), content(BLOCK, 10).to_vec());
+    assert_eq!(h.node.live_requests(), 0);
+    assert_eq!(h.node.poll_timeout(), None);
+}
+
 #[test]
 fn concurrent_requests_with_one_credential_share_one_check() {
     let mut h = Harness::new(checked_node());
