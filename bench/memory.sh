@@ -13,7 +13,8 @@
 # so a second herd tells memory kept for reuse (flat) from memory lost (growing). Every reader must receive SIZE_MIB bytes; one
 # reader's body is checked against the file's sha256 (checking all of them would cost more CPU
 # than the herd). Installs nginx when missing (as root), else fails naming it. DART_FLAGS adds
-# flags to the node (e.g. "--mem-size 0").
+# flags to the node (e.g. "--mem-size 0"). After the herds it waits IDLE_WAIT seconds (12) and
+# prints the resident set again: an idle node gives memory kept for reuse back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -117,3 +118,11 @@ herd() {
 printf "| herd | readers | object | flags | idle RSS (before the first) | peak RSS during the herd (sampled / VmHWM so far) | RSS after | of which anonymous / file-mapped | herd wall time | bytes served |\n"
 printf "|---|---|---|---|---|---|---|---|---|---|\n"
 for h in $(seq "$HERDS"); do herd "$h"; done
+
+# Idle again: the node gives memory kept for reuse back 10 s after its last read ends
+# (IDLE_RELEASE_AFTER in core/src/node; dart_memory_releases_total counts it).
+sleep "${IDLE_WAIT:-12}"
+awk -v rss="$(kib VmRSS)" -v anon="$(kib RssAnon)" -v file="$(kib RssFile)" -v w="${IDLE_WAIT:-12}" 'BEGIN {
+  printf "\nidle again, %d s after the last herd: RSS %.1f MiB (anonymous %.1f, file-mapped %.1f)\n",
+    w, rss / 1024, anon / 1024, file / 1024
+}'

@@ -44,6 +44,12 @@ impl Pool {
         self.idle_bytes += data.len();
         self.free[class].push(data);
     }
+
+    /// Drops every idle buffer; the bytes they held.
+    fn release(&mut self) -> usize {
+        self.free = [const { Vec::new() }; CLASSES];
+        std::mem::take(&mut self.idle_bytes)
+    }
 }
 
 static POOL: Mutex<Pool> =
@@ -52,6 +58,13 @@ static POOL: Mutex<Pool> =
 fn pool() -> std::sync::MutexGuard<'static, Pool> {
     // The pool holds no invariant a panic could break halfway: keep using it.
     POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Drops every idle buffer, returning how many bytes they held: for a node that went idle
+/// ([`crate::node::Output::ReleaseMemory`]), so that a burst's buffers are not kept for good.
+/// The next reads allocate (and zero) theirs afresh.
+pub fn release_idle() -> usize {
+    pool().release()
 }
 
 /// The class of a read of `len` bytes, if it takes a pooled buffer.
@@ -220,5 +233,10 @@ mod tests {
         assert_eq!(pool.idle_bytes, IDLE_BYTES_MAX);
         let total: usize = pool.free.iter().flatten().map(Vec::len).sum();
         assert_eq!(total, pool.idle_bytes, "idle bytes are counted exactly");
+
+        assert_eq!(pool.release(), IDLE_BYTES_MAX, "releasing drops every idle buffer");
+        assert_eq!((held(&pool, big), held(&pool, small), pool.idle_bytes), (0, 0, 0));
+        pool.give_back(small, vec![0; 64 << 10]);
+        assert_eq!((held(&pool, small), pool.idle_bytes), (1, 64 << 10), "and fills again");
     }
 }

@@ -159,6 +159,7 @@ enum Deferred {
         Option<dart_core::integrity::BlockDigest>,
     ),
     Event(Event),
+    ReleaseMemory,
 }
 
 /// Where the driver reads wall-clock time for the node (peer MAC timestamps).
@@ -491,6 +492,7 @@ impl<D: Dialer> NodeDriver<D> {
                 Output::Seal { id } => send(inner, id, Part::Seal, false),
                 Output::End { id } => send(inner, id, Part::End, true),
                 Output::Abort { id } => send(inner, id, Part::Abort, true),
+                Output::ReleaseMemory => deferred.push(Deferred::ReleaseMemory),
                 Output::Event(e) => {
                     inner.taps.retain(|tap| tap.send(e.clone()).is_ok());
                     match e {
@@ -563,6 +565,17 @@ impl<D: Dialer> NodeDriver<D> {
                     });
                 }
                 Deferred::Event(e) => self.record(e),
+                Deferred::ReleaseMemory => {
+                    // Off the executor: trimming walks every arena of the allocator.
+                    self.rt.spawn_blocking(|| {
+                        let released = crate::memory::release();
+                        tracing::debug!(
+                            pooled_bytes = released.pooled,
+                            trimmed = released.trimmed,
+                            "idle: memory kept for reuse released"
+                        );
+                    });
+                }
             }
         }
     }

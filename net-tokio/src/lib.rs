@@ -19,6 +19,7 @@ pub mod client;
 pub mod driver;
 pub mod guard;
 pub mod mapped;
+pub mod memory;
 pub mod metrics;
 pub mod origin_server;
 pub mod registry_auth;

@@ -1,4 +1,5 @@
-//! Read-only shared mappings of the store's arena files: the workspace's only `unsafe` code.
+//! Read-only shared mappings of the store's arena files: with `memory` (one call into the C
+//! library), the workspace's only `unsafe` code.
 //!
 //! A disk-tier hit whose bytes the page cache holds can be answered with a [`bytes::Bytes`] that
 //! points into the arena file's mapping, so the client's socket write copies the page cache's

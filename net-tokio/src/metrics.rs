@@ -396,6 +396,10 @@ impl prometheus_client::collector::Collector for Collected {
         let held = "Block look-ups answered from the last blocks the node stored, kept in memory \
                     whether or not the store admitted them.";
         plain_counter(&mut enc, "dart_held_block_hits", held, scrape.node.held_hits)?;
+        let released = "Times the node, idle for 10 s after work, gave memory kept for reuse \
+                        back (the block-buffer pool's idle buffers; the allocator's free pages \
+                        on glibc).";
+        plain_counter(&mut enc, "dart_memory_releases", released, scrape.node.memory_releases)?;
         let ahead = "Read-ahead reads started: blocks acquired ahead of the one a read serves \
                      (--read-ahead; --origin-read-ahead at the origin, through a latency-bound \
                      tree, and for a relayed stream at a latency-bound origin).";

@@ -643,6 +643,10 @@ pub enum Output {
         /// The request.
         id: RequestId,
     },
+    /// The node has had no live request for [`super::IDLE_RELEASE_AFTER`] after work: give
+    /// memory kept for reuse back to the system ([`crate::bufpool::release_idle`], and the
+    /// allocator's free pages where it can). Nothing the node serves depends on it.
+    ReleaseMemory,
     /// Something worth recording.
     Event(Event),
 }

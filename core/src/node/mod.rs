@@ -58,6 +58,10 @@ pub const BODY_WINDOW: u32 = 4;
 pub const LEARNED_MAX: usize = 4096;
 /// Most outputs one input may queue (a runaway guard; the driver drains after every input).
 pub const OUTPUTS_MAX: usize = 1 << 20;
+/// How long a node that worked has no live request before it releases memory kept for reuse
+/// ([`Output::ReleaseMemory`]). A burst's buffers are worth keeping while reads come and go; ten
+/// seconds without any read is the end of the burst, not a pause inside it.
+pub const IDLE_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What a node is: how client targets name upstream URLs, its bounds, and its peer identity.
 #[derive(Clone, Debug)]
@@ -144,6 +148,9 @@ pub struct NodeCounters {
     /// Look-ups answered from the blocks the node stored last ([`Node::held`]), before the
     /// store was asked.
     pub held_hits: u64,
+    /// Times the node, idle for [`IDLE_RELEASE_AFTER`] after work, asked the shell to give
+    /// memory kept for reuse back ([`Output::ReleaseMemory`]).
+    pub memory_releases: u64,
 }
 
 /// One dart node as a sans-IO state machine.
@@ -162,7 +169,8 @@ pub struct NodeCounters {
 /// 2. Drain [`poll_output`](Self::poll_output) until `None` and carry every [`Output`] out: send or
 ///    cancel an exchange, pipe a passthrough body, get or put a block, write a response head,
 ///    body part, end or abort, hash a checked response's parts holding the last one back and
-///    report their digest when sealed ([`Output::Hash`], [`Output::Seal`]), record an event.
+///    report their digest when sealed ([`Output::Hash`], [`Output::Seal`]), give memory kept
+///    for reuse back when the node went idle ([`Output::ReleaseMemory`]), record an event.
 ///    Outputs for one request come in wire order.
 /// 3. Sleep until [`poll_timeout`](Self::poll_timeout), then call
 ///    [`handle_timeout`](Self::handle_timeout) and drain again. After `handle_timeout(now)` and a
@@ -187,6 +195,7 @@ pub struct NodeCounters {
 ///   requests and one timer per exchange.
 /// - A peer block fetch that answers reads answers each at most once, every one of them waits
 ///   on it, and the shared-fetch index names only live fetches of its block and peer.
+/// - The idle release is armed only while no request is live, after work since the last one.
 /// - The engine's and the breaker's own invariants.
 pub struct Node {
     /// When a failed JOIN was last reported ([`Event::TrackerJoinFailed`]) and how many were
@@ -284,6 +293,12 @@ pub struct Node {
     /// probe of the object to confirm it ([`crate::engine::Action::StoreWhenConfirmed`]),
     /// oldest first; at most [`PARKED_BLOCKS`].
     parked: VecDeque<Parked>,
+    /// When the node releases memory kept for reuse ([`Output::ReleaseMemory`]): set when the
+    /// last live request ends after work, cleared when a request is live again or once released.
+    idle_release_at: Option<Instant>,
+    /// A request was live since the last release: an idle node releases once, not every
+    /// [`IDLE_RELEASE_AFTER`].
+    busy_since_release: bool,
 }
 
 /// A block waiting in [`Node::parked`].
@@ -365,6 +380,8 @@ impl Node {
             peer_pace: None,
             held: VecDeque::new(),
             parked: VecDeque::new(),
+            idle_release_at: None,
+            busy_since_release: false,
             relayed: VecDeque::new(),
         })
     }
@@ -514,6 +531,32 @@ impl Node {
         self.working.clear();
         self.working_io = None;
         self.drain_circuit_events();
+        self.note_idle(now);
+    }
+
+    /// Arms the idle release when the last live request ended after work, disarms it while one
+    /// is live ([`IDLE_RELEASE_AFTER`]).
+    fn note_idle(&mut self, now: Instant) {
+        if !self.requests.is_empty() {
+            self.busy_since_release = true;
+            self.idle_release_at = None;
+        } else if self.busy_since_release && self.idle_release_at.is_none() {
+            self.idle_release_at = Some(now.saturating_add(IDLE_RELEASE_AFTER));
+        }
+    }
+
+    /// The idle release is due: hands the shell [`Output::ReleaseMemory`] and drops the
+    /// handles the node keeps only to save a hash ([`Node::recent_digests`]). The blocks it keeps
+    /// to serve ([`Node::held`], [`Node::parked`]) stay.
+    fn release_idle(&mut self, now: Instant) {
+        if self.idle_release_at.is_none_or(|at| at > now) {
+            return;
+        }
+        self.idle_release_at = None;
+        self.busy_since_release = false;
+        self.recent_digests.clear();
+        self.counters.memory_releases += 1;
+        self.emit(Output::ReleaseMemory);
     }
 
     fn dispatch(&mut self, input: Input, now: Instant) {
@@ -554,7 +597,8 @@ impl Node {
         let discovery = self.directory.as_ref().and_then(|d| d.poll_timeout());
         let neighbours = self.engine.neighbours().map(|n| n.poll_timeout());
         let broadcast = self.broadcast_timeout();
-        [exchange, stall, hedge, answer, breaker, discovery, neighbours, broadcast]
+        let idle = self.idle_release_at;
+        [exchange, stall, hedge, answer, breaker, discovery, neighbours, broadcast, idle]
             .into_iter()
             .flatten()
             .min()
@@ -571,6 +615,7 @@ impl Node {
     }
 
     fn fire_timers(&mut self, now: Instant) {
+        self.release_idle(now);
         self.discovery_due(now);
         self.neighbours_due(now);
         self.broadcast_due(now);
@@ -799,6 +844,10 @@ impl Node {
         }
         self.flights.check_invariants();
         assert!(self.live_requests() <= REQUESTS_MAX, "requests above their bound");
+        assert!(
+            self.idle_release_at.is_none() || self.requests.is_empty() && self.busy_since_release,
+            "an idle release armed while a request is live, or without work since the last"
+        );
         // Every record is in the order the bound forgets by (checked by count: a scan per
         // record would cost O(records²) per event).
         assert!(self.ahead_order.len() <= READ_AHEAD_LIVE_MAX, "read-ahead records above bound");

@@ -208,6 +208,15 @@ impl Harness {
         }
     }
 
+    /// No timer outlives the work (`what` says whose): the only one left, if any, is the idle
+    /// release ([`super::IDLE_RELEASE_AFTER`], its own test fires it), and nothing is live.
+    fn assert_settled(&self, what: &str) {
+        if let Some(at) = self.node.poll_timeout() {
+            assert_eq!(self.node.idle_release_at, Some(at), "{what}: a timer outlives the work");
+        }
+        assert_eq!(self.node.live_requests(), 0, "{what}: a request is live");
+    }
+
     fn advance(&mut self, d: Duration) {
         self.now += d;
         if self.node.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -400,6 +409,47 @@ impl Harness {
     }
 }
 
+fn releases(h: &Harness) -> usize {
+    h.outputs.iter().filter(|o| matches!(o, Output::ReleaseMemory)).count()
+}
+
+/// A node that worked and then had no live request for `IDLE_RELEASE_AFTER` asks the shell,
+/// once, to give back the memory it kept for reuse; a read inside that time puts it off, and an
+/// idle node that did nothing since does not ask again.
+#[test]
+fn an_idle_node_releases_memory_once_after_its_last_read_and_a_read_puts_it_off() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    assert_eq!(h.node.poll_timeout(), None, "a node that never worked has nothing to release");
+    h.read(1, None);
+    h.serve_origin();
+    assert!(h.ended(1));
+    let first_end = h.now;
+    assert_eq!(h.node.poll_timeout(), Some(first_end + super::IDLE_RELEASE_AFTER));
+    // A read a second before the release is due puts it off until after that read.
+    h.advance(super::IDLE_RELEASE_AFTER - Duration::from_secs(1));
+    assert_eq!(releases(&h), 0);
+    h.read(2, Some("bytes=0-9"));
+    assert!(h.ended(2), "a hit, served at once");
+    let second_end = h.now;
+    assert_eq!(h.node.poll_timeout(), Some(second_end + super::IDLE_RELEASE_AFTER));
+    h.advance(super::IDLE_RELEASE_AFTER - Duration::from_millis(1));
+    assert_eq!(releases(&h), 0);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(releases(&h), 1, "released when due");
+    assert_eq!(h.node.counters().memory_releases, 1);
+    assert!(h.node.recent_digests.is_empty(), "no block is kept alive to save a hash");
+    assert_eq!(h.node.poll_timeout(), None, "nothing left to wake the node");
+    h.advance(Duration::from_secs(3600));
+    assert_eq!(releases(&h), 1, "an idle node that did nothing since does not ask again");
+    // Work again: released again after it.
+    h.read(3, Some("bytes=0-9"));
+    h.serve_origin();
+    assert_eq!(h.body_of(3), content(0, 10).to_vec());
+    h.advance(super::IDLE_RELEASE_AFTER);
+    assert_eq!(releases(&h), 2);
+    h.node.check_invariants();
+}
+
 #[test]
 fn a_cold_read_probes_fetches_every_block_and_serves_exact_bytes() {
     let mut h = Harness::new(node_with(engine(), ""));
@@ -417,7 +467,7 @@ fn a_cold_read_probes_fetches_every_block_and_serves_exact_bytes() {
     assert!(h.ended(1));
     assert_eq!(h.store.len(), 4, "every block cached");
     assert_eq!(h.node.live_requests(), 0);
-    assert_eq!(h.node.poll_timeout(), None, "no timer outlives its exchange");
+    h.assert_settled("no timer outlives its exchange");
 }
 
 // ---- A cold client read passes its origin window on as it arrives ----
@@ -776,7 +826,7 @@ fn an_origin_that_never_answers_is_given_up_at_the_head_bound() {
     h.advance(Duration::from_secs(30));
     assert!(h.cancelled(probe.id));
     assert_eq!(h.head_of(1).map(|h| h.status), Some(502));
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 #[test]
@@ -852,7 +902,7 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
     assert!(h.node.exchanges().is_empty());
     let b = breaker_of(&h);
     assert_eq!((b.soft, b.hard, b.abandoned), (1, 0, 1));
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 /// A child of its chunk's root in a view of three (fanout 2) that is not ranked second: the
@@ -999,13 +1049,13 @@ fn a_read_that_ended_leaves_no_timer_to_wake_its_node() {
     assert!(h.node.poll_timeout().is_some(), "armed while the read waits");
     answer_peer(&mut h, &peer, 0);
     assert!(h.ended(1));
-    assert_eq!(h.node.poll_timeout(), None, "its hedge timer went with it");
+    h.assert_settled("its hedge timer went with it");
     // A relay with a requester's budget that answered at once.
     let mut h = relay_with_requester("x-dart-budget-ms", "1000");
     let up = h.take_sends().remove(0);
     answer_peer(&mut h, &up, 1);
     assert!(h.ended(7));
-    assert_eq!(h.node.poll_timeout(), None, "its early-answer bound went with it");
+    h.assert_settled("its early-answer bound went with it");
 }
 
 #[test]
@@ -1075,7 +1125,7 @@ fn a_client_that_hangs_up_mid_peer_fetch_abandons_the_permit_and_charges_nothing
     assert_eq!(b.counters().abandoned, 1);
     assert_eq!(b.counters().soft + b.counters().hard, 0);
     assert_eq!(h.node.live_requests(), 0);
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
     assert!(!h.ended(1) && !h.aborted(1), "nothing is sent to a requester that left");
 }
 
@@ -2696,7 +2746,7 @@ fn a_requester_that_stops_reading_is_given_up_at_the_write_stall_bound() {
     assert!(!h.ended(2));
     assert_eq!(h.node.live_requests(), 0, "the request and its buffers are released");
     assert_eq!(h.node.counters().write_stalls, 1);
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 #[test]
@@ -2911,7 +2961,7 @@ fn a_refusal_is_retried_by_every_waiter_with_another_credential_even_after_the_l
     assert_eq!(status_of(&h, 3), Some(206));
     assert_eq!(h.body_of(3), content(BLOCK, 10).to_vec());
     assert_eq!(h.node.live_requests(), 0);
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 #[test]
@@ -2964,7 +3014,7 @@ fn a_check_that_cannot_complete_fails_closed_except_for_a_credential_accepted_re
     assert_eq!(status_of(&h, 4), Some(502));
     assert_eq!(h.node.access_counters().check_failed, 2);
     assert_eq!(h.node.live_requests(), 0);
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 #[test]
@@ -2978,7 +3028,7 @@ fn a_requester_that_leaves_during_its_check_cancels_the_check_if_alone() {
     h.feed(Input::Cancel { id: RequestId(2) });
     assert!(h.cancelled(check.id));
     assert_eq!(h.node.live_requests(), 0);
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 /// In a cold herd a peer's relay request most often reaches a node while the node's own client
@@ -3039,7 +3089,7 @@ fn a_relay_whose_joined_check_is_refused_probes_itself_and_one_that_leaves_cance
     h.feed(Input::Cancel { id: RequestId(2) });
     assert!(h.cancelled(check.id), "nobody waits any more");
     assert_eq!(h.node.live_requests(), 0);
-    assert_eq!(h.node.poll_timeout(), None);
+    h.assert_settled("the test's work");
 }
 
 #[test]

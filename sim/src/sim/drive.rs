@@ -339,6 +339,9 @@ impl Sim {
                     self.unknown_request(n, id, "an end");
                 }
             }
+            // The simulated node's memory is not modelled: nothing to give back (the machine's
+            // counter, `memory_releases`, says when it asked).
+            Output::ReleaseMemory => {}
             Output::Event(e) => self.event(n, e),
         }
     }
