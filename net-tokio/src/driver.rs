@@ -566,15 +566,20 @@ impl<D: Dialer> NodeDriver<D> {
                 }
                 Deferred::Event(e) => self.record(e),
                 Deferred::ReleaseMemory => {
-                    // Off the executor: trimming walks every arena of the allocator.
-                    self.rt.spawn_blocking(|| {
-                        let released = crate::memory::release();
-                        tracing::debug!(
-                            pooled_bytes = released.pooled,
-                            trimmed = released.trimmed,
-                            "idle: memory kept for reuse released"
-                        );
-                    });
+                    // Trimming walks every arena of the allocator: the worker is handed off where
+                    // the runtime can do that. Elsewhere (turmoil, madsim) it runs right here: a
+                    // thread of the blocking pool would run beside the simulated world and make
+                    // its runs differ.
+                    let released =
+                        match crate::seam::block_in_place(&self.rt, crate::memory::release) {
+                            Ok(released) => released,
+                            Err(release) => release(),
+                        };
+                    tracing::debug!(
+                        pooled_bytes = released.pooled,
+                        trimmed = released.trimmed,
+                        "idle: memory kept for reuse released"
+                    );
                 }
             }
         }
