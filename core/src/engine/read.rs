@@ -1915,11 +1915,21 @@ impl Read {
             if job.key == key && !job.streaming && job.expected == len)
     }
 
+    /// Whether this read waits on the origin for block `key` of `len` bytes and has passed
+    /// none of its window on (it does not stream it): [`Read::take_landed`] can serve it from a
+    /// copy that landed in this node's store. The shell takes it out of its flight first.
+    pub fn awaits_fetch_for(&self, key: BlockKey, len: u64) -> bool {
+        matches!(&self.state, State::AwaitFetch(job)
+            if job.key == key && !job.streaming && job.expected == len)
+    }
+
     /// Block `key` landed in this node's store while this read waited on peers for it (another
     /// read of this node fetched it, from a peer or the origin, of the version this read
     /// reads): the read takes it and drops its race. The contenders are cancelled, never
-    /// charged: a peer that was merely slower than another path did nothing wrong. False, and
-    /// nothing changes, unless [`Read::awaits_peer_for`] holds.
+    /// charged: a peer that was merely slower than another path did nothing wrong. Or while it
+    /// waited on the origin for it ([`Read::awaits_fetch_for`]; the shell took it out of its
+    /// flight, which goes on for its other waiters and the cache): it takes it the same way.
+    /// False, and nothing changes, unless one of the two holds.
     pub fn take_landed(
         &mut self,
         engine: &mut Engine,
@@ -1927,6 +1937,15 @@ impl Read {
         data: &Bytes,
         now: Instant,
     ) -> bool {
+        if self.awaits_fetch_for(key, data.len() as u64) {
+            let State::AwaitFetch(job) = std::mem::replace(&mut self.state, State::Done) else {
+                unreachable!("checked above")
+            };
+            engine.stats.landed += 1;
+            self.count(&mut engine.stats.block_source_cache);
+            self.deliver(engine, job.seg, data);
+            return true;
+        }
         if !self.awaits_peer_for(key, data.len() as u64) {
             return false;
         }

@@ -1044,23 +1044,39 @@ impl Node {
     /// Hands each block stored during this input to the other reads that still wait on peers
     /// for it (`Read::take_landed`): a read whose primary is stuck on a stalled peer gets the
     /// block another read of this node (its hedge, a relay's own fetch, an origin flight)
-    /// brought in, instead of waiting out its head bound. Only reads of the version the node
-    /// stores, none of whose fetches is the one that just ended (its readers get its answer),
-    /// and that can act now.
+    /// brought in, instead of waiting out its head bound; and to the reads that wait on an origin
+    /// flight for it and passed none of its window on (they leave the flight, which goes on for
+    /// its other waiters and the cache), instead of waiting for the origin's window (or, in
+    /// `expired-credential` seed 47895323, for a refusal of another requester's credential and a
+    /// retry after it). Only reads of the version the node stores, none of whose fetches is the
+    /// one that just ended (its readers get its answer), and that can act now.
     pub(super) fn hand_landed(&mut self, now: Instant) {
         while !self.landed.is_empty() {
             for (key, data) in std::mem::take(&mut self.landed) {
+                let len = data.len() as u64;
                 let waiting: Vec<RequestId> = self
                     .requests
                     .iter()
-                    .filter(|(_, r)| {
+                    .filter(|(rid, r)| {
                         // A read whose body window is full acts on nothing until drained
                         // (`drive`): it could not drop its race now.
+                        let on_peers = || {
+                            r.read.awaits_peer_for(key, len)
+                                && matches!(r.wait, Wait::Peers(slots)
+                                    if slots.iter().flatten().all(|io| self.exchanges.contains_key(io)))
+                        };
+                        // One waiting on an origin flight that passed it nothing yet (a flight
+                        // that just ended is out of the table: its waiters get its answer).
+                        let on_flight = || {
+                            r.read.awaits_fetch_for(key, len)
+                                && matches!(r.wait, Wait::Flight(fid)
+                                    if self.flight_state.get(&fid).is_some_and(|f| {
+                                        f.waiters.iter().any(|w| w.request == **rid && w.streamed.is_none())
+                                    }))
+                        };
                         !r.cancelled
                             && r.window < BODY_WINDOW
-                            && r.read.awaits_peer_for(key, data.len() as u64)
-                            && matches!(r.wait, Wait::Peers(slots)
-                                if slots.iter().flatten().all(|io| self.exchanges.contains_key(io)))
+                            && (on_peers() || on_flight())
                             && self.may_store(r.read.object(), r.read.version())
                     })
                     .map(|(rid, _)| *rid)
@@ -1068,6 +1084,11 @@ impl Node {
                 for rid in waiting {
                     self.isolated(now, |node| {
                         node.working.push(rid);
+                        if let Wait::Flight(fid) = node.requests[&rid].wait {
+                            // Out of the flight: it goes on for its other waiters, and stores.
+                            node.leave_flight(fid, rid);
+                            node.requests.get_mut(&rid).expect("a waiting read").wait = Wait::Ready;
+                        }
                         let req = node.requests.get_mut(&rid).expect("a waiting read");
                         if req.read.take_landed(&mut node.engine, key, &data, now) {
                             node.drive(rid, now);

@@ -905,6 +905,31 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
     h.assert_settled("the test's work");
 }
 
+/// A read waiting on an origin flight takes the block when another path brings it in first
+/// (here the silent root answers the primary after all, while the origin fill and a second read
+/// that joined it wait on the origin): it is served at once, not after the origin's window.
+#[test]
+fn a_read_waiting_on_an_origin_flight_takes_the_block_a_peer_brought_in_first() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, ask) = hedge_probe_of_the_root(&mut h);
+    h.io(ask.id, IoEvent::Connected);
+    h.advance(crate::engine::probe_wait(COLD_DELAY));
+    let fill = h.take_sends().remove(0);
+    assert_eq!(fill.endpoint, Endpoint::Origin, "the backup is the origin");
+    h.read(2, Some("bytes=0-9"));
+    assert!(h.sends().is_empty(), "the second read joined the fill's flight");
+    assert!(matches!(h.node.requests[&RequestId(2)].wait, Wait::Flight(_)));
+    answer_peer(&mut h, &peer, 0);
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    assert_eq!(h.body_of(2), content(0, 10).to_vec(), "served from the landed block");
+    assert!(h.ended(1) && h.ended(2));
+    // The origin's window still comes (its bytes are cached, nobody else is answered twice).
+    h.answer_origin(&fill);
+    assert_eq!(h.body_of(2), content(0, 10).to_vec());
+    assert_eq!(h.node.live_requests(), 0);
+    h.node.check_invariants();
+}
+
 /// A child of its chunk's root in a view of three (fanout 2) that is not ranked second: the
 /// tree without the root puts the member ranked second above it. Returns the node, the root's
 /// address and the second's.
