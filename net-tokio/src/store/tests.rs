@@ -1371,6 +1371,14 @@ fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
     let block = |i: u64, len: usize| -> Vec<u8> {
         (0..len).map(|j| (i as u8).wrapping_mul(37) ^ (j as u8) ^ ((j >> 8) as u8)).collect()
     };
+    // The bytes of block `i` one byte into their buffer: never on a page boundary, whatever
+    // the allocator handed out (a fresh `Vec` may start on one by chance; the count of blocks
+    // written as they are below must not depend on that).
+    let unaligned = |i: u64| -> bytes::Bytes {
+        let mut buf = vec![0u8];
+        buf.extend(block(i, SLOT as usize));
+        bytes::Bytes::from(buf).slice(1..)
+    };
     // Four owned slots: one of them may be held by a mapped answer (`MAPPED_SHARE`).
     let mut cfg = StoreConfig::new(dir.path(), 5 * SLOT, 0, SLOT);
     cfg.owned_fraction = Some(4.5 / 5.0);
@@ -1382,7 +1390,7 @@ fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
         let stats = s.stats();
         (stats.disk_reads_mapped, stats.disk_reads_page_cache, stats.disk_reads_blocking)
     };
-    assert!(store.put(key(1), &block(1, SLOT as usize), owned).unwrap());
+    assert!(store.put(key(1), &unaligned(1), owned).unwrap());
     let slot1 = store.disk.with_arena(owned, |a| a.slot_of(&key(1))).expect("1 is held");
     // A direct write leaves no page cached: the first read is a `pread`, which caches them, and
     // the window after it is answered from the mapping.
@@ -1393,10 +1401,10 @@ fn direct_writes_replace_cached_and_mapped_bytes_and_read_back_exactly() {
     assert_eq!(store.disk.with_arena(owned, |a| a.mapped_out()), Some(1));
     drop(window);
     for i in [2, 3, 4] {
-        assert!(store.put(key(i), &block(i, SLOT as usize), owned).unwrap());
+        assert!(store.put(key(i), &unaligned(i), owned).unwrap());
     }
     // 1 is the least recently used: 5 takes its slot, written directly over cached pages.
-    assert!(store.put(key(5), &block(5, SLOT as usize), owned).unwrap());
+    assert!(store.put(key(5), &unaligned(5), owned).unwrap());
     assert_eq!(store.disk.with_arena(owned, |a| a.slot_of(&key(5))), Some(slot1));
     assert_eq!(store.get(&key(1)), None);
     let window = store.get_window(&key(5), 100, 5000, SLOT).expect("5 is held");
