@@ -587,7 +587,9 @@ impl Node {
         self.out.pop_front()
     }
 
-    /// The earliest deadline: an exchange bound, a write-stall bound or a breaker probe deadline.
+    /// The earliest deadline: an exchange, write-stall, hedge or answer-by bound, a breaker probe,
+    /// a discovery round, the neighbour set's or the broadcast targets' refresh, or the idle
+    /// release.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let exchange = self.timers.first().map(|&(t, _)| t);
         let stall = self.stall_timers.first().map(|&(t, _)| t);

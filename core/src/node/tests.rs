@@ -875,15 +875,22 @@ fn hedge_probe_of_the_root(h: &mut Harness) -> (IoRequest, IoRequest) {
     (peer, ask)
 }
 
-#[test]
-fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lands() {
-    let mut h = Harness::new(reader_hedging_to_origin());
-    let (peer, ask) = hedge_probe_of_the_root(&mut h);
+/// [`hedge_probe_of_the_root`], then the liveness probe connects and says nothing within a
+/// quarter of a hedge delay: the root is silent, and the backup is an origin fill. Returns (the
+/// primary peer fetch, the liveness probe, the fill's origin window).
+fn origin_fill_of_a_silent_root(h: &mut Harness) -> (IoRequest, IoRequest, IoRequest) {
+    let (peer, ask) = hedge_probe_of_the_root(h);
     h.io(ask.id, IoEvent::Connected);
-    // Nothing within a quarter of a hedge delay: the root is silent, the backup is the origin.
     h.advance(crate::engine::probe_wait(COLD_DELAY));
     let fill = h.take_sends().remove(0);
     assert_eq!(fill.endpoint, Endpoint::Origin, "the backup is the origin");
+    (peer, ask, fill)
+}
+
+#[test]
+fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lands() {
+    let mut h = Harness::new(reader_hedging_to_origin());
+    let (peer, ask, fill) = origin_fill_of_a_silent_root(&mut h);
     h.answer_origin(&fill);
     // The fill stored the block; the read took it and stopped waiting on the root, whose two
     // asks run on unanswered to record how the root answers them.
@@ -911,11 +918,7 @@ fn a_child_of_a_silent_root_hedges_to_the_origin_and_takes_the_block_when_it_lan
 #[test]
 fn a_read_waiting_on_an_origin_flight_takes_the_block_a_peer_brought_in_first() {
     let mut h = Harness::new(reader_hedging_to_origin());
-    let (peer, ask) = hedge_probe_of_the_root(&mut h);
-    h.io(ask.id, IoEvent::Connected);
-    h.advance(crate::engine::probe_wait(COLD_DELAY));
-    let fill = h.take_sends().remove(0);
-    assert_eq!(fill.endpoint, Endpoint::Origin, "the backup is the origin");
+    let (peer, _, fill) = origin_fill_of_a_silent_root(&mut h);
     h.read(2, Some("bytes=0-9"));
     assert!(h.sends().is_empty(), "the second read joined the fill's flight");
     assert!(matches!(h.node.requests[&RequestId(2)].wait, Wait::Flight(_)));
