@@ -441,7 +441,7 @@ impl<D: Dialer> NodeDriver<D> {
                 }
                 Output::Send(req) => {
                     let id = req.id;
-                    tracing::debug!(io = %id, endpoint = ?req.endpoint, url = %req.url, range = ?req.headers.get_str("range"), "send");
+                    tracing::debug!(io = %id, endpoint = ?req.endpoint, url = %dart_core::codec::redact::redact_url(&req.url), range = ?req.headers.get_str("range"), "send");
                     let task = self.rt.spawn(self.clone().exchange(req));
                     inner.ios.insert(id, task.abort_handle());
                 }

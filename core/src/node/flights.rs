@@ -20,6 +20,7 @@ use crate::engine::{block_verdict, BlockClass, FetchedBlock, ObjectMeta, Verdict
 use crate::hash::BlockKey;
 use crate::identity::ObjectId;
 use crate::time::Instant;
+use std::fmt;
 
 /// Most bytes reserved up front for one origin body (larger windows grow as they arrive).
 const BODY_RESERVE_MAX: u64 = 64 << 20;
@@ -34,7 +35,7 @@ pub(super) enum Fill {
 }
 
 /// A request waiting on a flight, with its own URL (for a refusal retry).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct Waiter {
     pub request: RequestId,
     pub url: String,
@@ -60,7 +61,6 @@ impl Waiter {
 }
 
 /// A flight in progress.
-#[derive(Debug)]
 pub(super) struct Flight {
     pub key: FlightKey,
     pub io: IoId,
@@ -75,6 +75,42 @@ pub(super) struct Flight {
     /// The credential its exchange went out under: the leader's URL and `Authorization`.
     pub url: String,
     pub auth: Option<Vec<u8>>,
+}
+
+/// How a debug print shows an `Authorization` value: its length only.
+fn redacted_auth(auth: &Option<Vec<u8>>) -> Option<String> {
+    auth.as_ref().map(|a| format!("<redacted, {} bytes>", a.len()))
+}
+
+/// As derived, with the URL redacted ([`redact_url`]) and the `Authorization` shown by length.
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter")
+            .field("request", &self.request)
+            .field("url", &redact_url(&self.url))
+            .field("joined", &self.joined)
+            .field("auth", &redacted_auth(&self.auth))
+            .field("streamed", &self.streamed)
+            .field("span", &self.span)
+            .field("client", &self.client)
+            .finish()
+    }
+}
+
+/// As derived, with the credential its exchange went out under redacted as a [`Waiter`]'s.
+impl fmt::Debug for Flight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Flight")
+            .field("key", &self.key)
+            .field("io", &self.io)
+            .field("started", &self.started)
+            .field("waiters", &self.waiters)
+            .field("fill", &self.fill)
+            .field("leader", &self.leader)
+            .field("url", &redact_url(&self.url))
+            .field("auth", &redacted_auth(&self.auth))
+            .finish()
+    }
 }
 
 impl Flight {

@@ -146,10 +146,34 @@ const FIELD_BYTES_RESERVE: usize = 512;
 /// Fields a set of fields makes room for at its first field.
 const FIELDS_RESERVE: usize = 12;
 
-/// As the list of `(name, value)` pairs it holds, which is what it printed when it was one.
+/// Header fields whose values are credentials: their [`fmt::Debug`] form names their length only.
+const SECRET_FIELDS: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "set-cookie"];
+
+/// As the list of `(name, value)` pairs it holds (what it printed when it was one), with the
+/// value of a credential field ([`SECRET_FIELDS`]) replaced by its length: a debug print of an
+/// exchange or an input never shows a requester's credential.
 impl fmt::Debug for Headers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let fields: Vec<(&str, &[u8])> = self.iter().collect();
+        /// A field's value as printed.
+        enum Shown<'a> {
+            Value(&'a [u8]),
+            Secret(usize),
+        }
+        impl fmt::Debug for Shown<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self {
+                    Shown::Value(v) => v.fmt(f),
+                    Shown::Secret(n) => write!(f, "<redacted, {n} bytes>"),
+                }
+            }
+        }
+        let fields: Vec<(&str, Shown<'_>)> = self
+            .iter()
+            .map(|(name, value)| match SECRET_FIELDS.contains(&name) {
+                true => (name, Shown::Secret(value.len())),
+                false => (name, Shown::Value(value)),
+            })
+            .collect();
         f.debug_tuple("Headers").field(&fields).finish()
     }
 }
@@ -700,5 +724,22 @@ mod tests {
         }
         let h = Headers::new().with("Content-Length", "42").with("x", b"\xff");
         assert_eq!((h.get_u64("content-length"), h.get_str("x")), (Some(42), None));
+    }
+
+    /// A debug print of header fields names a credential's length, never its value, whatever
+    /// the case of its name; other fields print as they are.
+    #[test]
+    fn a_debug_print_of_headers_never_shows_a_credential() {
+        let h = Headers::new()
+            .with("Authorization", "Bearer s3cr3t-token")
+            .with("range", "bytes=0-9")
+            .with("Cookie", "session=s3cr3t")
+            .with("proxy-authorization", "Basic s3cr3t")
+            .with("Set-Cookie", "id=s3cr3t");
+        let shown = format!("{h:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("(\"authorization\", <redacted, 19 bytes>)"), "{shown}");
+        assert!(shown.contains(&format!("(\"range\", {:?})", b"bytes=0-9")), "{shown}");
+        assert_eq!(h.get_str("authorization"), Some("Bearer s3cr3t-token"), "the value is kept");
     }
 }

@@ -2953,6 +2953,41 @@ fn an_origin_refusal_of_an_unchecked_read_is_passed_through() {
     assert_eq!(head.headers.get_str("www-authenticate"), Some("Bearer realm=\"o\""));
 }
 
+/// A debug print of an origin flight shows neither a presigned URL's query nor an
+/// `Authorization` value, of the flight or of its waiters.
+#[test]
+fn a_debug_print_of_a_flight_never_shows_a_credential() {
+    use super::flights::{Fill, Flight, Waiter};
+    let url = "https://user:pw-s3cr3t@origin.test/o?X-Amz-Signature=s3cr3t".to_owned();
+    let auth = Some(b"Bearer s3cr3t".to_vec());
+    let waiter = Waiter {
+        request: RequestId(7),
+        url: url.clone(),
+        joined: Instant::ZERO,
+        auth: auth.clone(),
+        streamed: None,
+        span: (0, 0),
+        client: true,
+    };
+    let flight = Flight {
+        key: crate::engine::flight::FlightKey::Probe("origin.test/o".into()),
+        io: IoId(3),
+        started: Instant::ZERO,
+        waiters: vec![waiter],
+        fill: Fill::Probe(crate::identity::ObjectId {
+            id: "origin.test/o".into(),
+            content_addressed: false,
+        }),
+        leader: RequestId(7),
+        url,
+        auth,
+    };
+    let shown = format!("{flight:?}");
+    assert!(!shown.contains("s3cr3t"), "{shown}");
+    assert_eq!(shown.matches("https://origin.test/o?<redacted>").count(), 2, "{shown}");
+    assert_eq!(shown.matches("<redacted, 13 bytes>").count(), 2, "{shown}");
+}
+
 /// A refusal judges the credential the flight's exchange was sent under, not the flight's
 /// waiters: a reader that joined it with another credential retries alone with its own, also
 /// when the one that led it left before the refusal came (found by `expired-credential` seed
