@@ -1038,9 +1038,6 @@ impl Node {
         }
     }
 
-    /// Request `rid` stops waiting on exchange `io`: a shared peer fetch goes on for its other
-    /// readers; otherwise the exchange is cancelled and its permit abandoned (a read that left
-    /// says nothing about the peer).
     /// Hands each block stored during this input to the other reads that still wait on peers
     /// for it (`Read::take_landed`): a read whose primary is stuck on a stalled peer gets the
     /// block another read of this node (its hedge, a relay's own fetch, an origin flight)
@@ -1048,7 +1045,8 @@ impl Node {
     /// flight for it and passed none of its window on (they leave the flight, which goes on for
     /// its other waiters and the cache), instead of waiting for the origin's window (or, in
     /// `expired-credential` seed 47895323, for a refusal of another requester's credential and a
-    /// retry after it). Only reads of the version the node stores, none of whose fetches is the
+    /// retry after it); and to reads that wait alone on their own origin window (a refusal's
+    /// retry, or a full flight table), whose window is cancelled. Only reads of the version the node stores, none of whose fetches is the
     /// one that just ended (its readers get its answer), and that can act now.
     pub(super) fn hand_landed(&mut self, now: Instant) {
         while !self.landed.is_empty() {
@@ -1074,9 +1072,16 @@ impl Node {
                                         f.waiters.iter().any(|w| w.request == **rid && w.streamed.is_none())
                                     }))
                         };
+                        // One waiting alone on its own origin window (the flight table was
+                        // full, or it retries a refusal under its own credential): nothing of
+                        // that window reaches a read before it ends.
+                        let alone = || {
+                            r.read.awaits_fetch_for(key, len)
+                                && matches!(r.wait, Wait::Alone(io) if self.exchanges.contains_key(&io))
+                        };
                         !r.cancelled
                             && r.window < BODY_WINDOW
-                            && (on_peers() || on_flight())
+                            && (on_peers() || on_flight() || alone())
                             && self.may_store(r.read.object(), r.read.version())
                     })
                     .map(|(rid, _)| *rid)
@@ -1084,10 +1089,20 @@ impl Node {
                 for rid in waiting {
                     self.isolated(now, |node| {
                         node.working.push(rid);
-                        if let Wait::Flight(fid) = node.requests[&rid].wait {
-                            // Out of the flight: it goes on for its other waiters, and stores.
-                            node.leave_flight(fid, rid);
-                            node.requests.get_mut(&rid).expect("a waiting read").wait = Wait::Ready;
+                        match node.requests[&rid].wait {
+                            Wait::Flight(fid) => {
+                                // Out of the flight: it goes on for its other waiters, and stores.
+                                node.leave_flight(fid, rid);
+                                node.requests.get_mut(&rid).expect("a waiting read").wait =
+                                    Wait::Ready;
+                            }
+                            Wait::Alone(io) => {
+                                // Its window serves nobody else and the block is in: cancelled.
+                                node.leave_exchange(io, rid, now);
+                                node.requests.get_mut(&rid).expect("a waiting read").wait =
+                                    Wait::Ready;
+                            }
+                            _ => {}
                         }
                         let req = node.requests.get_mut(&rid).expect("a waiting read");
                         if req.read.take_landed(&mut node.engine, key, &data, now) {
@@ -1152,6 +1167,9 @@ impl Node {
         self.working.pop();
     }
 
+    /// Request `rid` stops waiting on exchange `io`: a shared peer fetch goes on for its other
+    /// readers; otherwise the exchange is cancelled and its permit abandoned (a read that left
+    /// says nothing about the peer).
     pub(super) fn leave_exchange(&mut self, io: IoId, rid: RequestId, now: Instant) {
         self.leave_exchange_as(io, rid, false, now)
     }

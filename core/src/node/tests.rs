@@ -3027,6 +3027,38 @@ fn a_refusal_is_retried_by_every_waiter_with_another_credential_even_after_the_l
     h.assert_settled("the test's work");
 }
 
+/// A read that waits alone on its own origin window (here a refusal's retry under its own
+/// credential) takes the block when another read brings it in first, and its window is
+/// cancelled: it is served at once, not after the origin answers it.
+#[test]
+fn a_read_retrying_a_refusal_alone_takes_the_block_another_read_brought_in_first() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.origin.secret = Some("s");
+    let (good, expired) = (format!("{URL}?sig=s"), format!("{URL}?sig=old"));
+    read_url(&mut h, 1, &good, Headers::new().with("range", "bytes=0-9"));
+    h.serve_origin();
+    h.outputs.clear();
+    let block_1 = || Headers::new().with("range", format!("bytes={BLOCK}-{}", BLOCK + 9));
+    read_url(&mut h, 2, &expired, block_1());
+    let window = h.take_sends().remove(0);
+    read_url(&mut h, 3, &good, block_1());
+    h.answer_origin(&window);
+    assert_eq!(status_of(&h, 2), Some(403));
+    let retry = h.take_sends().remove(0);
+    assert!(matches!(h.node.requests[&RequestId(3)].wait, Wait::Alone(io) if io == retry.id));
+    // A fourth read leads a new flight for the block (the retry is not in the flight table).
+    read_url(&mut h, 4, &good, block_1());
+    let lead = h.take_sends().remove(0);
+    assert_ne!(lead.id, retry.id);
+    h.answer_origin(&lead);
+    assert_eq!(status_of(&h, 4), Some(206));
+    assert_eq!(status_of(&h, 3), Some(206), "served from the landed block");
+    assert_eq!(h.body_of(3), content(BLOCK, 10).to_vec());
+    assert!(h.cancelled(retry.id), "its own window is not needed any more");
+    assert_eq!(h.node.live_requests(), 0);
+    h.assert_settled("the test's work");
+}
+
 #[test]
 fn concurrent_requests_with_one_credential_share_one_check() {
     let mut h = Harness::new(checked_node());
