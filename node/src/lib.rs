@@ -41,6 +41,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     // The demo prints a report; routine start-up logs would only interleave with it.
     let default_level = if matches!(cli.command, Some(Command::Demo(_))) { "warn" } else { "info" };
     init_tracing(default_level);
+    // One malloc arena per core, set before the runtime starts its threads
+    // (`dart_net_tokio::memory`): a node under steady load kept the free memory of a dozen.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match dart_net_tokio::memory::limit_arenas(cores) {
+        Some(arenas) => tracing::debug!(arenas, "malloc arenas limited to one per core"),
+        None => tracing::debug!(
+            "malloc arenas left as they are ({} or not glibc)",
+            dart_net_tokio::memory::ARENA_ENV
+        ),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
