@@ -16,34 +16,65 @@
 //! memory of all of them: [`limit_arenas`] caps them at one per core before any thread starts.
 //!
 //! This module and `mapped` are the workspace's only unsafe code: two calls into the C library,
-//! which take no pointer and lock what they change themselves (glibc documents both MT-Safe).
+//! which take no pointer. `malloc_trim` locks each arena itself (glibc documents it MT-Safe);
+//! `mallopt` is made while the process has one thread (glibc documents it MT-Unsafe).
 #![allow(unsafe_code)]
 
 /// The variable with which glibc's users set the arena limit themselves; when it is set,
 /// [`limit_arenas`] leaves the limit to it.
 pub const ARENA_ENV: &str = "MALLOC_ARENA_MAX";
 
+/// What [`limit_arenas`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArenaCap {
+    /// The cap is set to this many arenas.
+    Set(usize),
+    /// Left to [`ARENA_ENV`], which the environment sets.
+    FromEnvironment,
+    /// Not set: the process already runs other threads, or `/proc` could not say (glibc
+    /// documents `mallopt` as unsafe to call while other threads may allocate).
+    OtherThreads,
+    /// Not set: the C library is not glibc (or refused the value).
+    Unsupported,
+}
+
 /// Caps glibc's malloc arenas at `arenas` (at least 1) unless the environment sets
-/// [`ARENA_ENV`], and returns the cap it set (`None`: left to the environment, or not glibc).
-/// Call it before the runtime starts its threads: arenas already made stay.
-pub fn limit_arenas(arenas: usize) -> Option<usize> {
+/// [`ARENA_ENV`]. Only while the calling thread is the process's only one (checked): call it
+/// first thing in `main`, before the runtime starts its threads (arenas already made stay).
+pub fn limit_arenas(arenas: usize) -> ArenaCap {
     if std::env::var_os(ARENA_ENV).is_some() {
-        return None;
+        return ArenaCap::FromEnvironment;
     }
     let arenas = arenas.clamp(1, i32::MAX as usize);
-    set_arena_max(arenas as i32).then_some(arenas)
+    set_arena_max(arenas as i32)
+}
+
+/// How many threads the process runs (`/proc/self/status`), if it can tell.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn threads() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok())
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_arena_max(arenas: i32) -> bool {
-    // SAFETY: `mallopt` takes two integers and reads no memory of ours; it takes the main
-    // arena's lock while it changes the parameter, so it is sound at any time from any thread.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) == 1 }
+fn set_arena_max(arenas: i32) -> ArenaCap {
+    // Only the calling thread runs, and only it can start another: nothing allocates beside
+    // the call below.
+    if threads() != Some(1) {
+        return ArenaCap::OtherThreads;
+    }
+    // SAFETY: `mallopt` takes two integers and reads no memory of ours. glibc documents it
+    // MT-Unsafe (other allocator calls read the parameters it writes without a lock); the process
+    // has no other thread (checked just above), so no allocator call runs beside it.
+    match unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } {
+        1 => ArenaCap::Set(arenas as usize),
+        _ => ArenaCap::Unsupported,
+    }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_arena_max(_arenas: i32) -> bool {
-    false
+fn set_arena_max(_arenas: i32) -> ArenaCap {
+    ArenaCap::Unsupported
 }
 
 /// What one release gave back.
@@ -91,23 +122,17 @@ mod tests {
         println!("released {released:?}");
     }
 
-    /// The cap is at least one arena, set on glibc, and left to the environment when it names
-    /// one (the process's allocator works on either way).
+    /// In a process with other threads (this test harness) the cap is not set, and the
+    /// environment's choice is left alone; the binary's start-up sets it (node/tests/binary.rs).
     #[test]
-    fn the_arena_cap_is_set_unless_the_environment_names_one() {
-        let set = limit_arenas(0);
+    fn the_arena_cap_is_never_set_beside_other_threads_nor_over_the_environment() {
+        let got = limit_arenas(2);
         match std::env::var_os(ARENA_ENV) {
-            Some(_) => assert_eq!(set, None),
+            Some(_) => assert_eq!(got, ArenaCap::FromEnvironment),
             None if cfg!(all(target_os = "linux", target_env = "gnu")) => {
-                assert_eq!(set, Some(1))
+                assert_eq!(got, ArenaCap::OtherThreads)
             }
-            None => assert_eq!(set, None),
-        }
-        assert_eq!(limit_arenas(usize::MAX).is_some(), set.is_some());
-        let threads: Vec<_> =
-            (0..4).map(|i| std::thread::spawn(move || vec![i as u8; 1 << 16])).collect();
-        for t in threads {
-            assert_eq!(t.join().expect("a thread").len(), 1 << 16);
+            None => assert_eq!(got, ArenaCap::Unsupported),
         }
     }
 }

@@ -24,6 +24,7 @@ use dart_net_tokio::body::{self, ResponseBody};
 use dart_net_tokio::cache::{open_disk_cache, BlockCache, CacheHealth, HealthState};
 use dart_net_tokio::client::HttpClient;
 use dart_net_tokio::driver::{NodeDriver, WallClock};
+use dart_net_tokio::memory::{ArenaCap, ARENA_ENV};
 use dart_net_tokio::seam::{
     tls_client_config, Dialer, Listener as _, Seam, TokioDialer, TokioSeam,
 };
@@ -43,18 +44,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(default_level);
     // One malloc arena per core, set before the runtime starts its threads
     // (`dart_net_tokio::memory`): a node under steady load kept the free memory of a dozen.
+    // Logged once the flags are valid, as the open-file limit is.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match dart_net_tokio::memory::limit_arenas(cores) {
-        Some(arenas) => tracing::debug!(arenas, "malloc arenas limited to one per core"),
-        None => tracing::debug!(
-            "malloc arenas left as they are ({} or not glibc)",
-            dart_net_tokio::memory::ARENA_ENV
-        ),
-    }
+    let arenas = dart_net_tokio::memory::limit_arenas(cores);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Some(Command::Demo(flags)) => rt.block_on(demo::run(flags)),
-        None => rt.block_on(run_node(cli.node)),
+        None => rt.block_on(run_node(cli.node, arenas)),
     }
 }
 
@@ -79,7 +75,7 @@ macro_rules! say {
     }};
 }
 
-async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
+async fn run_node(flags: NodeFlags, arenas: ArenaCap) -> anyhow::Result<()> {
     // Before start, which sizes the connection limits to it; logged once the flags are valid.
     let files = limits::raise_open_file_limit();
     let node = start(&flags).await?;
@@ -89,6 +85,12 @@ async fn run_node(flags: NodeFlags) -> anyhow::Result<()> {
         hard = ?files.hard,
         "open-file soft limit (raised to the hard limit)"
     );
+    match arenas {
+        ArenaCap::Set(arenas) => tracing::info!(arenas, "malloc arenas capped at one per core"),
+        ArenaCap::FromEnvironment => tracing::info!("malloc arenas left to {ARENA_ENV}"),
+        ArenaCap::OtherThreads => tracing::warn!("malloc arenas not capped: other threads run"),
+        ArenaCap::Unsupported => tracing::debug!("malloc arenas not capped: not glibc"),
+    }
     say!("{}", node.banner);
     dart_net_tokio::seam::shutdown_signal().await;
     // Tell the broadcast targets first, while the listeners still answer: they drop this node

@@ -82,7 +82,12 @@ fn parse_banner(line: &str) -> (SocketAddr, SocketAddr) {
 }
 
 async fn start_dart(args: &[String]) -> Dart {
-    let mut child = dart(args)
+    start_command(dart(args)).await
+}
+
+/// [`start_dart`] with a command made by the caller (its environment, say).
+async fn start_command(mut command: Command) -> Dart {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -216,6 +221,36 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
         ]
     );
     assert!(!stderr.contains('\u{1b}'), "log output to a pipe carries no colour codes: {stderr:?}");
+}
+
+/// The binary caps glibc's malloc arenas at one per core before its runtime starts, and leaves
+/// the cap to `MALLOC_ARENA_MAX` when the environment sets it; its start-up log says which.
+#[tokio::test]
+async fn the_binary_caps_malloc_arenas_unless_the_environment_names_a_cap() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for env in [None, Some("3")] {
+        let dir = temp_dir(&format!("arenas-{}", env.unwrap_or("default")));
+        let mut c = dart(&node_args(&dir, 1));
+        c.env_remove("MALLOC_ARENA_MAX").env_remove("DART_LOG");
+        if let Some(v) = env {
+            c.env("MALLOC_ARENA_MAX", v);
+        }
+        let d = start_command(c).await;
+        d.sigterm();
+        let (status, _, _, stderr) = d.exit(Duration::from_secs(1) + EXIT_SLACK).await;
+        assert!(status.success(), "exit {status:?}; stderr:\n{stderr}");
+        match env {
+            Some(_) => {
+                assert!(stderr.contains("malloc arenas left to MALLOC_ARENA_MAX"), "{stderr}");
+                assert!(!stderr.contains("capped"), "{stderr}");
+            }
+            None if cfg!(all(target_os = "linux", target_env = "gnu")) => {
+                let line = format!("malloc arenas capped at one per core arenas={cores}");
+                assert!(stderr.contains(&line), "{stderr}");
+            }
+            None => {}
+        }
+    }
 }
 
 #[tokio::test]

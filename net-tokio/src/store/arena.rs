@@ -529,7 +529,7 @@ pub(crate) struct Arena {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io { path: path.to_owned(), source }
+    move |cause| StoreError::Io { path: path.to_owned(), cause }
 }
 
 impl Arena {

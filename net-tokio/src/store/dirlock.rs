@@ -14,7 +14,7 @@ pub(crate) const LOCK_FILE: &str = ".dart.lock";
 /// second instance has to fail before it can wipe the first one's cache. The kernel releases the
 /// lock when the returned file is dropped or the process dies.
 pub(crate) fn acquire(dir: &Path) -> Result<File, StoreError> {
-    let dir_error = |source| StoreError::Dir { dir: dir.to_owned(), source };
+    let dir_error = |cause| StoreError::Dir { dir: dir.to_owned(), cause };
     std::fs::create_dir_all(dir).map_err(dir_error)?;
     let path = dir.join(LOCK_FILE);
     let file = OpenOptions::new()
@@ -29,6 +29,6 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, StoreError> {
         Err(TryLockError::WouldBlock) => {
             Err(StoreError::Locked { dir: dir.to_owned(), lock: path })
         }
-        Err(TryLockError::Error(source)) => Err(StoreError::Dir { dir: dir.to_owned(), source }),
+        Err(TryLockError::Error(cause)) => Err(StoreError::Dir { dir: dir.to_owned(), cause }),
     }
 }

@@ -61,13 +61,13 @@ pub enum StoreError {
     #[error("owned fraction {0} must be finite and strictly between 0 and 1")]
     BadOwnedFraction(f64),
     /// The cache directory could not be created, or is not writable.
-    #[error("cache directory {dir} cannot be created or written: {source}")]
+    #[error("cache directory {dir} cannot be created or written: {cause}")]
     Dir {
         /// The cache directory.
         dir: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
+        /// The underlying error, in the message (not also a `source`: a printed chain said it
+        /// twice).
+        cause: io::Error,
     },
     /// Another dart instance holds the lock on this cache directory.
     #[error(
@@ -81,13 +81,12 @@ pub enum StoreError {
         lock: PathBuf,
     },
     /// A read, write or resize of an arena file failed.
-    #[error("I/O error on {path}: {source}")]
+    #[error("I/O error on {path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
+        /// The underlying error, in the message (as [`StoreError::Dir`]'s).
+        cause: io::Error,
     },
     /// A put of a 0-byte block.
     #[error("refusing to store an empty block")]

@@ -178,12 +178,12 @@ impl Tiered {
 
     /// Reports a failed disk call to the health machine (a closed arena is not a failure).
     fn record_failure(&self, op: Op, error: &StoreError) {
-        let StoreError::Io { path, source } = error else {
+        let StoreError::Io { path, cause } = error else {
             return;
         };
         let reason = match op {
-            Op::Read => DegradedReason::of_read(source),
-            Op::Write => DegradedReason::of_write(source),
+            Op::Read => DegradedReason::of_read(cause),
+            Op::Write => DegradedReason::of_write(cause),
         };
         let now = self.io.now();
         let wall = SystemTime::now();
