@@ -20,16 +20,18 @@
 //! `mallopt` is made while the process has one thread (glibc documents it MT-Unsafe).
 #![allow(unsafe_code)]
 
-/// The variable with which glibc's users set the arena limit themselves; when it is set,
-/// [`limit_arenas`] leaves the limit to it.
+/// The variable with which glibc's users set the arena limit themselves; when it is set (or
+/// `GLIBC_TUNABLES` names [`ARENA_TUNABLE`]), [`limit_arenas`] leaves the limit to it.
 pub const ARENA_ENV: &str = "MALLOC_ARENA_MAX";
+/// The arena limit's name in `GLIBC_TUNABLES`, glibc's other way to set it.
+pub const ARENA_TUNABLE: &str = "glibc.malloc.arena_max";
 
 /// What [`limit_arenas`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArenaCap {
     /// The cap is set to this many arenas.
     Set(usize),
-    /// Left to [`ARENA_ENV`], which the environment sets.
+    /// Left to the environment, which sets [`ARENA_ENV`] or [`ARENA_TUNABLE`].
     FromEnvironment,
     /// Not set: the process already runs other threads, or `/proc` could not say (glibc
     /// documents `mallopt` as unsafe to call while other threads may allocate).
@@ -38,15 +40,21 @@ pub enum ArenaCap {
     Unsupported,
 }
 
-/// Caps glibc's malloc arenas at `arenas` (at least 1) unless the environment sets
-/// [`ARENA_ENV`]. Only while the calling thread is the process's only one (checked): call it
+/// Caps glibc's malloc arenas at `arenas` (at least 1) unless the environment sets the cap
+/// ([`ARENA_ENV`], [`ARENA_TUNABLE`]). Only while the calling thread is the process's only one (checked): call it
 /// first thing in `main`, before the runtime starts its threads (arenas already made stay).
 pub fn limit_arenas(arenas: usize) -> ArenaCap {
-    if std::env::var_os(ARENA_ENV).is_some() {
+    if arena_cap_in_environment() {
         return ArenaCap::FromEnvironment;
     }
     let arenas = arenas.clamp(1, i32::MAX as usize);
     set_arena_max(arenas as i32)
+}
+
+/// Whether the environment sets the arena cap itself.
+fn arena_cap_in_environment() -> bool {
+    std::env::var_os(ARENA_ENV).is_some()
+        || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains(ARENA_TUNABLE))
 }
 
 /// How many threads the process runs (`/proc/self/status`), if it can tell.
@@ -127,12 +135,12 @@ mod tests {
     #[test]
     fn the_arena_cap_is_never_set_beside_other_threads_nor_over_the_environment() {
         let got = limit_arenas(2);
-        match std::env::var_os(ARENA_ENV) {
-            Some(_) => assert_eq!(got, ArenaCap::FromEnvironment),
-            None if cfg!(all(target_os = "linux", target_env = "gnu")) => {
+        match arena_cap_in_environment() {
+            true => assert_eq!(got, ArenaCap::FromEnvironment),
+            false if cfg!(all(target_os = "linux", target_env = "gnu")) => {
                 assert_eq!(got, ArenaCap::OtherThreads)
             }
-            None => assert_eq!(got, ArenaCap::Unsupported),
+            false => assert_eq!(got, ArenaCap::Unsupported),
         }
     }
 }

@@ -87,7 +87,9 @@ async fn run_node(flags: NodeFlags, arenas: ArenaCap) -> anyhow::Result<()> {
     );
     match arenas {
         ArenaCap::Set(arenas) => tracing::info!(arenas, "malloc arenas capped at one per core"),
-        ArenaCap::FromEnvironment => tracing::info!("malloc arenas left to {ARENA_ENV}"),
+        ArenaCap::FromEnvironment => {
+            tracing::info!("malloc arenas left to the environment ({ARENA_ENV} or GLIBC_TUNABLES)")
+        }
         ArenaCap::OtherThreads => tracing::warn!("malloc arenas not capped: other threads run"),
         ArenaCap::Unsupported => tracing::debug!("malloc arenas not capped: not glibc"),
     }

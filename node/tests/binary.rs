@@ -224,25 +224,31 @@ async fn the_binary_serves_bytes_health_and_metrics_then_exits_cleanly_on_sigter
 }
 
 /// The binary caps glibc's malloc arenas at one per core before its runtime starts, and leaves
-/// the cap to `MALLOC_ARENA_MAX` when the environment sets it; its start-up log says which.
+/// the cap to the environment when it sets one (`MALLOC_ARENA_MAX`, or `GLIBC_TUNABLES`); its
+/// start-up log says which.
 #[tokio::test]
 async fn the_binary_caps_malloc_arenas_unless_the_environment_names_a_cap() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for env in [None, Some("3")] {
-        let dir = temp_dir(&format!("arenas-{}", env.unwrap_or("default")));
+    let tunables = "glibc.malloc.arena_max=3";
+    for (i, env) in [None, Some(("MALLOC_ARENA_MAX", "3")), Some(("GLIBC_TUNABLES", tunables))]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = temp_dir(&format!("arenas-{i}"));
         let mut c = dart(&node_args(&dir, 1));
-        c.env_remove("MALLOC_ARENA_MAX").env_remove("DART_LOG");
-        if let Some(v) = env {
-            c.env("MALLOC_ARENA_MAX", v);
+        for var in ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "DART_LOG"] {
+            c.env_remove(var);
         }
+        c.envs(env);
         let d = start_command(c).await;
         d.sigterm();
         let (status, _, _, stderr) = d.exit(Duration::from_secs(1) + EXIT_SLACK).await;
-        assert!(status.success(), "exit {status:?}; stderr:\n{stderr}");
+        assert!(status.success(), "{env:?}: exit {status:?}; stderr:\n{stderr}");
         match env {
             Some(_) => {
-                assert!(stderr.contains("malloc arenas left to MALLOC_ARENA_MAX"), "{stderr}");
-                assert!(!stderr.contains("capped"), "{stderr}");
+                let line = "malloc arenas left to the environment";
+                assert!(stderr.contains(line), "{env:?}: {stderr}");
+                assert!(!stderr.contains("capped"), "{env:?}: {stderr}");
             }
             None if cfg!(all(target_os = "linux", target_env = "gnu")) => {
                 let line = format!("malloc arenas capped at one per core arenas={cores}");
