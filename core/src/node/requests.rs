@@ -1046,8 +1046,9 @@ impl Node {
     /// its other waiters and the cache), instead of waiting for the origin's window (or, in
     /// `expired-credential` seed 47895323, for a refusal of another requester's credential and a
     /// retry after it); and to reads that wait alone on their own origin window (a refusal's
-    /// retry, or a full flight table), whose window is cancelled. Only reads of the version the node stores, none of whose fetches is the
-    /// one that just ended (its readers get its answer), and that can act now.
+    /// retry, or a full flight table), whose window is cancelled. Only reads of the version the
+    /// node stores, none of whose fetches is the one that just ended (its readers get its
+    /// answer), and that can act now.
     pub(super) fn hand_landed(&mut self, now: Instant) {
         while !self.landed.is_empty() {
             for (key, data) in std::mem::take(&mut self.landed) {
@@ -1089,20 +1090,16 @@ impl Node {
                 for rid in waiting {
                     self.isolated(now, |node| {
                         node.working.push(rid);
-                        match node.requests[&rid].wait {
-                            Wait::Flight(fid) => {
-                                // Out of the flight: it goes on for its other waiters, and stores.
-                                node.leave_flight(fid, rid);
-                                node.requests.get_mut(&rid).expect("a waiting read").wait =
-                                    Wait::Ready;
-                            }
-                            Wait::Alone(io) => {
-                                // Its window serves nobody else and the block is in: cancelled.
-                                node.leave_exchange(io, rid, now);
-                                node.requests.get_mut(&rid).expect("a waiting read").wait =
-                                    Wait::Ready;
-                            }
+                        let wait = node.requests[&rid].wait;
+                        match wait {
+                            // Out of the flight: it goes on for its other waiters, and stores.
+                            Wait::Flight(fid) => node.leave_flight(fid, rid),
+                            // Its window serves nobody else and the block is in: cancelled.
+                            Wait::Alone(io) => node.leave_exchange(io, rid, now),
                             _ => {}
+                        }
+                        if matches!(wait, Wait::Flight(_) | Wait::Alone(_)) {
+                            node.requests.get_mut(&rid).expect("a waiting read").wait = Wait::Ready;
                         }
                         let req = node.requests.get_mut(&rid).expect("a waiting read");
                         if req.read.take_landed(&mut node.engine, key, &data, now) {

@@ -2988,6 +2988,27 @@ fn a_debug_print_of_a_flight_never_shows_a_credential() {
     assert_eq!(shown.matches("<redacted, 13 bytes>").count(), 2, "{shown}");
 }
 
+/// The `Range` of the first ten bytes of block 1.
+fn block_1() -> Headers {
+    Headers::new().with("range", format!("bytes={BLOCK}-{}", BLOCK + 9))
+}
+
+/// A node whose origin signs URLs: read 1 (valid URL) learnt the size from block 0, so the next
+/// reads go straight to block 1; read 2 leads block 1's flight under an expired URL. Returns
+/// the harness, the valid URL, the expired one and the flight's window.
+fn block_1_led_under_an_expired_url() -> (Harness, String, String, IoRequest) {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.origin.secret = Some("s");
+    let (good, expired) = (format!("{URL}?sig=s"), format!("{URL}?sig=old"));
+    read_url(&mut h, 1, &good, Headers::new().with("range", "bytes=0-9"));
+    h.serve_origin();
+    assert_eq!(h.body_of(1), content(0, 10).to_vec());
+    h.outputs.clear();
+    read_url(&mut h, 2, &expired, block_1());
+    let window = h.take_sends().remove(0);
+    (h, good, expired, window)
+}
+
 /// A refusal judges the credential the flight's exchange was sent under, not the flight's
 /// waiters: a reader that joined it with another credential retries alone with its own, also
 /// when the one that led it left before the refusal came (found by `expired-credential` seed
@@ -2997,17 +3018,7 @@ fn a_debug_print_of_a_flight_never_shows_a_credential() {
 /// again: the origin would refuse it again.
 #[test]
 fn a_refusal_is_retried_by_every_waiter_with_another_credential_even_after_the_leader_left() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.origin.secret = Some("s");
-    let (good, expired) = (format!("{URL}?sig=s"), format!("{URL}?sig=old"));
-    // The size is known (a good read of block 0), so the next reads go straight to block 1.
-    read_url(&mut h, 1, &good, Headers::new().with("range", "bytes=0-9"));
-    h.serve_origin();
-    assert_eq!(h.body_of(1), content(0, 10).to_vec());
-    h.outputs.clear();
-    let block_1 = || Headers::new().with("range", format!("bytes={BLOCK}-{}", BLOCK + 9));
-    read_url(&mut h, 2, &expired, block_1());
-    let window = h.take_sends().remove(0);
+    let (mut h, good, expired, window) = block_1_led_under_an_expired_url();
     assert_eq!((window.purpose, window.url.as_str()), (Purpose::Window, expired.as_str()));
     read_url(&mut h, 3, &good, block_1());
     read_url(&mut h, 4, &expired, block_1());
@@ -3032,15 +3043,7 @@ fn a_refusal_is_retried_by_every_waiter_with_another_credential_even_after_the_l
 /// cancelled: it is served at once, not after the origin answers it.
 #[test]
 fn a_read_retrying_a_refusal_alone_takes_the_block_another_read_brought_in_first() {
-    let mut h = Harness::new(node_with(engine(), ""));
-    h.origin.secret = Some("s");
-    let (good, expired) = (format!("{URL}?sig=s"), format!("{URL}?sig=old"));
-    read_url(&mut h, 1, &good, Headers::new().with("range", "bytes=0-9"));
-    h.serve_origin();
-    h.outputs.clear();
-    let block_1 = || Headers::new().with("range", format!("bytes={BLOCK}-{}", BLOCK + 9));
-    read_url(&mut h, 2, &expired, block_1());
-    let window = h.take_sends().remove(0);
+    let (mut h, good, _, window) = block_1_led_under_an_expired_url();
     read_url(&mut h, 3, &good, block_1());
     h.answer_origin(&window);
     assert_eq!(status_of(&h, 2), Some(403));
