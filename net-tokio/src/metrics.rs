@@ -407,6 +407,10 @@ impl prometheus_client::collector::Collector for Collected {
         let again = "Reads that joined an origin flight in its second half and asked the origin \
                      again, once, when that flight found it unavailable.";
         plain_counter(&mut enc, "dart_origin_asked_again", again, scrape.node.origin_asked_again)?;
+        let lead_ins = "Origin requests for a client read's own bytes deep in a cold block, sent \
+                        beside the block's window so that its first byte did not wait for the \
+                        bytes before it.";
+        plain_counter(&mut enc, "dart_origin_lead_ins", lead_ins, scrape.node.origin_lead_ins)?;
         if let Some(files) = scrape.tracker_files {
             let n = scrape.node;
             let joins = [("granted", n.tracker_join_ok), ("failed", n.tracker_join_failed)];

@@ -1659,9 +1659,27 @@ impl Read {
         if !matches!(self.kind, Kind::Client { method: Method::Get, .. }) {
             return None;
         }
-        let same = engine.is_immutable(&self.object)
-            || self.version.as_ref().and_then(|v| v.same_version(window)) == Some(true);
-        if !same {
+        if !self.serves_version(engine, window) {
+            return None;
+        }
+        self.client_block_span(engine)
+    }
+
+    /// Whether `window`'s validators name the version this read serves (or the object is
+    /// immutable): bytes under them may go out before the block they belong to has ended.
+    pub fn serves_version(&self, engine: &Engine, window: &ObjectMeta) -> bool {
+        engine.is_immutable(&self.object)
+            || self.version.as_ref().and_then(|v| v.same_version(window)) == Some(true)
+    }
+
+    /// The bytes of the block it waits for (offsets within it, first and last inclusive) that a
+    /// client `GET` acquiring its block from the origin would pass on, while none went out yet
+    /// (not a read ahead); `None` for any other read. What the span may be streamed from is
+    /// [`Read::origin_stream_span`]'s to decide, on a head.
+    pub fn client_block_span(&self, engine: &Engine) -> Option<(u64, u64)> {
+        let State::AwaitFetch(job) = &self.state else { return None };
+        let client_get = matches!(self.kind, Kind::Client { method: Method::Get, .. });
+        if job.streaming || self.ahead || !client_get {
             return None;
         }
         let block_start = job.seg.block_index * engine.config.geometry.block_bytes();

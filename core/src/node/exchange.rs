@@ -102,6 +102,8 @@ pub(super) enum Job {
         body: OriginBody,
     },
     Peer(PeerJob),
+    /// One client read's bytes deep in a block window its flight fetches ([`super::lead_in`]).
+    LeadIn(Box<super::lead_in::LeadIn>),
     Passthrough {
         request: RequestId,
         head_only: bool,
@@ -188,6 +190,7 @@ impl Exchange {
             Job::Peer(p) => p.readers.first().map(|r| r.rid),
             Job::Passthrough { request, .. } => Some(*request),
             Job::Origin { owner: Owner::Flight(_), .. }
+            | Job::LeadIn(_)
             | Job::Roster { .. }
             | Job::Leave
             | Job::Tracker { .. }
@@ -207,6 +210,7 @@ impl Exchange {
         match &self.job {
             Job::Origin { key: FlightKey::Probe(_), .. } => Purpose::Probe,
             Job::Origin { key: FlightKey::Block(..), .. } => Purpose::Window,
+            Job::LeadIn(_) => Purpose::LeadIn,
             Job::Peer(_) => Purpose::PeerBlock,
             Job::Passthrough { .. } => Purpose::Passthrough,
             Job::Roster { .. } | Job::Leave => Purpose::Roster,
@@ -220,6 +224,7 @@ impl Exchange {
             Job::Origin { owner: Owner::Flight(fid), .. } => Some(*fid),
             Job::Origin { owner: Owner::Alone(_), .. }
             | Job::Peer(_)
+            | Job::LeadIn(_)
             | Job::Passthrough { .. }
             | Job::Roster { .. }
             | Job::Leave
@@ -233,6 +238,7 @@ impl Exchange {
             Job::Peer(p) => p.permit,
             Job::Roster { permit, .. } => permit,
             Job::Origin { .. }
+            | Job::LeadIn(_)
             | Job::Passthrough { .. }
             | Job::Check { .. }
             | Job::Leave
@@ -408,6 +414,7 @@ impl Node {
         let request_bound = match job {
             Job::Passthrough { .. } => None,
             Job::Origin { .. }
+            | Job::LeadIn(_)
             | Job::Peer(_)
             | Job::Roster { .. }
             | Job::Leave
@@ -567,6 +574,7 @@ impl Node {
         self.rearm(io);
         match self.exchanges[&io].job {
             Job::Origin { .. } => self.origin_io(io, event, now),
+            Job::LeadIn(_) => self.lead_in_io(io, event, now),
             Job::Peer(_) => self.peer_io(io, event, now),
             Job::Passthrough { .. } => self.passthrough_io(io, event, now),
             Job::Roster { .. } => self.roster_io(io, event, now),
@@ -588,6 +596,7 @@ impl Node {
         let expiry = x.expired(now);
         match &x.job {
             Job::Origin { .. } => self.origin_expired(io, expiry, now),
+            Job::LeadIn(_) => self.lead_in_expired(io, expiry),
             Job::Peer(_) => self.peer_expired(io, expiry, now),
             Job::Passthrough { .. } => self.passthrough_expired(io, expiry, now),
             Job::Roster { .. } => self.roster_expired(io, expiry, now),

@@ -200,10 +200,16 @@ impl Node {
     ) {
         let auth = self.requests.get(&rid).and_then(|r| r.forward.get("authorization"));
         let auth = auth.map(<[u8]>::to_vec);
+        let mut lead_in = None;
         let wait = match self.flights.begin(&key, now) {
             Role::Lead(fid) => {
                 let owner = Owner::Flight(fid);
                 let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
+                if let (FlightKey::Block(_, start, _), Fill::Block { expected, size, .. }) =
+                    (&key, &fill)
+                {
+                    lead_in = Some((fid, (*start, *expected, *size)));
+                }
                 let waiters = vec![Waiter::new(rid, url.clone(), auth.clone(), now)];
                 let flight =
                     Flight { key, io, started: now, waiters, fill, leader: rid, url, auth };
@@ -220,6 +226,11 @@ impl Node {
             }
         };
         self.requests.get_mut(&rid).expect("a live request").wait = wait;
+        if let Some((fid, block)) = lead_in {
+            let flight = &self.flight_state[&fid];
+            let (url, auth) = (flight.url.clone(), flight.auth.clone());
+            self.start_lead_in(rid, fid, block, &url, auth.as_deref(), now);
+        }
     }
 
     fn start_origin(
@@ -247,6 +258,7 @@ impl Node {
         if let Some(flight) = self.flight_state.get_mut(&fid) {
             flight.waiters.retain(|w| w.request != rid);
         }
+        self.end_lead_in(rid);
     }
 
     pub(super) fn origin_io(&mut self, io: IoId, event: IoEvent, now: Instant) {
@@ -438,6 +450,9 @@ impl Node {
             !whole
         });
         self.send_parts(parts);
+        for &rid in &done {
+            self.end_lead_in(rid);
+        }
         for (rid, data) in client_parts {
             let had = done.contains(&rid);
             self.isolated(now, |node| {
@@ -531,6 +546,8 @@ impl Node {
         self.flights.finish(&flight.key, fid);
         let flew = now.saturating_duration_since(flight.started);
         for w in std::mem::take(&mut flight.waiters) {
+            // The window ended: what a lead-in would still bring, the result has.
+            self.end_lead_in(w.request);
             // Not by place: the leader may have left, and the first waiter be a joiner.
             let joiner = w.request != flight.leader;
             // A refusal judged the credential the exchange went out under, whoever asked with

@@ -249,6 +249,10 @@ pub enum Purpose {
     Probe,
     /// An origin block window.
     Window,
+    /// The bytes of one client read deep in a block window the node is fetching, asked for
+    /// beside the window so that they need not wait for the bytes before them
+    /// (`crate::node::lead_in`).
+    LeadIn,
     /// A verbatim passthrough to a Range-blind origin.
     Passthrough,
     /// A block from a peer.

@@ -13,6 +13,7 @@ mod discover;
 mod exchange;
 mod flights;
 mod io;
+mod lead_in;
 mod peer;
 mod requests;
 mod track;
@@ -122,6 +123,9 @@ pub struct NodeCounters {
     /// Requests that joined an origin flight in its second half and asked the origin again when
     /// the flight found it unavailable, instead of taking that verdict.
     pub origin_asked_again: u64,
+    /// Origin requests for a client read's own span deep in a block window the node fetched
+    /// beside it, so that its first byte did not wait for the bytes before it (`lead_in`).
+    pub origin_lead_ins: u64,
     /// Peer fetches left to run on unanswered, to record how a silent peer answers
     /// ([`crate::engine::Action::CancelPeer`]`::run_on`).
     pub peer_fetches_run_on: u64,
@@ -216,6 +220,8 @@ pub struct Node {
     answer_timers: BTreeSet<(Instant, RequestId)>,
     flights: FlightTable<FlightKey>,
     flight_state: BTreeMap<FlightId, Flight>,
+    /// Lead-in exchanges by the read they serve ([`lead_in`]).
+    lead_ins: BTreeMap<RequestId, IoId>,
     /// The peer block fetch other reads may join, by block and peer address.
     shared_fetches: BTreeMap<(crate::hash::BlockKey, String), IoId>,
     /// Read-ahead reads by the block they acquire (entries whose read ended are pruned when
@@ -349,6 +355,7 @@ impl Node {
             answer_timers: BTreeSet::new(),
             flights,
             flight_state: BTreeMap::new(),
+            lead_ins: BTreeMap::new(),
             shared_fetches: BTreeMap::new(),
             ahead: BTreeMap::new(),
             next_ahead: NODE_REQUEST_IDS,
@@ -775,6 +782,11 @@ impl Node {
         if let exchange::Job::Leave = &x.job {
             self.leave_quarantined();
         }
+        if let exchange::Job::LeadIn(lead) = &x.job {
+            // Its read goes on with the window.
+            self.lead_ins.remove(&lead.request);
+            return Vec::new();
+        }
         if let exchange::Job::Check { credential } = &x.job {
             if let Some(check) = self.access.checks.remove(credential) {
                 let probes = check.probes.into_iter().map(|(rid, _)| rid);
@@ -866,6 +878,13 @@ impl Node {
             );
         }
         assert_eq!(self.flights.len(), self.flight_state.len(), "a flight without its state");
+        for (rid, io) in &self.lead_ins {
+            let x = self.exchanges.get(io).expect("a lead-in without its exchange");
+            let exchange::Job::LeadIn(lead) = &x.job else { panic!("lead-in {io} of another job") };
+            assert_eq!(lead.request, *rid, "lead-in {io} indexed under another read");
+            let req = self.requests.get(rid).expect("a lead-in of no request");
+            assert_eq!(req.wait, Wait::Flight(lead.flight), "{rid}: a lead-in off its flight");
+        }
         for (fid, flight) in &self.flight_state {
             let x = self.exchanges.get(&flight.io).expect("a flight without its exchange");
             assert_eq!(x.flight(), Some(*fid), "flight and exchange disagree");
@@ -913,6 +932,9 @@ impl Node {
             }
             if let Some(fid) = x.flight() {
                 assert!(self.flight_state.contains_key(&fid), "an exchange of no flight");
+            }
+            if let exchange::Job::LeadIn(lead) = &x.job {
+                assert_eq!(self.lead_ins.get(&lead.request), Some(&io), "lead-in {io} unindexed");
             }
         }
         if deadlines != PairSet::of(self.timers.iter().map(|&(at, io)| (at, io.0))) {

@@ -543,6 +543,210 @@ fn a_range_that_ends_inside_the_window_ends_when_its_bytes_went_out_and_the_wind
     assert!(h.take_sends().is_empty());
 }
 
+/// A cold read of block 1's bytes `first..=last` (offsets in the object) as [`cold_window`]
+/// starts one: the window and the read's lead-in (`crate::node::lead_in`) both sent, both
+/// connected, the window's head in (with `etag`); the lead-in's head is the test's to give.
+fn deep_cold_read(h: &mut Harness, first: u64, last: u64, etag: &str) -> (IoRequest, IoRequest) {
+    h.origin.etag = Some(etag.to_owned());
+    h.read(1, Some(&format!("bytes={first}-{last}")));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let sends = h.take_sends();
+    let purposes: Vec<Purpose> = sends.iter().map(|s| s.purpose).collect();
+    assert_eq!(purposes, [Purpose::Window, Purpose::LeadIn], "the window, and the read's span");
+    let (window, lead) = (sends[0].clone(), sends[1].clone());
+    assert_eq!(lead.headers.get_str("range"), Some(format!("bytes={first}-{last}").as_str()));
+    assert_eq!(lead.url, window.url, "under the window's URL");
+    h.io(window.id, IoEvent::Connected);
+    h.io(lead.id, IoEvent::Connected);
+    let headers = Headers::new()
+        .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
+        .with("content-length", BLOCK.to_string())
+        .with("etag", etag);
+    h.io(window.id, IoEvent::Head { status: 206, headers });
+    (window, lead)
+}
+
+/// The head an origin sends for bytes `first..=last`, version `etag`.
+fn span_head(first: u64, last: u64, etag: &str) -> IoEvent {
+    let headers = Headers::new()
+        .with("content-range", format!("bytes {first}-{last}/{SIZE}"))
+        .with("content-length", (last - first + 1).to_string())
+        .with("etag", etag);
+    IoEvent::Head { status: 206, headers }
+}
+
+#[test]
+fn a_cold_read_deep_in_a_block_takes_its_bytes_from_a_lead_in_without_waiting_for_the_window() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.io(lead.id, span_head(first, last, "\"v0\""));
+    h.io(lead.id, IoEvent::Body(content(first, 100)));
+    // The window has sent nothing yet: its first 600 bytes are not the read's.
+    assert_eq!(h.head_of(1).map(|x| x.status), Some(206));
+    assert_eq!(h.body_of(1), content(first, 100).to_vec());
+    // The window overtakes it for a while: each byte goes out once, from whichever has it.
+    h.io(window.id, IoEvent::Body(content(BLOCK, 750)));
+    assert_eq!(h.body_of(1), content(first, 150).to_vec());
+    h.io(lead.id, IoEvent::Body(content(first + 100, 100)));
+    assert_eq!(h.body_of(1), content(first, 200).to_vec());
+    assert!(h.ended(1), "the span went out: the response is over");
+    assert!(h.cancelled(lead.id), "the lead-in's rest is not needed");
+    assert_eq!(h.node.live_requests(), 0);
+    assert!(!h.cancelled(window.id), "the window goes on");
+    h.io(window.id, IoEvent::Body(content(BLOCK + 750, BLOCK - 750)));
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.store.len(), 1, "and fills the store");
+    let s = h.node.stats();
+    assert_eq!((s.origin_bytes, s.client_bytes), (BLOCK + 200, 200), "the lead-in's bytes count");
+    assert_eq!(h.node.counters().origin_lead_ins, 1);
+    // A hit now: no lead-in, no window.
+    h.read(2, Some(&format!("bytes={first}-{last}")));
+    assert_eq!(h.body_of(2), content(first, 200).to_vec());
+    assert!(h.take_sends().is_empty());
+}
+
+#[test]
+fn a_lead_in_that_answers_before_the_window_starts_the_reads_stream() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    h.origin.etag = Some("\"v0\"".into());
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    h.read(1, Some(&format!("bytes={first}-{last}")));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let sends = h.take_sends();
+    let (window, lead) = (sends[0].clone(), sends[1].clone());
+    // The lead-in's whole span comes before the window's head: the response is over.
+    h.answer_origin(&lead);
+    assert_eq!(h.body_of(1), content(first, 200).to_vec());
+    assert!(h.ended(1));
+    assert!(h.node.exchanges().iter().all(|(i, _, _)| *i != lead.id), "the lead-in is over");
+    h.answer_origin(&window);
+    assert_eq!(h.body_of(1), content(first, 200).to_vec(), "nothing more");
+    assert_eq!(h.store.len(), 1);
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
+fn a_lead_in_whose_head_is_not_exactly_the_reads_span_of_its_version_is_dropped() {
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    let heads = [
+        ("another version", span_head(first, last, "\"v1\"")),
+        ("another range", span_head(first, last + 1, "\"v0\"")),
+        ("another size", {
+            let headers = Headers::new()
+                .with("content-range", format!("bytes {first}-{last}/{}", SIZE + 1))
+                .with("etag", "\"v0\"");
+            IoEvent::Head { status: 206, headers }
+        }),
+        ("the whole object", IoEvent::Head { status: 200, headers: Headers::new() }),
+        ("a refusal", IoEvent::Head { status: 403, headers: Headers::new() }),
+    ];
+    for (what, head) in heads {
+        let mut h = Harness::new(node_with(engine(), ""));
+        let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+        h.io(lead.id, head);
+        assert!(h.cancelled(lead.id), "{what}: dropped");
+        assert!(h.body_of(1).is_empty(), "{what}: nothing of it went out");
+        // The window serves the read as it would have without it.
+        h.io(window.id, IoEvent::Body(content(BLOCK, BLOCK)));
+        h.io(window.id, IoEvent::End);
+        assert_eq!(h.body_of(1), content(first, 200).to_vec(), "{what}");
+        assert!(h.ended(1), "{what}");
+        assert_eq!(h.store.len(), 1, "{what}");
+    }
+}
+
+#[test]
+fn a_lead_in_that_fails_midway_leaves_the_rest_of_the_span_to_the_window() {
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    for expire in [false, true] {
+        let mut h = Harness::new(node_with(engine(), ""));
+        let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+        h.io(lead.id, span_head(first, last, "\"v0\""));
+        h.io(lead.id, IoEvent::Body(content(first, 50)));
+        if expire {
+            h.advance(Duration::from_secs(301));
+        } else {
+            h.io(lead.id, IoEvent::Failed(IoError::Broken("reset".into())));
+        }
+        assert!(h.node.exchanges().iter().all(|(i, _, _)| *i != lead.id), "expire {expire}");
+        if expire {
+            // The window had the same bounds: it expired too, and the read's response, begun,
+            // is cut short.
+            assert!(h.aborted(1));
+            continue;
+        }
+        h.io(window.id, IoEvent::Body(content(BLOCK, BLOCK)));
+        h.io(window.id, IoEvent::End);
+        assert_eq!(h.body_of(1), content(first, 200).to_vec(), "every byte once, in order");
+        assert!(h.ended(1));
+    }
+}
+
+#[test]
+fn a_deep_read_to_the_blocks_last_byte_has_it_when_its_lead_in_proves_its_length() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let (first, last) = (2 * BLOCK - 224, 2 * BLOCK - 1);
+    let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.io(lead.id, span_head(first, last, "\"v0\""));
+    h.io(lead.id, IoEvent::Body(content(first, 224)));
+    assert_eq!(h.body_of(1), content(first, 223).to_vec(), "all but the block's last byte");
+    h.io(lead.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content(first, 224).to_vec());
+    assert!(h.ended(1));
+    assert!(!h.cancelled(lead.id), "it ended by itself");
+    h.io(window.id, IoEvent::Body(content(BLOCK, BLOCK)));
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.store.len(), 1);
+}
+
+#[test]
+fn a_read_that_leaves_its_flight_ends_its_lead_in() {
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    // It goes away.
+    let mut h = Harness::new(node_with(engine(), ""));
+    let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.feed(Input::Cancel { id: RequestId(1) });
+    assert!(h.cancelled(lead.id));
+    assert!(!h.cancelled(window.id), "the window goes on for the store");
+    // The window ends first: the read has its bytes from it.
+    let mut h = Harness::new(node_with(engine(), ""));
+    let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.io(lead.id, span_head(first, last, "\"v0\""));
+    h.io(window.id, IoEvent::Body(content(BLOCK, BLOCK)));
+    assert!(h.cancelled(lead.id), "its span went out from the window");
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.body_of(1), content(first, 200).to_vec());
+    assert!(h.ended(1));
+}
+
+#[test]
+fn only_a_deep_short_span_of_the_read_that_leads_the_window_gets_a_lead_in() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    // Shallow: 100 bytes in.
+    h.read(1, Some(&format!("bytes={}-{}", BLOCK + 100, BLOCK + 199)));
+    h.serve_origin();
+    assert_eq!(h.node.counters().origin_lead_ins, 0);
+    // Deep but longer than the bytes before it (a read to the object's end from 300 in).
+    h.read(2, Some(&format!("bytes={}-", 2 * BLOCK + 300)));
+    let probe_or_window = h.take_sends();
+    assert!(probe_or_window.iter().all(|s| s.purpose == Purpose::Window), "{probe_or_window:?}");
+    for s in &probe_or_window {
+        h.answer_origin(s);
+    }
+    h.serve_origin();
+    assert_eq!(h.node.counters().origin_lead_ins, 0);
+    // A read that joins a deep read's window does not get one of its own.
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    let mut h = Harness::new(node_with(engine(), ""));
+    let (_window, _lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.read(2, Some(&format!("bytes={}-{}", first + 10, last)));
+    assert!(h.take_sends().is_empty(), "it joins the window");
+    assert_eq!(h.node.counters().origin_lead_ins, 1);
+}
+
 #[test]
 fn a_window_whose_version_the_read_cannot_tell_is_held_whole_before_any_byte_goes_out() {
     let mut h = Harness::new(node_with(engine(), ""));
@@ -2617,7 +2821,7 @@ fn conditional_requests_answer_304_412_and_honour_if_range() {
 #[test]
 fn a_stale_object_is_served_when_the_origin_is_down_and_counted() {
     let mut h = warmed_on_version_1();
-    h.advance(Duration::from_secs(120));
+    h.advance(Duration::from_secs(301));
     h.origin.status = Some(503);
     h.outputs.clear();
     h.read(2, None);
@@ -2635,7 +2839,7 @@ fn a_stale_object_is_served_when_the_origin_is_down_and_counted() {
 #[test]
 fn a_read_that_joined_a_failed_flight_late_asks_the_origin_again_once() {
     let mut h = warmed_on_version_1();
-    h.advance(Duration::from_secs(120));
+    h.advance(Duration::from_secs(301));
     h.publish(2);
     h.outputs.clear();
     h.read(2, None);
@@ -2664,7 +2868,7 @@ fn a_read_that_joined_a_failed_flight_late_asks_the_origin_again_once() {
     assert!(h.ended(4));
     assert_eq!(h.node.live_requests(), 0);
     // Once: a late joiner whose second flight fails too takes that verdict.
-    h.advance(Duration::from_secs(120));
+    h.advance(Duration::from_secs(301));
     h.publish(3);
     h.outputs.clear();
     h.read(5, None);
@@ -2689,7 +2893,7 @@ fn a_read_that_joined_a_failed_flight_late_asks_the_origin_again_once() {
 #[test]
 fn a_not_found_origin_is_not_papered_over_with_a_stale_copy() {
     let mut h = warmed_on_version_1();
-    h.advance(Duration::from_secs(120));
+    h.advance(Duration::from_secs(301));
     h.origin.status = Some(404);
     h.outputs.clear();
     h.read(2, None);
