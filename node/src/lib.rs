@@ -258,6 +258,7 @@ pub async fn start_on<S: Seam>(
         hedge_ratio: flags.hedge_ratio,
         read_ahead: flags.read_ahead,
         origin_read_ahead: flags.origin_read_ahead,
+        lead_in: !flags.no_origin_lead_in,
     });
     let members = p2p.as_ref().map_or(0, |p| p.placement.view().members().len());
     let mut advertise = p2p

@@ -15,6 +15,7 @@ use dart_sim::{
     BlockSource, CheckLevel, ClusterConfig, Fault, FaultClass, FaultKind, FaultPlan, Lie,
     OriginFault, Phase, Phases, ReadOutcome, ReadSpec, RunReport, SimSpec, SwarmSpace, Workload,
 };
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -55,6 +56,7 @@ pub fn all() -> Vec<Scenario> {
         network_blip(),
         origin_errors(),
         chain(),
+        deep_ranges(),
         partition_heals(),
         object_changes(),
         stale_if_error(),
@@ -1072,6 +1074,94 @@ fn origin_errors() -> Scenario {
         let failed = r.phase(Phase::Safety).filter(|x| matches!(x.outcome, ReadOutcome::Failed { .. })).count();
         let opened: usize = r.nodes.iter().map(|n| n.circuit_events.iter().filter(|e| e.to == CircuitState::Open).count()).sum();
         check.note(format!("{failed} safety reads failed during origin faults; {opened} peer circuits opened on relays' origin errors"));
+    })
+}
+
+/// Median of `xs` (0 for none).
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs.get(xs.len() / 2).copied().unwrap_or_default()
+}
+
+fn deep_ranges() -> Scenario {
+    Scenario::new("deep-ranges", "random-access readers read small ranges deep in cold blocks of a slow origin: does a first byte wait for the bytes before it?", |seed, scale| {
+        let nodes = pick(scale, 2, 3) as usize;
+        let block = pick(scale, 256 << 10, 4 * MIB);
+        let blocks = pick(scale, 6, 16);
+        let mut spec = everyone_reads(seed, nodes, vec![ObjectDef::plain(blocks * block, seed)], block, ms(0));
+        // Every node reads the origin itself (a single node, or a tree's root), over 20 MB/s, 10
+        // ms away. The simulated origin sends large answers one after another (its egress is a
+        // queue, not links that share), so the nodes take turns (300 ms apart, more than a
+        // window and a span take) and the latency is fixed: a read's span, asked first,
+        // arrives first, as it would beside the window on a real origin's link.
+        spec.cluster = spec.cluster.origin_only();
+        spec.cluster.net.origin_link.bandwidth = 20_000_000;
+        spec.cluster.net.origin_link.latency = dart_sim::net::Latency::Fixed(ms(10));
+        use rand::Rng as _;
+        let mut r = rng::from_seed(seed ^ 0xdee9);
+        let len = block / 16;
+        // Each node reads one range of each block, in turn: somewhere in the block's second
+        // half (a Parquet footer, a tensor by offset), every block cold when read.
+        let mut reads = Vec::new();
+        for n in 0..nodes {
+            for b in 0..blocks {
+                let first = b * block + block / 2 + r.random_range(0..block / 2 - len);
+                let range = dart_sim::RangeSpec::Bounded(first, first + len - 1);
+                let at = ms(1000 * b + 300 * n as u64);
+                reads.push(ReadSpec { range, ..ReadSpec::whole(at, n, 0) });
+            }
+        }
+        spec.workload.safety = reads;
+        spec
+    })
+    .expect(|run, check| {
+        let r = run.report;
+        safety_reads_finish(run, check, &[]);
+        // Each safety read's first byte, by its place in the workload.
+        let firsts = |rep: &RunReport| -> BTreeMap<usize, Duration> {
+            rep.phase(Phase::Safety)
+                .filter_map(|x| Some((x.index, x.first_byte_at?.saturating_duration_since(x.started?))))
+                .collect()
+        };
+        let mut off = run.spec.clone();
+        off.cluster.lead_in = false;
+        let without_run = dart_sim::run(off, r.seed);
+        let (with, without) = (firsts(r), firsts(&without_run));
+        let c = &run.spec.cluster;
+        let block = c.geometry.block_bytes();
+        let bandwidth = c.net.origin_link.bandwidth;
+        // What a read waits for without a lead-in: the window's bytes before its range.
+        let mut saved = Vec::new();
+        let mut before = Vec::new();
+        for (i, w) in &with {
+            let (Some(wo), dart_sim::RangeSpec::Bounded(first, _)) = (without.get(i), run.spec.workload.safety[*i].range) else { continue };
+            saved.push(wo.saturating_sub(*w));
+            before.push(Duration::from_nanos((first % block) * 1_000_000_000 / bandwidth));
+        }
+        let (saved, before) = (median(saved), median(before));
+        let reads = r.phase(Phase::Safety).count() as u64;
+        let lead_ins: u64 = r.nodes.iter().map(|n| n.counters.origin_lead_ins).sum();
+        // Each node fetches each block's window once; a lead-in adds at most its read's span.
+        let size = c.objects[0].size;
+        let bound = size * c.nodes as u64 + reads * (block / 16);
+        check.that(
+            saved * 2 >= before,
+            format!("lead-ins save a deep range's first byte at least half the wait for the bytes before it: median {saved:?} saved of {before:?}"),
+        );
+        check.that(lead_ins == reads, format!("every read led its block's window and asked for its span beside it: {lead_ins} lead-ins for {reads} reads"));
+        check.that(
+            r.origin.body_bytes <= bound,
+            format!("origin bytes {} within the windows and the reads' spans ({bound})", r.origin.body_bytes),
+        );
+        check.note(format!(
+            "{reads} reads of {} KiB in the second half of cold {} KiB blocks at 20 MB/s: first byte median {:?} with lead-ins, {:?} without (median saving {saved:?}, median wait for the bytes before {before:?}); origin bytes {} with, {} without",
+            (block / 16) >> 10,
+            block >> 10,
+            median(with.values().copied().collect()),
+            median(without.values().copied().collect()),
+            r.origin.body_bytes,
+            without_run.origin.body_bytes,
+        ));
     })
 }
 

@@ -93,6 +93,9 @@ pub struct ClusterConfig {
     /// Relays stream blocks through as they arrive (the engine's `cut_through`); off, they
     /// store and forward whole blocks.
     pub cut_through: bool,
+    /// A cold client read deep in a block it leads the window of asks for its own span beside
+    /// it (the engine's `lead_in`).
+    pub lead_in: bool,
     /// How long a node trusts an object's size and validators before a revalidating probe (the
     /// engine's `revalidate_after`; the origin sends no `Cache-Control`).
     pub revalidate_after: Duration,
@@ -133,6 +136,7 @@ impl ClusterConfig {
             cache_blocks: 1 << 20,
             peer: Some(PeerConfig::default()),
             cut_through: true,
+            lead_in: true,
             revalidate_after: dart_core::engine::DEFAULT_REVALIDATE_AFTER,
             public_origin: false,
             credential_ttl: dart_core::node::DEFAULT_CHECK_TTL,
@@ -212,6 +216,7 @@ impl ClusterConfig {
         EngineConfig {
             geometry: self.geometry,
             cut_through: self.cut_through,
+            lead_in: self.lead_in,
             revalidate_after: self.revalidate_after,
             hedge: self.hedge_ratio > 0.0,
             hedge_ratio: self.hedge_ratio,

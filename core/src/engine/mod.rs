@@ -99,6 +99,10 @@ pub struct EngineConfig {
     /// is latency-bound (the node's last peer block waited 10 ms or more for its head, far
     /// longer than its bytes took), unless another client's read of its object runs beside it.
     pub origin_read_ahead: usize,
+    /// A cold client read whose span starts deep in a block it leads the origin window of also
+    /// asks the origin for that span beside the window, so that its first byte does not wait
+    /// for the bytes before it (`crate::node`'s lead-ins; on by default, `--no-origin-lead-in`).
+    pub lead_in: bool,
 }
 
 /// The default [`EngineConfig::read_ahead`]: off. On links that bound a herd, more streams per
@@ -125,6 +129,7 @@ impl Default for EngineConfig {
             hedge_ratio: hedge::DEFAULT_HEDGE_RATIO,
             read_ahead: DEFAULT_READ_AHEAD,
             origin_read_ahead: DEFAULT_ORIGIN_READ_AHEAD,
+            lead_in: true,
         }
     }
 }

@@ -200,16 +200,18 @@ impl Node {
     ) {
         let auth = self.requests.get(&rid).and_then(|r| r.forward.get("authorization"));
         let auth = auth.map(<[u8]>::to_vec);
-        let mut lead_in = None;
         let wait = match self.flights.begin(&key, now) {
             Role::Lead(fid) => {
-                let owner = Owner::Flight(fid);
-                let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
+                // The read's own span first, if it gets a lead-in: it is what the client waits
+                // for (an origin that answers its requests in turn sends it first).
                 if let (FlightKey::Block(_, start, _), Fill::Block { expected, size, .. }) =
                     (&key, &fill)
                 {
-                    lead_in = Some((fid, (*start, *expected, *size)));
+                    let block = (*start, *expected, *size);
+                    self.start_lead_in(rid, fid, block, &url, auth.as_deref(), now);
                 }
+                let owner = Owner::Flight(fid);
+                let io = self.start_origin(key.clone(), &url, auth.as_deref(), owner, now);
                 let waiters = vec![Waiter::new(rid, url.clone(), auth.clone(), now)];
                 let flight =
                     Flight { key, io, started: now, waiters, fill, leader: rid, url, auth };
@@ -226,11 +228,6 @@ impl Node {
             }
         };
         self.requests.get_mut(&rid).expect("a live request").wait = wait;
-        if let Some((fid, block)) = lead_in {
-            let flight = &self.flight_state[&fid];
-            let (url, auth) = (flight.url.clone(), flight.auth.clone());
-            self.start_lead_in(rid, fid, block, &url, auth.as_deref(), now);
-        }
     }
 
     fn start_origin(

@@ -86,7 +86,6 @@ impl Node {
     /// Request `rid` leads flight `fid` for the block at `block_start` (`expected` bytes of an
     /// object of `size`), sent to `url` with `auth`: asks for its span beside the window if
     /// [`wants_lead_in`] says so.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn start_lead_in(
         &mut self,
         rid: RequestId,
@@ -97,7 +96,7 @@ impl Node {
         now: Instant,
     ) {
         let Some(req) = self.requests.get(&rid) else { return };
-        if req.plane != Plane::Client {
+        if !self.engine.config().lead_in || req.plane != Plane::Client {
             return;
         }
         let Some(span) = req.read.client_block_span(&self.engine) else { return };

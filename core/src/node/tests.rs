@@ -553,8 +553,8 @@ fn deep_cold_read(h: &mut Harness, first: u64, last: u64, etag: &str) -> (IoRequ
     h.answer_origin(&probe);
     let sends = h.take_sends();
     let purposes: Vec<Purpose> = sends.iter().map(|s| s.purpose).collect();
-    assert_eq!(purposes, [Purpose::Window, Purpose::LeadIn], "the window, and the read's span");
-    let (window, lead) = (sends[0].clone(), sends[1].clone());
+    assert_eq!(purposes, [Purpose::LeadIn, Purpose::Window], "the read's span, then the window");
+    let (lead, window) = (sends[0].clone(), sends[1].clone());
     assert_eq!(lead.headers.get_str("range"), Some(format!("bytes={first}-{last}").as_str()));
     assert_eq!(lead.url, window.url, "under the window's URL");
     h.io(window.id, IoEvent::Connected);
@@ -616,7 +616,7 @@ fn a_lead_in_that_answers_before_the_window_starts_the_reads_stream() {
     let probe = h.take_sends().remove(0);
     h.answer_origin(&probe);
     let sends = h.take_sends();
-    let (window, lead) = (sends[0].clone(), sends[1].clone());
+    let (lead, window) = (sends[0].clone(), sends[1].clone());
     // The lead-in's whole span comes before the window's head: the response is over.
     h.answer_origin(&lead);
     assert_eq!(h.body_of(1), content(first, 200).to_vec());
@@ -745,6 +745,17 @@ fn only_a_deep_short_span_of_the_read_that_leads_the_window_gets_a_lead_in() {
     h.read(2, Some(&format!("bytes={}-{}", first + 10, last)));
     assert!(h.take_sends().is_empty(), "it joins the window");
     assert_eq!(h.node.counters().origin_lead_ins, 1);
+    // Off (`--no-origin-lead-in`): the window alone.
+    let config = EngineConfig { lead_in: false, ..engine().config().clone() };
+    let mut h = Harness::new(node_with(Engine::new(config), ""));
+    h.read(1, Some(&format!("bytes={first}-{last}")));
+    let probe = h.take_sends().remove(0);
+    h.answer_origin(&probe);
+    let sends = h.take_sends();
+    assert_eq!(sends.iter().map(|s| s.purpose).collect::<Vec<_>>(), [Purpose::Window]);
+    h.answer_origin(&sends[0]);
+    assert_eq!(h.body_of(1), content(first, 200).to_vec());
+    assert_eq!(h.node.counters().origin_lead_ins, 0);
 }
 
 #[test]

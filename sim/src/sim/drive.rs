@@ -381,14 +381,20 @@ impl Sim {
                     let Some((start, end)) = range else {
                         return self.violate(Some(n), format!("origin request {req:?}"));
                     };
-                    let kind = if (start, end) == (0, 0) {
-                        CallKind::Probe { object }
+                    if req.purpose == Purpose::LeadIn {
+                        // One read's span beside its block's window: no window of its own (the
+                        // origin serves it as any range), never a refetch of a cached block.
+                        (CallKind::Window { object, start, end }, None)
                     } else {
-                        self.check_refetch(n, object, start, ctx);
-                        CallKind::Window { object, start, end }
-                    };
-                    let retry = ctx.refusal == Some((object, start, end));
-                    (kind, (!retry).then_some((n, object, start, end)))
+                        let kind = if (start, end) == (0, 0) {
+                            CallKind::Probe { object }
+                        } else {
+                            self.check_refetch(n, object, start, ctx);
+                            CallKind::Window { object, start, end }
+                        };
+                        let retry = ctx.refusal == Some((object, start, end));
+                        (kind, (!retry).then_some((n, object, start, end)))
+                    }
                 }
             }
             IoEndpoint::Peer => {
