@@ -33,6 +33,11 @@
 //!   away, the window ended first, a block landed by another path) ends its lead-in
 //!   ([`Node::end_lead_in`], called from `leave_flight` and where a flight publishes).
 //!
+//! - **A failed window.** A window that fails while the read streams (from either source) cuts
+//!   its response short, as a streamed window's failure always did: the read does not go on
+//!   with its lead-in alone. Without the lead-in, a window that failed before it reached the
+//!   read's range would have failed (or retried) the read before any byte went out.
+//!
 //! The lead-in helps the node that reads from the origin: a single node, or the root of a
 //! block's tree. A leaf's read goes to its parent, whose relay streams the window from its
 //! first byte; that whole-tree change is not made.

@@ -686,6 +686,23 @@ fn a_lead_in_that_fails_midway_leaves_the_rest_of_the_span_to_the_window() {
 }
 
 #[test]
+fn a_window_that_fails_while_its_lead_in_streams_cuts_the_response_short() {
+    let mut h = Harness::new(node_with(engine(), ""));
+    let (first, last) = (BLOCK + 600, BLOCK + 799);
+    let (window, lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.io(lead.id, span_head(first, last, "\"v0\""));
+    h.io(lead.id, IoEvent::Body(content(first, 100)));
+    h.io(window.id, IoEvent::Failed(IoError::Broken("reset".into())));
+    // The bytes that went out were the origin's, of the read's version; the rest is not
+    // waited for on the lead-in alone (the module's documented limit).
+    assert_eq!(h.body_of(1), content(first, 100).to_vec());
+    assert!(h.aborted(1) && !h.ended(1));
+    assert!(h.cancelled(lead.id));
+    assert!(h.store.is_empty());
+    assert_eq!(h.node.live_requests(), 0);
+}
+
+#[test]
 fn a_deep_read_to_the_blocks_last_byte_has_it_when_its_lead_in_proves_its_length() {
     let mut h = Harness::new(node_with(engine(), ""));
     let (first, last) = (2 * BLOCK - 224, 2 * BLOCK - 1);
