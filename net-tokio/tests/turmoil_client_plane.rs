@@ -1,7 +1,9 @@
 //! The real single-node client plane inside a turmoil simulation: an origin host running
 //! `serve_origin`, a node host running the core node machine under the shell's `NodeDriver` over
 //! `server::serve` with an in-memory cache, and a reader that checks every byte, counts origin requests, cuts the node off from
-//! the origin and heals it, all in virtual time from one printed seed.
+//! the origin and heals it, then reads a small range deep in a cold block of a slow origin
+//! (its lead-in brings it long before the block's window would), all in virtual time from one
+//! printed seed.
 //!
 //! Replay another seed: `DART_TURMOIL_SEED=<n> cargo test -p dart-net-tokio --test
 //! turmoil_client_plane`.
@@ -37,6 +39,8 @@ const OBJECT_SEED: u64 = 7;
 const BLOCK: u64 = 64 * 1024;
 const OBJECT_SIZE: u64 = 6 * BLOCK + 777;
 const ORIGIN_PORT: u16 = 80;
+/// The body rate of the `slow-origin` host: a block's window takes 4 s.
+const SLOW_RATE: u64 = 16 * 1024;
 const NODE_PORT: u16 = 8080;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(1);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -89,6 +93,7 @@ type Slot = Arc<Mutex<Option<Arc<NodeDriver<TurmoilDialer>>>>>;
 struct Reader {
     client: ReaderClient,
     stats: Arc<OriginStats>,
+    slow_stats: Arc<OriginStats>,
     engine: Slot,
     steps: Rc<RefCell<Vec<Step>>>,
 }
@@ -178,6 +183,50 @@ async fn script(r: Reader) {
     let again = r.read("full read after repair", "/obj-c", whole).await;
     assert_eq!(again.status, 206);
     assert!(again.body.as_deref().ok() == Some(&expected(whole)[..]), "{}", again.trace_line());
+
+    deep_read(&r).await;
+}
+
+/// A cold 4 KiB read three quarters into a block of the slow origin: its lead-in (the node's
+/// request for just its range, beside the block's window) brings it in the origin's first
+/// piece, where the window reaches it only after 3 s (`core::node::lead_in`).
+async fn deep_read(r: &Reader) {
+    let first = 3 * BLOCK / 4;
+    let range = (first, first + 4095);
+    let url = format!("http://node:{NODE_PORT}/dart/http://slow-origin:{ORIGIN_PORT}/obj-d");
+    let before = r.slow_stats.requests();
+    let t0 = tokio::time::Instant::now();
+    let req = http::Request::get(url)
+        .header(http::header::RANGE, format!("bytes={}-{}", range.0, range.1))
+        .body(Empty::new())
+        .expect("request");
+    let exchange = async {
+        let resp = r.client.request(req).await.expect("the node always answers");
+        let status = resp.status().as_u16();
+        (status, resp.into_body().collect().await.map(|b| b.to_bytes()))
+    };
+    let (status, body) = tokio::time::timeout(CLIENT_TIMEOUT, exchange).await.expect("deep read");
+    let elapsed = t0.elapsed();
+    assert_eq!(status, 206);
+    assert!(body.expect("a whole body")[..] == expected(range)[..], "deep read: bytes differ");
+    let window = Duration::from_millis(1000 * first / SLOW_RATE);
+    assert!(
+        elapsed < window / 2,
+        "deep read took {elapsed:?}; the window reaches it after {window:?}"
+    );
+    // The probe, the lead-in and the window.
+    assert_eq!(r.slow_stats.requests() - before, 3);
+    let node = r.engine.lock().expect("slot lock").clone().expect("a node");
+    assert_eq!(node.with_node(|n| n.counters().origin_lead_ins), 1);
+    r.steps.borrow_mut().push(Step {
+        label: "deep read, slow origin",
+        status,
+        body: Ok(Bytes::new()),
+        origin_requests: 3,
+        cache_blocks: 0,
+        origin_blocks: 0,
+        elapsed,
+    });
 }
 
 /// Reads `path` whole, partitioning node and origin as soon as the response head arrives.
@@ -250,6 +299,19 @@ fn simulate(seed: u64) -> String {
         }
     });
 
+    let slow_stats = Arc::new(OriginStats::default());
+    let slow_origin_stats = slow_stats.clone();
+    sim.host("slow-origin", move || {
+        let stats = slow_origin_stats.clone();
+        async move {
+            let listener = TurmoilListener::bind(ORIGIN_PORT).await?;
+            let behaviour = Behaviour::Slow { bytes_per_second: SLOW_RATE };
+            let object = OriginObject { seed: OBJECT_SEED, size: OBJECT_SIZE, behaviour };
+            serve_origin(listener, object, stats, std::future::pending(), sim_options()).await;
+            Ok(())
+        }
+    });
+
     // The cache outlives a host restart, like a node's disk would.
     let cache: Arc<dyn BlockCache> = Arc::new(MemCache::default());
     let slot: Slot = Arc::new(Mutex::new(None));
@@ -260,7 +322,21 @@ fn simulate(seed: u64) -> String {
             let geometry = Geometry::new(4 * BLOCK, BLOCK).expect("geometry");
             let namespace = Namespace::new("dart").expect("namespace");
             let layout = IdLayout::Distribution;
-            let config = EngineConfig { geometry, namespace, layout, ..EngineConfig::default() };
+            // The test origin sends no validators: the slow origin's objects are declared
+            // immutable, so their bytes may go out before their block has ended.
+            let slow = dart_core::identity::object_id(
+                &format!("http://slow-origin:{ORIGIN_PORT}/"),
+                layout,
+            )
+            .id;
+            let immutable_prefixes = vec![slow];
+            let config = EngineConfig {
+                geometry,
+                namespace,
+                layout,
+                immutable_prefixes,
+                ..EngineConfig::default()
+            };
             let mode = UpstreamMode::prefix("dart");
             let node_config = NodeConfig { bounds: bounds(), ..NodeConfig::single(mode) };
             let node = Node::new(Engine::new(config), node_config).expect("bounds");
@@ -284,7 +360,7 @@ fn simulate(seed: u64) -> String {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(SeamConnector::new(TurmoilDialer, DIAL_TIMEOUT));
-        script(Reader { client, stats, engine, steps: reader_steps }).await;
+        script(Reader { client, stats, slow_stats, engine, steps: reader_steps }).await;
         Ok(())
     });
 
