@@ -243,10 +243,10 @@ pub struct NodeFlags {
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_timeout: std::time::Duration,
     /// Never ask the origin for a cold read's own bytes beside its block's window. By default a
-    /// client read whose range starts at least a quarter of a block in, and is no longer than
-    /// the bytes before it, also asks for just its range when it leads the block's origin
-    /// fetch, so its first byte does not wait for the bytes before it; each such read costs the
-    /// origin one more request and at most as many bytes again as its range (an origin that
+    /// client read whose range starts at least a quarter of a block beyond what the block's
+    /// origin fetch has brought, and is no longer than the bytes before it, also asks for just
+    /// its range, so its first byte does not wait for the bytes before it; each such read costs
+    /// the origin one more request and at most as many bytes again as its range (an origin that
     /// bills per request may prefer reads to wait).
     #[arg(long)]
     pub no_origin_lead_in: bool,

@@ -200,6 +200,7 @@ impl Node {
     ) {
         let auth = self.requests.get(&rid).and_then(|r| r.forward.get("authorization"));
         let auth = auth.map(<[u8]>::to_vec);
+        let mut joined = None;
         let wait = match self.flights.begin(&key, now) {
             Role::Lead(fid) => {
                 // The read's own span first, if it gets a lead-in: it is what the client waits
@@ -207,7 +208,7 @@ impl Node {
                 if let (FlightKey::Block(_, start, _), Fill::Block { expected, size, .. }) =
                     (&key, &fill)
                 {
-                    let block = (*start, *expected, *size);
+                    let block = (*start, *expected, *size, 0);
                     self.start_lead_in(rid, fid, block, &url, auth.as_deref(), now);
                 }
                 let owner = Owner::Flight(fid);
@@ -220,7 +221,21 @@ impl Node {
             }
             Role::Join(fid) => {
                 let flight = self.flight_state.get_mut(&fid).expect("a joined flight has state");
-                flight.waiters.push(Waiter::new(rid, url, auth, now));
+                flight.waiters.push(Waiter::new(rid, url.clone(), auth.clone(), now));
+                // A joiner whose span the window is still far from asks for it too, under its
+                // own credential.
+                if let (FlightKey::Block(_, start, _), Fill::Block { expected, size, .. }) =
+                    (&flight.key, &flight.fill)
+                {
+                    let have = match &self.exchanges.get(&flight.io).map(|x| &x.job) {
+                        Some(Job::Origin { body: OriginBody::Reading { buf, .. }, .. }) => {
+                            buf.len() as u64
+                        }
+                        _ => 0,
+                    };
+                    let block = (*start, *expected, *size, have);
+                    joined = Some((fid, block, url.clone(), auth.clone()));
+                }
                 Wait::Flight(fid)
             }
             Role::Alone => {
@@ -228,6 +243,9 @@ impl Node {
             }
         };
         self.requests.get_mut(&rid).expect("a live request").wait = wait;
+        if let Some((fid, block, url, auth)) = joined {
+            self.start_lead_in(rid, fid, block, &url, auth.as_deref(), now);
+        }
     }
 
     fn start_origin(

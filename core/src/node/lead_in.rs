@@ -10,13 +10,14 @@
 //!
 //! # Contract
 //!
-//! - **Who.** When a client `GET` leads a block's origin flight (not one that joins it, not a
-//!   read ahead, not a relay) and its span of the block starts at least a quarter of the block
-//!   in and is no longer than the bytes before it ([`wants_lead_in`]), the node also asks the
-//!   origin for exactly the read's span, under the flight's URL and `Authorization`, beside the
-//!   window. The extra origin bytes are at most the bytes the read would have waited for; the
+//! - **Who.** When a client `GET` (not a read ahead, not a relay) leads a block's origin flight,
+//!   or joins one, and the window is at least a quarter of the block from the read's span,
+//!   which is no longer than the bytes the window must still bring before it
+//!   ([`wants_lead_in`]), the node also asks the origin for exactly the read's span, under the
+//!   read's own URL and `Authorization`: a leader's before its window, a joiner's when it
+//!   joins. The extra origin bytes are at most the bytes the read would have waited for; the
 //!   window is fetched, stored and shared with joiners and relays as before, so a herd still
-//!   costs the origin one window per block (plus the leader's own span).
+//!   costs the origin one window per block (plus the spans of this node's own deep reads).
 //! - **What it may pass on.** Only a `206` whose `Content-Range` is exactly the span asked for,
 //!   with the object's size as the read knows it, and whose validators name the read's version
 //!   ([`crate::engine::Read::origin_stream_span`], the check the window's stream makes). Any
@@ -56,12 +57,17 @@ use crate::time::Instant;
 const DEPTH_SHARE: u64 = 4;
 
 /// Whether a client read whose span of a `block_len`-byte block is `span` (first and last
-/// offsets within it) gets a lead-in: it starts at least a quarter of the block in, and is no
-/// longer than the bytes before it, so the origin sends at most as many extra bytes as the read
-/// would otherwise wait for.
-pub(super) fn wants_lead_in(span: (u64, u64), block_len: u64) -> bool {
+/// offsets within it) gets a lead-in while the block's window has brought its first `have`
+/// bytes: the window is at least a quarter of the block from the span, and the span is no
+/// longer than the bytes the window must still bring before it, so the origin sends at most as
+/// many extra bytes as the read would otherwise wait for.
+pub(super) fn wants_lead_in(span: (u64, u64), have: u64, block_len: u64) -> bool {
     let (first, last) = span;
-    last >= first && first >= block_len.div_ceil(DEPTH_SHARE).max(1) && last - first < first
+    if last < first || first < have {
+        return false;
+    }
+    let ahead = first - have;
+    ahead >= block_len.div_ceil(DEPTH_SHARE).max(1) && last - first < ahead
 }
 
 /// A lead-in exchange's state.
@@ -88,14 +94,14 @@ impl LeadIn {
 }
 
 impl Node {
-    /// Request `rid` leads flight `fid` for the block at `block_start` (`expected` bytes of an
-    /// object of `size`), sent to `url` with `auth`: asks for its span beside the window if
-    /// [`wants_lead_in`] says so.
+    /// Request `rid` leads or joins flight `fid` for the block at `block_start` (`expected`
+    /// bytes of an object of `size`), whose window has brought `have` bytes: asks `url` with
+    /// `auth` for its span beside the window if [`wants_lead_in`] says so.
     pub(super) fn start_lead_in(
         &mut self,
         rid: RequestId,
         fid: FlightId,
-        (block_start, expected, size): (u64, u64, u64),
+        (block_start, expected, size, have): (u64, u64, u64, u64),
         url: &str,
         auth: Option<&[u8]>,
         now: Instant,
@@ -105,7 +111,7 @@ impl Node {
             return;
         }
         let Some(span) = req.read.client_block_span(&self.engine) else { return };
-        if !wants_lead_in(span, expected) || span.1 >= expected {
+        if !wants_lead_in(span, have, expected) || span.1 >= expected {
             return;
         }
         let range = format!("bytes={}-{}", block_start + span.0, block_start + span.1);
@@ -267,15 +273,20 @@ mod tests {
     #[test]
     fn a_lead_in_is_for_a_span_deep_in_its_block_and_no_longer_than_the_bytes_before_it() {
         let block = 1024;
-        assert!(!wants_lead_in((0, 99), block), "at the block's start");
-        assert!(!wants_lead_in((255, 300), block), "less than a quarter in");
-        assert!(wants_lead_in((256, 300), block), "a quarter in");
-        assert!(wants_lead_in((256, 511), block), "as long as the bytes before it");
-        assert!(!wants_lead_in((256, 512), block), "longer than the bytes before it");
-        assert!(wants_lead_in((1000, 1023), block), "a footer");
-        assert!(!wants_lead_in((10, 5), block), "no span");
+        assert!(!wants_lead_in((0, 99), 0, block), "at the block's start");
+        assert!(!wants_lead_in((255, 300), 0, block), "less than a quarter in");
+        assert!(wants_lead_in((256, 300), 0, block), "a quarter in");
+        assert!(wants_lead_in((256, 511), 0, block), "as long as the bytes before it");
+        assert!(!wants_lead_in((256, 512), 0, block), "longer than the bytes before it");
+        assert!(wants_lead_in((1000, 1023), 0, block), "a footer");
+        assert!(!wants_lead_in((10, 5), 0, block), "no span");
         // A block of one byte, or an empty one, never: there is nothing before the span.
-        assert!(!wants_lead_in((0, 0), 1));
-        assert!(!wants_lead_in((0, 0), 0));
+        assert!(!wants_lead_in((0, 0), 0, 1));
+        assert!(!wants_lead_in((0, 0), 0, 0));
+        // A window under way: what it must still bring before the span counts.
+        assert!(wants_lead_in((900, 1000), 600, block), "300 bytes still to come, 101 asked");
+        assert!(!wants_lead_in((900, 1000), 700, block), "200 bytes still to come");
+        assert!(!wants_lead_in((900, 1000), 950, block), "the window is inside the span");
+        assert!(!wants_lead_in((900, 1099), 600, 2048), "longer than the bytes still to come");
     }
 }

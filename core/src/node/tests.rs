@@ -740,7 +740,7 @@ fn a_read_that_leaves_its_flight_ends_its_lead_in() {
 }
 
 #[test]
-fn only_a_deep_short_span_of_the_read_that_leads_the_window_gets_a_lead_in() {
+fn only_a_deep_short_span_far_from_its_window_gets_a_lead_in() {
     let mut h = Harness::new(node_with(engine(), ""));
     // Shallow: 100 bytes in.
     h.read(1, Some(&format!("bytes={}-{}", BLOCK + 100, BLOCK + 199)));
@@ -755,13 +755,28 @@ fn only_a_deep_short_span_of_the_read_that_leads_the_window_gets_a_lead_in() {
     }
     h.serve_origin();
     assert_eq!(h.node.counters().origin_lead_ins, 0);
-    // A read that joins a deep read's window does not get one of its own.
+    // A read that joins the window gets one of its own while the window is far from its
+    // span (under its own credential), and none once the window is near it.
     let (first, last) = (BLOCK + 600, BLOCK + 799);
     let mut h = Harness::new(node_with(engine(), ""));
-    let (_window, _lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
-    h.read(2, Some(&format!("bytes={}-{}", first + 10, last)));
-    assert!(h.take_sends().is_empty(), "it joins the window");
-    assert_eq!(h.node.counters().origin_lead_ins, 1);
+    let (window, _lead) = deep_cold_read(&mut h, first, last, "\"v0\"");
+    h.read(2, Some(&format!("bytes={}-{}", BLOCK + 900, BLOCK + 999)));
+    let joined = h.take_sends();
+    let purposes: Vec<Purpose> = joined.iter().map(|s| s.purpose).collect();
+    assert_eq!(purposes, [Purpose::LeadIn], "it joins the window and asks for its span");
+    h.io(joined[0].id, IoEvent::Connected);
+    h.io(joined[0].id, span_head(BLOCK + 900, BLOCK + 999, "\"v0\""));
+    h.io(joined[0].id, IoEvent::Body(content(BLOCK + 900, 100)));
+    assert_eq!(h.body_of(2), content(BLOCK + 900, 100).to_vec());
+    assert!(h.ended(2));
+    h.io(window.id, IoEvent::Body(content(BLOCK, 500)));
+    h.read(3, Some(&format!("bytes={}-{}", BLOCK + 700, BLOCK + 749)));
+    assert!(h.take_sends().is_empty(), "200 bytes from the window's progress: it waits");
+    assert_eq!(h.node.counters().origin_lead_ins, 2);
+    h.io(window.id, IoEvent::Body(content(BLOCK + 500, BLOCK - 500)));
+    h.io(window.id, IoEvent::End);
+    assert_eq!(h.body_of(3), content(BLOCK + 700, 50).to_vec());
+    assert_eq!(h.body_of(1), content(first, 200).to_vec());
     // Off (`--no-origin-lead-in`): the window alone.
     let config = EngineConfig { lead_in: false, ..engine().config().clone() };
     let mut h = Harness::new(node_with(Engine::new(config), ""));
