@@ -14,6 +14,9 @@ use dart_core::integrity::{xxh3_128, BlockDigest, BlockHasher};
 use dart_core::registry::{DigestAlgorithm, Hasher};
 use std::collections::BTreeMap;
 
+/// Block sizes whose noise [`Contents::new`] keeps for the next run.
+const NOISES_MAX: usize = 8;
+
 /// Distinct block start positions in the noise buffer; a prime so that consecutive blocks spread.
 const NOISE_SPAN: u64 = (1 << 20) + 7;
 
@@ -102,8 +105,18 @@ pub struct Contents {
 impl Contents {
     /// Generator for blocks of `block_bytes` bytes; the noise is fixed (seed-independent), so the
     /// bytes of an object depend on its salt alone.
+    ///
+    /// The noise of a block size is made once per process and shared by every run that uses it
+    /// (at most [`NOISES_MAX`] sizes are kept): it is a fixed sequence, and a run of 4 MiB blocks
+    /// spent a few milliseconds making its 5 MiB again.
     pub fn new(block_bytes: u64) -> Self {
         assert!(block_bytes > 0);
+        static NOISES: std::sync::Mutex<BTreeMap<u64, Bytes>> =
+            std::sync::Mutex::new(BTreeMap::new());
+        let mut noises = NOISES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(noise) = noises.get(&block_bytes) {
+            return Contents { noise: noise.clone(), block_bytes };
+        }
         let len = usize::try_from(NOISE_SPAN + block_bytes).expect("noise fits memory");
         let mut noise = Vec::with_capacity(len + 8);
         let mut word = 0u64;
@@ -112,7 +125,12 @@ impl Contents {
             noise.extend_from_slice(&fmix64(word).to_le_bytes());
         }
         noise.truncate(len);
-        Contents { noise: Bytes::from(noise), block_bytes }
+        let noise = Bytes::from(noise);
+        if noises.len() >= NOISES_MAX {
+            noises.clear();
+        }
+        noises.insert(block_bytes, noise.clone());
+        Contents { noise, block_bytes }
     }
 
     /// The block size this generator slices by.
