@@ -105,8 +105,19 @@ fn engine_stats(node: &Slot) -> EngineStats {
 impl Reader {
     /// Reads `path` (an object at the origin) through the node, recording a step.
     async fn read(&self, label: &'static str, path: &str, range: (u64, u64)) -> Step {
-        let url = format!("http://node:{NODE_PORT}/dart/http://origin:{ORIGIN_PORT}{path}");
-        let (req_before, eng_before) = (self.stats.requests(), engine_stats(&self.engine));
+        self.read_at(label, ("origin", &self.stats), path, range).await
+    }
+
+    /// [`Reader::read`] of an object at origin host `host`, whose requests `stats` counts.
+    async fn read_at(
+        &self,
+        label: &'static str,
+        (host, stats): (&str, &OriginStats),
+        path: &str,
+        range: (u64, u64),
+    ) -> Step {
+        let url = format!("http://node:{NODE_PORT}/dart/http://{host}:{ORIGIN_PORT}{path}");
+        let (req_before, eng_before) = (stats.requests(), engine_stats(&self.engine));
         let t0 = tokio::time::Instant::now();
         let req = http::Request::get(url)
             .header(http::header::RANGE, format!("bytes={}-{}", range.0, range.1))
@@ -126,7 +137,7 @@ impl Reader {
             label,
             status,
             body,
-            origin_requests: self.stats.requests() - req_before,
+            origin_requests: stats.requests() - req_before,
             cache_blocks: eng_after.block_source_cache - eng_before.block_source_cache,
             origin_blocks: eng_after.block_source_origin - eng_before.block_source_origin,
             elapsed: t0.elapsed(),
@@ -193,40 +204,18 @@ async fn script(r: Reader) {
 async fn deep_read(r: &Reader) {
     let first = 3 * BLOCK / 4;
     let range = (first, first + 4095);
-    let url = format!("http://node:{NODE_PORT}/dart/http://slow-origin:{ORIGIN_PORT}/obj-d");
-    let before = r.slow_stats.requests();
-    let t0 = tokio::time::Instant::now();
-    let req = http::Request::get(url)
-        .header(http::header::RANGE, format!("bytes={}-{}", range.0, range.1))
-        .body(Empty::new())
-        .expect("request");
-    let exchange = async {
-        let resp = r.client.request(req).await.expect("the node always answers");
-        let status = resp.status().as_u16();
-        (status, resp.into_body().collect().await.map(|b| b.to_bytes()))
-    };
-    let (status, body) = tokio::time::timeout(CLIENT_TIMEOUT, exchange).await.expect("deep read");
-    let elapsed = t0.elapsed();
-    assert_eq!(status, 206);
-    assert!(body.expect("a whole body")[..] == expected(range)[..], "deep read: bytes differ");
+    let slow = ("slow-origin", &*r.slow_stats);
+    let deep = r.read_at("deep read, slow origin", slow, "/obj-d", range).await;
+    assert_exact(&deep, range);
     let window = Duration::from_millis(1000 * first / SLOW_RATE);
     assert!(
-        elapsed < window / 2,
-        "deep read took {elapsed:?}; the window reaches it after {window:?}"
+        deep.elapsed < window / 2,
+        "{}; the window reaches it after {window:?}",
+        deep.trace_line()
     );
-    // The probe, the lead-in and the window.
-    assert_eq!(r.slow_stats.requests() - before, 3);
+    assert_eq!(deep.origin_requests, 3, "the probe, the lead-in and the window");
     let node = r.engine.lock().expect("slot lock").clone().expect("a node");
     assert_eq!(node.with_node(|n| n.counters().origin_lead_ins), 1);
-    r.steps.borrow_mut().push(Step {
-        label: "deep read, slow origin",
-        status,
-        body: Ok(Bytes::new()),
-        origin_requests: 3,
-        cache_blocks: 0,
-        origin_blocks: 0,
-        elapsed,
-    });
 }
 
 /// Reads `path` whole, partitioning node and origin as soon as the response head arrives.

@@ -470,18 +470,31 @@ impl Node {
         }
         for (rid, data) in client_parts {
             let had = done.contains(&rid);
-            self.isolated(now, |node| {
-                node.working.push(rid);
-                let req = node.requests.get_mut(&rid).expect("a streaming read is live");
-                req.read.stream_origin_part(&mut node.engine, data);
-                if had {
-                    req.wait = Wait::Ready;
-                    req.read.handle_origin_stream_done(&mut node.engine);
-                }
-                node.drive(rid, now);
-                node.working.pop();
-            });
+            self.pass_origin_part(rid, data, had, now);
         }
+    }
+
+    /// Passes `data`, the next bytes of client read `rid`'s span of a streaming origin window
+    /// (or of its lead-in), on through its read; with `whole` the span is all out and the read,
+    /// off its flight already, moves on.
+    pub(super) fn pass_origin_part(
+        &mut self,
+        rid: RequestId,
+        data: bytes::Bytes,
+        whole: bool,
+        now: Instant,
+    ) {
+        self.isolated(now, |node| {
+            node.working.push(rid);
+            let req = node.requests.get_mut(&rid).expect("a streaming read is live");
+            req.read.stream_origin_part(&mut node.engine, data);
+            if whole {
+                req.wait = Wait::Ready;
+                req.read.handle_origin_stream_done(&mut node.engine);
+            }
+            node.drive(rid, now);
+            node.working.pop();
+        });
     }
 
     /// Judges the bytes an origin block exchange read so far.

@@ -249,17 +249,7 @@ impl Node {
         if whole {
             flight.waiters.retain(|w| w.request != rid);
         }
-        self.isolated(now, |node| {
-            node.working.push(rid);
-            let req = node.requests.get_mut(&rid).expect("a streaming read is live");
-            req.read.stream_origin_part(&mut node.engine, data);
-            if whole {
-                req.wait = Wait::Ready;
-                req.read.handle_origin_stream_done(&mut node.engine);
-            }
-            node.drive(rid, now);
-            node.working.pop();
-        });
+        self.pass_origin_part(rid, data, whole, now);
         if whole {
             self.drop_lead_in(io, !at_end);
         }
