@@ -242,12 +242,13 @@ pub struct NodeFlags {
     /// Whole-request bound of one peer request.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub peer_timeout: std::time::Duration,
-    /// Never ask the origin for a cold read's own bytes beside its block's window. By default a
-    /// client read whose range starts at least a quarter of a block beyond what the block's
-    /// origin fetch has brought, and is no longer than the bytes before it, also asks for just
-    /// its range, so its first byte does not wait for the bytes before it; each such read costs
-    /// the origin one more request and at most as many bytes again as its range (an origin that
-    /// bills per request may prefer reads to wait).
+    /// Never ask the origin for a cold read's own bytes beside its block's window. By default,
+    /// where the node reads a block from the origin itself (no peers, or the block's tree root),
+    /// a client read whose range starts at least a quarter of a block beyond what the window has
+    /// brought, and is no longer than the bytes before it, also asks for just its range, so its
+    /// first byte does not wait for the bytes before it; each such read costs the origin one
+    /// more request and at most as many bytes again as its range (an origin that bills per
+    /// request may prefer reads to wait).
     #[arg(long)]
     pub no_origin_lead_in: bool,
     /// Relays store and forward whole blocks instead of cutting through (for comparisons).
