@@ -702,6 +702,162 @@ fn a_window_that_fails_while_its_lead_in_streams_cuts_the_response_short() {
     assert_eq!(h.node.live_requests(), 0);
 }
 
+/// One step of [`lead_in_interleavings`]: what the window, the lead-in or the client does next.
+#[derive(Clone, Debug)]
+enum LeadOp {
+    WindowHead,
+    WindowBody(u64),
+    WindowEnd,
+    WindowFail,
+    /// The lead-in's head: of the read's version, or of another.
+    LeadHead(bool),
+    LeadBody(u64),
+    LeadEnd,
+    LeadFail,
+    Cancel,
+    /// The client stops reading, or drains what it was sent.
+    Stall,
+    Drain,
+}
+
+fn lead_op() -> impl proptest::strategy::Strategy<Value = LeadOp> {
+    use proptest::prelude::*;
+    prop_oneof![
+        2 => Just(LeadOp::WindowHead),
+        4 => prop_oneof![Just(1u64), Just(99), Just(300), Just(1024)].prop_map(LeadOp::WindowBody),
+        1 => Just(LeadOp::WindowEnd),
+        1 => Just(LeadOp::WindowFail),
+        2 => proptest::bool::weighted(0.8).prop_map(LeadOp::LeadHead),
+        4 => prop_oneof![Just(1u64), Just(37), Just(100), Just(200)].prop_map(LeadOp::LeadBody),
+        1 => Just(LeadOp::LeadEnd),
+        1 => Just(LeadOp::LeadFail),
+        1 => Just(LeadOp::Cancel),
+        1 => Just(LeadOp::Stall),
+        1 => Just(LeadOp::Drain),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::default())]
+
+    /// A deep read's bytes come from its window and its lead-in in any interleaving of their
+    /// heads, parts, ends and failures, the client's stalls and its going away: every byte it
+    /// is sent is the right one, in order, never twice; a read that ends has its whole range;
+    /// with neither source failed nor refused and the client staying, it ends.
+    #[test]
+    fn lead_in_interleavings(ops in proptest::collection::vec(lead_op(), 1..40)) {
+        let (first, last) = (BLOCK + 600, BLOCK + 799);
+        let want = content(first, last - first + 1);
+        let mut h = Harness::new(node_with(engine(), ""));
+        h.origin.etag = Some("\"v0\"".into());
+        h.read(1, Some(&format!("bytes={first}-{last}")));
+        let probe = h.take_sends().remove(0);
+        h.answer_origin(&probe);
+        let sends = h.take_sends();
+        let (lead, window) = (sends[0].id, sends[1].id);
+        h.io(lead, IoEvent::Connected);
+        h.io(window, IoEvent::Connected);
+        let live = |h: &Harness, io: IoId| h.node.exchanges().iter().any(|(i, _, _)| *i == io);
+        let (mut window_head, mut window_sent, mut lead_head, mut lead_sent) = (false, 0, false, 0);
+        let mut trouble = false;
+        for op in ops {
+            match op {
+                LeadOp::WindowHead if live(&h, window) && !window_head => {
+                    window_head = true;
+                    let headers = Headers::new()
+                        .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
+                        .with("content-length", BLOCK.to_string())
+                        .with("etag", "\"v0\"");
+                    h.io(window, IoEvent::Head { status: 206, headers });
+                }
+                LeadOp::WindowBody(n) if live(&h, window) && window_head && window_sent < BLOCK => {
+                    let n = n.min(BLOCK - window_sent);
+                    h.io(window, IoEvent::Body(content(BLOCK + window_sent, n)));
+                    window_sent += n;
+                }
+                LeadOp::WindowEnd if live(&h, window) && window_head => {
+                    trouble |= window_sent < BLOCK;
+                    h.io(window, IoEvent::End);
+                }
+                LeadOp::WindowFail if live(&h, window) => {
+                    trouble = true;
+                    h.io(window, IoEvent::Failed(IoError::Broken("reset".into())));
+                }
+                LeadOp::LeadHead(same) if live(&h, lead) && !lead_head => {
+                    lead_head = true;
+                    let etag = if same { "\"v0\"" } else { "\"v1\"" };
+                    h.io(lead, span_head(first, last, etag));
+                }
+                LeadOp::LeadBody(n) if live(&h, lead) && lead_head && lead_sent < want.len() as u64 => {
+                    let n = n.min(want.len() as u64 - lead_sent);
+                    h.io(lead, IoEvent::Body(content(first + lead_sent, n)));
+                    lead_sent += n;
+                }
+                LeadOp::LeadEnd if live(&h, lead) && lead_head => h.io(lead, IoEvent::End),
+                LeadOp::LeadFail if live(&h, lead) => {
+                    h.io(lead, IoEvent::Failed(IoError::Broken("reset".into())));
+                }
+                LeadOp::Cancel if !h.ended(1) && !h.aborted(1) => {
+                    trouble = true;
+                    h.feed(Input::Cancel { id: RequestId(1) });
+                }
+                LeadOp::Stall => h.drain = false,
+                LeadOp::Drain => {
+                    h.drain = true;
+                    for _ in 0..BODY_WINDOW {
+                        h.feed(Input::Drained { id: RequestId(1) });
+                    }
+                }
+                _ => {}
+            }
+            // A read that failed cleanly answered with an error status and its text.
+            if h.head_of(1).is_none_or(|x| x.status == 206) {
+                let body = h.body_of(1);
+                let right = body.len() <= want.len() && body[..] == want[..body.len()];
+                proptest::prop_assert!(right, "a wrong byte");
+            }
+        }
+        // The rest: the client reads, the window (if still live) comes whole, and whatever the
+        // read asks the origin for after a failure is answered.
+        h.drain = true;
+        for _ in 0..BODY_WINDOW {
+            h.feed(Input::Drained { id: RequestId(1) });
+        }
+        if live(&h, window) {
+            if !window_head {
+                h.io(window, IoEvent::Head { status: 206, headers: Headers::new()
+                    .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
+                    .with("content-length", BLOCK.to_string())
+                    .with("etag", "\"v0\"") });
+            }
+            if live(&h, window) && window_sent < BLOCK {
+                h.io(window, IoEvent::Body(content(BLOCK + window_sent, BLOCK - window_sent)));
+            }
+            if live(&h, window) {
+                h.io(window, IoEvent::End);
+            }
+        }
+        h.serve_origin();
+        let body = h.body_of(1);
+        let status = h.head_of(1).map(|x| x.status);
+        proptest::prop_assert!(!(h.ended(1) && h.aborted(1)));
+        if status.is_none_or(|s| s == 206) {
+            let right = body.len() <= want.len() && body[..] == want[..body.len()];
+            proptest::prop_assert!(right, "a wrong byte");
+            if h.ended(1) {
+                proptest::prop_assert_eq!(&body[..], &want[..], "an ended read has its whole range");
+            }
+        } else {
+            proptest::prop_assert!(trouble, "an error status ({:?}) with nothing failed", status);
+        }
+        if !trouble {
+            proptest::prop_assert!(h.ended(1) && status == Some(206), "nothing failed: the read ends");
+        }
+        proptest::prop_assert_eq!(h.node.live_requests(), 0);
+        proptest::prop_assert!(h.node.exchanges().is_empty(), "no exchange left behind");
+    }
+}
+
 #[test]
 fn a_deep_read_to_the_blocks_last_byte_has_it_when_its_lead_in_proves_its_length() {
     let mut h = Harness::new(node_with(engine(), ""));
