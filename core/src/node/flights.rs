@@ -396,12 +396,27 @@ impl Node {
             })
             .collect();
         for (rid, span, client) in starting {
-            let flight = self.flight_state.get_mut(&fid).expect("a live flight");
-            if let Some(w) = flight.waiters.iter_mut().find(|w| w.request == rid) {
-                (w.streamed, w.span, w.client) = (Some(0), span, client);
-            }
-            self.start_relay_stream(rid, now, |read, engine| read.handle_origin_started(engine));
+            self.start_waiter_stream(fid, rid, span, client, now);
         }
+    }
+
+    /// Waiter `rid` of flight `fid` starts streaming `span` of the block (nothing passed on
+    /// yet; `client`: through its read) from the window, or from its lead-in
+    /// ([`super::lead_in`]), whichever head came first; its read is told
+    /// ([`crate::engine::Read::handle_origin_started`]).
+    pub(super) fn start_waiter_stream(
+        &mut self,
+        fid: FlightId,
+        rid: RequestId,
+        span: (u64, u64),
+        client: bool,
+        now: Instant,
+    ) {
+        let flight = self.flight_state.get_mut(&fid).expect("a live flight");
+        if let Some(w) = flight.waiters.iter_mut().find(|w| w.request == rid) {
+            (w.streamed, w.span, w.client) = (Some(0), span, client);
+        }
+        self.start_relay_stream(rid, now, |read, engine| read.handle_origin_started(engine));
     }
 
     /// Forwards what origin window `io` holds to its flight's streaming reads, all but the

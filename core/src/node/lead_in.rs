@@ -210,8 +210,8 @@ impl Node {
         if req.wait != Wait::Flight(fid) {
             return false;
         }
-        let Some(flight) = self.flight_state.get_mut(&fid) else { return false };
-        let Some(w) = flight.waiters.iter_mut().find(|w| w.request == rid) else { return false };
+        let Some(flight) = self.flight_state.get(&fid) else { return false };
+        let Some(w) = flight.waiters.iter().find(|w| w.request == rid) else { return false };
         if w.streamed.is_some() {
             // The window's head came first and started the stream: the lead-in adds its bytes,
             // if they are of the same version.
@@ -220,8 +220,7 @@ impl Node {
         if req.read.origin_stream_span(&self.engine, &meta, Some(size)) != Some(span) {
             return false;
         }
-        (w.streamed, w.span, w.client) = (Some(0), span, true);
-        self.start_relay_stream(rid, now, |read, engine| read.handle_origin_started(engine));
+        self.start_waiter_stream(fid, rid, span, true, now);
         true
     }
 

@@ -559,15 +559,12 @@ fn deep_cold_read(h: &mut Harness, first: u64, last: u64, etag: &str) -> (IoRequ
     assert_eq!(lead.url, window.url, "under the window's URL");
     h.io(window.id, IoEvent::Connected);
     h.io(lead.id, IoEvent::Connected);
-    let headers = Headers::new()
-        .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
-        .with("content-length", BLOCK.to_string())
-        .with("etag", etag);
-    h.io(window.id, IoEvent::Head { status: 206, headers });
+    h.io(window.id, span_head(BLOCK, 2 * BLOCK - 1, etag));
     (window, lead)
 }
 
-/// The head an origin sends for bytes `first..=last`, version `etag`.
+/// The head an origin sends for bytes `first..=last`, version `etag` (block 1's window head:
+/// `span_head(BLOCK, 2 * BLOCK - 1, etag)`).
 fn span_head(first: u64, last: u64, etag: &str) -> IoEvent {
     let headers = Headers::new()
         .with("content-range", format!("bytes {first}-{last}/{SIZE}"))
@@ -764,11 +761,7 @@ proptest::proptest! {
             match op {
                 LeadOp::WindowHead if live(&h, window) && !window_head => {
                     window_head = true;
-                    let headers = Headers::new()
-                        .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
-                        .with("content-length", BLOCK.to_string())
-                        .with("etag", "\"v0\"");
-                    h.io(window, IoEvent::Head { status: 206, headers });
+                    h.io(window, span_head(BLOCK, 2 * BLOCK - 1, "\"v0\""));
                 }
                 LeadOp::WindowBody(n) if live(&h, window) && window_head && window_sent < BLOCK => {
                     let n = n.min(BLOCK - window_sent);
@@ -825,10 +818,7 @@ proptest::proptest! {
         }
         if live(&h, window) {
             if !window_head {
-                h.io(window, IoEvent::Head { status: 206, headers: Headers::new()
-                    .with("content-range", format!("bytes {BLOCK}-{}/{SIZE}", 2 * BLOCK - 1))
-                    .with("content-length", BLOCK.to_string())
-                    .with("etag", "\"v0\"") });
+                h.io(window, span_head(BLOCK, 2 * BLOCK - 1, "\"v0\""));
             }
             if live(&h, window) && window_sent < BLOCK {
                 h.io(window, IoEvent::Body(content(BLOCK + window_sent, BLOCK - window_sent)));
